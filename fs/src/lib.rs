@@ -1,0 +1,1 @@
+//! forkd-fs: the FUSE view of the layer store.

@@ -1,0 +1,1 @@
+//! Content-addressed layer store. See DESIGN.md, "Data model".
