@@ -1,1 +1,60 @@
-//! Content-addressed layer store. See DESIGN.md, "Data model".
+//! Content-addressed layer store. See DESIGN.md, "Data model", and
+//! docs/layers.md for the on-disk format.
+//!
+//! Files (guest memory, device state, disk images) are cut into fixed-size
+//! chunks named by blake3, stored zstd-compressed in append-only pack files
+//! and indexed in RocksDB. A snapshot names one flattened manifest per file,
+//! so a read at any offset is O(1) whatever the snapshot chain depth, and a
+//! child snapshot shares every unchanged chunk with its parent.
+//!
+//! - [`Store`]: the one read-write handle (ingest, commit, tags, delete, GC,
+//!   verify).
+//! - [`StoreReader`]: a read-only secondary view for other processes.
+//! - Both dereference to [`StoreView`], the shared read API
+//!   (`snapshot`, `resolve`, `list_snapshots`, `open_file`, ...).
+//!
+//! Invariants:
+//! - a chunk is indexed only after its pack bytes are fdatasync'd;
+//! - a manifest is stored only in the batch that indexes its new chunks, so
+//!   every chunk it names is durable;
+//! - a snapshot commits record, tag and refcounts in one synced batch;
+//! - pack bytes are never overwritten in place; GC removes whole packs.
+
+mod cache;
+mod chunk;
+mod db;
+mod error;
+mod gc;
+mod ids;
+mod ingest;
+mod manifest;
+mod pack;
+mod reader;
+mod secondary;
+mod snapshot;
+mod stats;
+mod store;
+pub mod synth;
+mod tag;
+mod verify;
+mod view;
+
+pub use cache::{CacheStats, ChunkData};
+pub use chunk::{
+    validate_chunk_size, ChunkLocation, Compression, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
+    MAX_CHUNK_SIZE, MIN_CHUNK_SIZE,
+};
+pub use db::FORMAT_VERSION;
+pub use error::{Error, Result};
+pub use gc::GcReport;
+pub use ids::{ChunkId, ManifestId, SnapshotId};
+pub use ingest::{IngestOptions, IngestedFile, ProgressFn};
+pub use manifest::{ChunkRef, FileManifest};
+pub use reader::FileReader;
+pub use secondary::{StoreReader, DEFAULT_READER_CACHE_BYTES};
+pub use snapshot::{FileRef, NewSnapshot, SnapshotRecord};
+pub use stats::{DiffReport, FileDiff, FileStatus, Stats};
+pub use store::{db_dir, packs_dir, DeleteReport, Store, StoreOptions};
+pub use tag::{is_valid_file_name, validate_tag, TagError, MAX_TAG_LEN};
+pub use verify::{BadChunk, ChunkUser, VerifyReport};
+pub use view::StoreView;

@@ -1,0 +1,328 @@
+//! RocksDB layout and access.
+//!
+//! Column families (all keys binary, values little endian unless noted):
+//!
+//! | CF          | key                          | value                                  |
+//! |-------------|------------------------------|----------------------------------------|
+//! | `chunks`    | chunk id (32)                | [`ChunkLocation`] (21 bytes)           |
+//! | `manifests` | manifest id (32)             | canonical manifest encoding            |
+//! | `snapshots` | snapshot id (16)             | [`SnapshotRecord`] as JSON             |
+//! | `children`  | parent id (16) ‖ child id (16) | empty                                |
+//! | `tags`      | tag (UTF-8)                  | snapshot id (16)                       |
+//! | `refs`      | `c` ‖ chunk id, `m` ‖ manifest id | u64 refcount (absent = 0)         |
+//! | `meta`      | `format_version`             | u32                                    |
+//!
+//! Every mutation is one `WriteBatch` written with `sync = true`.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+
+use crate::chunk::ChunkLocation;
+use crate::error::{Error, Result};
+use crate::ids::{ChunkId, ManifestId, SnapshotId};
+use crate::snapshot::SnapshotRecord;
+
+pub(crate) const CF_CHUNKS: &str = "chunks";
+pub(crate) const CF_MANIFESTS: &str = "manifests";
+pub(crate) const CF_SNAPSHOTS: &str = "snapshots";
+pub(crate) const CF_CHILDREN: &str = "children";
+pub(crate) const CF_TAGS: &str = "tags";
+pub(crate) const CF_REFS: &str = "refs";
+pub(crate) const CF_META: &str = "meta";
+const ALL_CFS: [&str; 7] = [
+    CF_CHUNKS,
+    CF_MANIFESTS,
+    CF_SNAPSHOTS,
+    CF_CHILDREN,
+    CF_TAGS,
+    CF_REFS,
+    CF_META,
+];
+
+/// On-disk format version written to `meta`.
+pub const FORMAT_VERSION: u32 = 1;
+const KEY_FORMAT_VERSION: &[u8] = b"format_version";
+
+/// Refcount key of a chunk.
+pub(crate) fn chunk_ref_key(id: &ChunkId) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = b'c';
+    k[1..].copy_from_slice(id.as_bytes());
+    k
+}
+
+/// Refcount key of a manifest.
+pub(crate) fn manifest_ref_key(id: &ManifestId) -> [u8; 33] {
+    let mut k = [0u8; 33];
+    k[0] = b'm';
+    k[1..].copy_from_slice(id.as_bytes());
+    k
+}
+
+/// Key of a parent→child link.
+pub(crate) fn child_key(parent: &SnapshotId, child: &SnapshotId) -> [u8; 32] {
+    let mut k = [0u8; 32];
+    k[..16].copy_from_slice(parent.as_bytes());
+    k[16..].copy_from_slice(child.as_bytes());
+    k
+}
+
+/// Decodes a refcount value.
+pub(crate) fn decode_count(v: &[u8]) -> u64 {
+    v.try_into().map(u64::from_le_bytes).unwrap_or(0)
+}
+
+/// One raw (key, value) pair from a scan.
+pub(crate) type KeyValue = (Box<[u8]>, Box<[u8]>);
+
+/// The RocksDB handle plus how it was opened.
+pub(crate) struct Db {
+    db: DB,
+    path: PathBuf,
+    secondary: bool,
+}
+
+fn base_options() -> Options {
+    let mut o = Options::default();
+    o.set_compression_type(rocksdb::DBCompressionType::None);
+    o.set_keep_log_file_num(4);
+    o.set_max_log_file_size(8 << 20);
+    o
+}
+
+fn is_lock_error(msg: &str) -> bool {
+    msg.contains("LOCK") && (msg.contains("lock") || msg.contains("Resource temporarily"))
+}
+
+impl Db {
+    /// Opens (creating if needed) read-write. If another process holds the
+    /// lock, retries until `timeout` and then fails with [`Error::Locked`].
+    pub fn open_primary(path: &Path, timeout: Duration) -> Result<Db> {
+        let mut opts = base_options();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let start = Instant::now();
+        let db = loop {
+            let cfs = ALL_CFS
+                .iter()
+                .map(|n| ColumnFamilyDescriptor::new(*n, base_options()));
+            match DB::open_cf_descriptors(&opts, path, cfs) {
+                Ok(db) => break db,
+                Err(e) if is_lock_error(e.as_ref()) => {
+                    if start.elapsed() >= timeout {
+                        return Err(Error::Locked {
+                            lock_path: path.join("LOCK"),
+                            waited_ms: start.elapsed().as_millis() as u64,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(e) => return Err(Error::db(format!("opening {}", path.display()), e)),
+            }
+        };
+        let db = Db {
+            db,
+            path: path.to_path_buf(),
+            secondary: false,
+        };
+        db.check_format(true)?;
+        Ok(db)
+    }
+
+    /// Opens a read-only secondary view that follows the primary through
+    /// [`Db::catch_up`]. `secondary_dir` holds this process's own info log.
+    pub fn open_secondary(path: &Path, secondary_dir: &Path) -> Result<Db> {
+        if !path.join("CURRENT").exists() {
+            return Err(Error::NotAStore {
+                root: path.to_path_buf(),
+                reason: "no RocksDB CURRENT file (has a primary ever opened it?)".into(),
+            });
+        }
+        std::fs::create_dir_all(secondary_dir).map_err(|e| Error::io(secondary_dir, e))?;
+        let mut opts = base_options();
+        // Secondaries must keep every table file open: the primary may delete
+        // files after compaction.
+        opts.set_max_open_files(-1);
+        let cfs = ALL_CFS
+            .iter()
+            .map(|n| ColumnFamilyDescriptor::new(*n, base_options()));
+        let db = DB::open_cf_descriptors_as_secondary(&opts, path, secondary_dir, cfs)
+            .map_err(|e| Error::db(format!("opening secondary of {}", path.display()), e))?;
+        let db = Db {
+            db,
+            path: path.to_path_buf(),
+            secondary: true,
+        };
+        db.check_format(false)?;
+        Ok(db)
+    }
+
+    fn check_format(&self, create: bool) -> Result<()> {
+        match self.get(CF_META, KEY_FORMAT_VERSION)? {
+            Some(v) => {
+                let found = v.as_slice().try_into().map(u32::from_le_bytes).unwrap_or(0);
+                if found != FORMAT_VERSION {
+                    return Err(Error::FormatVersion {
+                        root: self.path.clone(),
+                        found,
+                        expected: FORMAT_VERSION,
+                    });
+                }
+            }
+            None if create => {
+                let mut b = WriteBatch::default();
+                b.put_cf(
+                    self.cf(CF_META),
+                    KEY_FORMAT_VERSION,
+                    FORMAT_VERSION.to_le_bytes(),
+                );
+                self.write_raw(b, "writing format version")?;
+            }
+            None => {
+                return Err(Error::NotAStore {
+                    root: self.path.clone(),
+                    reason: "no format version recorded".into(),
+                })
+            }
+        }
+        Ok(())
+    }
+
+    pub fn is_secondary(&self) -> bool {
+        self.secondary
+    }
+
+    pub fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).expect("column family opened")
+    }
+
+    pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
+        self.db
+            .get_cf(self.cf(cf), key)
+            .map_err(|e| Error::db(format!("reading {cf}"), e))
+    }
+
+    /// Point lookups in one call.
+    pub fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
+        let h = self.cf(cf);
+        self.db
+            .multi_get_cf(keys.iter().map(|k| (h, *k)))
+            .into_iter()
+            .map(|r| r.map_err(|e| Error::db(format!("reading {cf}"), e)))
+            .collect()
+    }
+
+    /// Commits a batch durably (`sync = true`).
+    ///
+    /// First checks that the disk keeps `reserve` bytes free beyond the
+    /// batch: RocksDB turns a failed WAL write into a sticky read-only state
+    /// that only a reopen clears, so a nearly full disk is refused here, with
+    /// [`Error::NoSpace`], before RocksDB sees the write. Writes that free
+    /// space (delete, GC) pass a small reserve so they still work.
+    pub fn write_reserving(&self, batch: WriteBatch, what: &str, reserve: u64) -> Result<()> {
+        let need = reserve + 2 * batch.size_in_bytes() as u64;
+        if free_bytes(&self.path).is_some_and(|free| free < need) {
+            return Err(Error::NoSpace {
+                path: self.path.clone(),
+            });
+        }
+        self.write_raw(batch, what)
+    }
+
+    /// Commits a batch that adds data (ingest, commit), keeping
+    /// [`RESERVE_GROW`] free.
+    pub fn write(&self, batch: WriteBatch, what: &str) -> Result<()> {
+        self.write_reserving(batch, what, RESERVE_GROW)
+    }
+
+    /// Commits a small batch that releases data or moves a name (delete, GC,
+    /// tags), keeping only [`RESERVE_SHRINK`] free so space can be freed on a
+    /// full disk.
+    pub fn write_small(&self, batch: WriteBatch, what: &str) -> Result<()> {
+        self.write_reserving(batch, what, RESERVE_SHRINK)
+    }
+
+    fn write_raw(&self, batch: WriteBatch, what: &str) -> Result<()> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db
+            .write_opt(batch, &wo)
+            .map_err(|e| Error::db(what.to_string(), e))
+    }
+
+    /// Secondary only: replays the primary's newest writes.
+    pub fn catch_up(&self) -> Result<()> {
+        if self.secondary {
+            self.db
+                .try_catch_up_with_primary()
+                .map_err(|e| Error::db("catching up with the primary", e))?;
+        }
+        Ok(())
+    }
+
+    /// Every (key, value) of a column family in key order.
+    pub fn scan(&self, cf: &'static str) -> impl Iterator<Item = Result<KeyValue>> + '_ {
+        self.db
+            .iterator_cf(self.cf(cf), rocksdb::IteratorMode::Start)
+            .map(move |r| r.map_err(|e| Error::db(format!("scanning {cf}"), e)))
+    }
+
+    /// Every (key, value) whose key starts with `prefix`.
+    pub fn scan_prefix<'a>(
+        &'a self,
+        cf: &'a str,
+        prefix: &'a [u8],
+    ) -> impl Iterator<Item = Result<KeyValue>> + 'a {
+        self.db
+            .iterator_cf(
+                self.cf(cf),
+                rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+            )
+            .map(move |r| r.map_err(|e| Error::db(format!("scanning {cf}"), e)))
+            .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+    }
+
+    // ---- typed accessors -------------------------------------------------
+
+    pub fn chunk_location(&self, id: &ChunkId) -> Result<Option<ChunkLocation>> {
+        self.get(CF_CHUNKS, id.as_bytes())?
+            .map(|v| ChunkLocation::decode(id, &v))
+            .transpose()
+    }
+
+    pub fn snapshot(&self, id: &SnapshotId) -> Result<Option<SnapshotRecord>> {
+        self.get(CF_SNAPSHOTS, id.as_bytes())?
+            .map(|v| decode_snapshot(id.as_bytes(), &v))
+            .transpose()
+    }
+
+    pub fn refcount(&self, key: &[u8]) -> Result<u64> {
+        Ok(self.get(CF_REFS, key)?.map_or(0, |v| decode_count(&v)))
+    }
+}
+
+/// Free space reserved for writes that add data (ingest, commit, tags).
+pub(crate) const RESERVE_GROW: u64 = 4 << 20;
+/// Free space reserved for writes that release data (delete, GC).
+pub(crate) const RESERVE_SHRINK: u64 = 256 << 10;
+
+/// Bytes available to unprivileged writers on the filesystem of `path`.
+fn free_bytes(path: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid NUL-terminated path and an out-pointer to a statvfs.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    (rc == 0).then(|| st.f_bavail as u64 * st.f_frsize as u64)
+}
+
+/// Decodes a `snapshots` value.
+pub(crate) fn decode_snapshot(key: &[u8], v: &[u8]) -> Result<SnapshotRecord> {
+    serde_json::from_slice(v).map_err(|e| Error::CorruptRecord {
+        what: "snapshot",
+        key: hex::encode(key),
+        reason: e.to_string(),
+    })
+}
