@@ -10,7 +10,7 @@
 //! | `children`  | parent id (16) ‖ child id (16) | empty                                |
 //! | `tags`      | tag (UTF-8)                  | snapshot id (16)                       |
 //! | `refs`      | `c` ‖ chunk id, `m` ‖ manifest id | u64 refcount (absent = 0)         |
-//! | `meta`      | `format_version`             | u32                                    |
+//! | `meta`      | `format_version`, `next_pack` | u32                                   |
 //!
 //! Every mutation is one `WriteBatch` written with `sync = true`.
 
@@ -44,6 +44,8 @@ const ALL_CFS: [&str; 7] = [
 /// On-disk format version written to `meta`.
 pub const FORMAT_VERSION: u32 = 1;
 const KEY_FORMAT_VERSION: &[u8] = b"format_version";
+/// `meta` key: lowest number a new pack may take (u32), see [`Db::next_pack`].
+pub(crate) const KEY_NEXT_PACK: &[u8] = b"next_pack";
 
 /// Refcount key of a chunk.
 pub(crate) fn chunk_ref_key(id: &ChunkId) -> [u8; 33] {
@@ -296,6 +298,14 @@ impl Db {
         self.get(CF_SNAPSHOTS, id.as_bytes())?
             .map(|v| decode_snapshot(id.as_bytes(), &v))
             .transpose()
+    }
+
+    /// The persisted floor for new pack numbers (0 if never written).
+    pub fn next_pack(&self) -> Result<u32> {
+        Ok(self
+            .get(CF_META, KEY_NEXT_PACK)?
+            .and_then(|v| v.as_slice().try_into().ok().map(u32::from_le_bytes))
+            .unwrap_or(0))
     }
 
     pub fn refcount(&self, key: &[u8]) -> Result<u64> {

@@ -23,7 +23,9 @@ use std::time::Instant;
 use rocksdb::WriteBatch;
 
 use crate::chunk::{decode_verified, ChunkLocation};
-use crate::db::{chunk_ref_key, manifest_ref_key, CF_CHUNKS, CF_MANIFESTS, CF_REFS};
+use crate::db::{
+    chunk_ref_key, manifest_ref_key, CF_CHUNKS, CF_MANIFESTS, CF_META, CF_REFS, KEY_NEXT_PACK,
+};
 use crate::error::{Error, Result};
 use crate::ids::{ChunkId, ManifestId};
 use crate::pack::ReadError;
@@ -63,12 +65,25 @@ impl Store {
         let _c = self.commit_lock.lock().unwrap();
         let mut report = GcReport::default();
         let live_per_pack = self.drop_dead(&mut report)?;
+        self.persist_next_pack()?;
         let rewrite = self.delete_empty_packs(&live_per_pack, &mut report)?;
         if !rewrite.is_empty() {
             self.rewrite_packs(&rewrite, &mut report)?;
         }
         report.elapsed_ms = start.elapsed().as_millis() as u64;
         Ok(report)
+    }
+
+    /// Records the next pack number before any pack is deleted, so numbers
+    /// are never reused after a restart (secondaries may hold fds of deleted
+    /// packs under their old numbers).
+    fn persist_next_pack(&self) -> Result<()> {
+        let db = self.view.db();
+        // Every pack this GC deletes exists now, so its number is below this.
+        let next = self.view.packs().next_num();
+        let mut batch = WriteBatch::default();
+        batch.put_cf(db.cf(CF_META), KEY_NEXT_PACK, next.to_le_bytes());
+        db.write_small(batch, "recording the next pack number")
     }
 
     /// Step 1: removes dead manifests and index entries; returns live record

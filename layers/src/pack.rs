@@ -56,7 +56,11 @@ struct Active {
 
 impl Packs {
     /// Opens the pack directory for reading and, if `writable`, appending.
-    pub fn open(dir: &Path, max_pack_bytes: u64, writable: bool) -> Result<Packs> {
+    ///
+    /// `min_next` is the lowest number a new pack may take (persisted by GC
+    /// before it deletes packs), so a number is never reused: a secondary
+    /// may still hold an fd for a deleted pack under its old number.
+    pub fn open(dir: &Path, max_pack_bytes: u64, writable: bool, min_next: u32) -> Result<Packs> {
         if writable {
             std::fs::create_dir_all(dir).map_err(|e| Error::io(dir, e))?;
         }
@@ -79,7 +83,7 @@ impl Packs {
                 }
                 None => None,
             };
-            let next_num = existing.last().map_or(0, |&(n, _)| n + 1);
+            let next_num = existing.last().map_or(0, |&(n, _)| n + 1).max(min_next);
             Some(Mutex::new(Writer { next_num, active }))
         } else {
             None
@@ -153,6 +157,13 @@ impl Packs {
                 .map_err(|e| Error::io(self.path(a.num), e))?;
         }
         Ok(())
+    }
+
+    /// The number the next new pack will get.
+    pub fn next_num(&self) -> u32 {
+        self.writer
+            .as_ref()
+            .map_or(0, |w| w.lock().unwrap().next_num)
     }
 
     /// The pack currently appended to, if any.

@@ -50,7 +50,7 @@ impl StoreReader {
             });
         }
         let db = Db::open_secondary(&db_dir(root), secondary_dir)?;
-        let packs = Packs::open(&packs_dir(root), u64::MAX, false)?;
+        let packs = Packs::open(&packs_dir(root), u64::MAX, false, 0)?;
         Ok(StoreReader {
             view: StoreView::new(root, db, packs, cache_bytes),
         })

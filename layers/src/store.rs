@@ -117,7 +117,7 @@ impl Store {
         validate_chunk_size(opts.chunk_size)?;
         std::fs::create_dir_all(root).map_err(|e| Error::io(root, e))?;
         let db = Db::open_primary(&db_dir(root), opts.lock_timeout)?;
-        let packs = Packs::open(&packs_dir(root), opts.max_pack_bytes, true)?;
+        let packs = Packs::open(&packs_dir(root), opts.max_pack_bytes, true, db.next_pack()?)?;
         Ok(Store {
             view: StoreView::new(root, db, packs, opts.cache_bytes),
             opts,

@@ -223,18 +223,23 @@ impl StoreView {
     /// A chunk's uncompressed bytes, verified against its id before they are
     /// returned (and before they enter the cache).
     ///
-    /// If the chunk or its pack is missing (GC moved it), a secondary catches
-    /// up with the primary and retries once; the primary just retries once.
+    /// If the chunk or its pack is missing or does not check out (GC may have
+    /// moved it), a secondary catches up with the primary and retries once;
+    /// the primary just retries once.
     pub fn chunk(&self, id: &ChunkId) -> Result<ChunkData> {
         if let Some(d) = self.inner.cache.get(id) {
             return Ok(d);
         }
         let data: ChunkData = match self.load_chunk(id) {
-            Err(Error::MissingChunk { .. }) => {
+            Ok(d) => d,
+            // GC may have moved the chunk: a secondary's index or pack fd can
+            // be stale. Learn the new location and retry once; real damage
+            // fails again and is reported.
+            Err(Error::MissingChunk { .. } | Error::CorruptChunk { .. }) => {
                 self.catch_up()?;
                 self.load_chunk(id)?
             }
-            r => r?,
+            Err(e) => return Err(e),
         }
         .into();
         self.inner.cache.insert(*id, data.clone());
@@ -249,11 +254,15 @@ impl StoreView {
                 reason: "not in the chunk index".into(),
             })?;
         let path = self.inner.packs.path(loc.pack);
-        let corrupt = |reason: String| Error::CorruptChunk {
-            id: *id,
-            pack: path.clone(),
-            offset: loc.offset,
-            reason,
+        let corrupt = |reason: String| {
+            // Drop a possibly stale fd so a retry reopens the pack by name.
+            self.inner.packs.forget(loc.pack);
+            Error::CorruptChunk {
+                id: *id,
+                pack: path.clone(),
+                offset: loc.offset,
+                reason,
+            }
         };
         let payload = match self.inner.packs.read_payload(id, &loc) {
             Ok(p) => p,

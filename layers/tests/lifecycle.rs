@@ -446,3 +446,26 @@ fn concurrent_reads_from_many_threads() {
     });
     assert!(store.cache_stats().hits > 0);
 }
+
+#[test]
+fn pack_numbers_are_never_reused() {
+    let dir = tempfile::tempdir().unwrap();
+    let pack_of = |store: &Store, rec: &forkd_layers::SnapshotRecord| {
+        let c = first_chunk(store, rec);
+        store.chunk_location(&c).unwrap().unwrap().pack
+    };
+    let old = {
+        let store = common::open(dir.path(), 65536);
+        let a = common::commit_bytes(&store, &random(1, 4 * 65536), None);
+        let n = pack_of(&store, &a);
+        store.delete_snapshot(&a.id).unwrap();
+        let g = store.gc().unwrap();
+        assert_eq!(g.packs_deleted, 1, "{g:?}");
+        n
+    };
+    // After a restart with an empty packs/ directory, the new pack must not
+    // take the deleted pack's number (a secondary may hold its old fd).
+    let store = common::open(dir.path(), 65536);
+    let b = common::commit_bytes(&store, &random(2, 4 * 65536), None);
+    assert!(pack_of(&store, &b) > old);
+}
