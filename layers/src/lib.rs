@@ -58,3 +58,18 @@ pub use store::{db_dir, packs_dir, DeleteReport, Store, StoreOptions};
 pub use tag::{is_valid_file_name, validate_tag, TagError, MAX_TAG_LEN};
 pub use verify::{BadChunk, ChunkUser, VerifyReport};
 pub use view::StoreView;
+
+#[cfg(test)]
+mod tests {
+    fn send_sync<T: Send + Sync>() {}
+
+    /// The FUSE filesystem shares these across threads.
+    #[test]
+    fn handles_are_send_and_sync() {
+        send_sync::<crate::Store>();
+        send_sync::<crate::StoreReader>();
+        send_sync::<crate::StoreView>();
+        send_sync::<crate::FileReader>();
+        send_sync::<crate::Error>();
+    }
+}

@@ -77,3 +77,39 @@ fn kill9_at_random_points_leaves_a_consistent_store() {
         start.elapsed().as_secs_f64()
     );
 }
+
+#[test]
+fn writer_in_another_process_holds_the_lock() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let bin = env!("CARGO_BIN_EXE_layers-crash-child");
+    let mut child = Command::new(bin)
+        .arg(&root)
+        .arg("7")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn crash child");
+    // Wait until the child has created and opened the store.
+    let start = Instant::now();
+    while !root.join("packs").exists() && start.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let opts = forkd_layers::StoreOptions {
+        lock_timeout: Duration::from_millis(200),
+        ..common::opts(CHUNK as u32)
+    };
+    let err = forkd_layers::Store::open(&root, opts).err();
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    let err = err.expect("second writer must not open the store");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("another forkd process") && msg.contains("LOCK"),
+        "{msg}"
+    );
+    // Once the holder is gone the store opens (RocksDB's lock dies with it).
+    common::open(&root, CHUNK as u32);
+}
