@@ -91,6 +91,9 @@ fn base_options() -> Options {
     o.set_compression_type(rocksdb::DBCompressionType::None);
     o.set_keep_log_file_num(4);
     o.set_max_log_file_size(8 << 20);
+    // Small memtables keep each flush (and so the free space RocksDB needs
+    // on a nearly full disk) well under RESERVE_GROW.
+    o.set_write_buffer_size(8 << 20);
     o
 }
 
@@ -224,12 +227,27 @@ impl Db {
     /// [`Error::NoSpace`], before RocksDB sees the write. Writes that free
     /// space (delete, GC) pass a small reserve so they still work.
     pub fn write_reserving(&self, batch: WriteBatch, what: &str, reserve: u64) -> Result<()> {
+        if batch.is_empty() {
+            return Ok(());
+        }
+        self.check_space(&batch, reserve)?;
+        self.write_raw(batch, what)
+    }
+
+    /// Fails with [`Error::NoSpace`] unless `reserve` bytes plus twice the
+    /// batch stay free on the store's filesystem.
+    pub fn check_space(&self, batch: &WriteBatch, reserve: u64) -> Result<()> {
         let need = reserve + 2 * batch.size_in_bytes() as u64;
         if free_bytes(&self.path).is_some_and(|free| free < need) {
             return Err(Error::NoSpace {
                 path: self.path.clone(),
             });
         }
+        Ok(())
+    }
+
+    /// Writes a batch whose space [`Db::check_space`] already checked.
+    pub fn write_unchecked(&self, batch: WriteBatch, what: &str) -> Result<()> {
         self.write_raw(batch, what)
     }
 
@@ -313,8 +331,9 @@ impl Db {
     }
 }
 
-/// Free space reserved for writes that add data (ingest, commit, tags).
-pub(crate) const RESERVE_GROW: u64 = 4 << 20;
+/// Free space reserved for writes that add data (ingest, commit): room for
+/// RocksDB to flush a memtable (8 MiB) and write its WAL.
+pub(crate) const RESERVE_GROW: u64 = 16 << 20;
 /// Free space reserved for writes that release data (delete, GC).
 pub(crate) const RESERVE_SHRINK: u64 = 256 << 10;
 

@@ -65,7 +65,6 @@ impl Store {
         let _c = self.commit_lock.lock().unwrap();
         let mut report = GcReport::default();
         let live_per_pack = self.drop_dead(&mut report)?;
-        self.persist_next_pack()?;
         let rewrite = self.delete_empty_packs(&live_per_pack, &mut report)?;
         if !rewrite.is_empty() {
             self.rewrite_packs(&rewrite, &mut report)?;
@@ -81,13 +80,18 @@ impl Store {
         let db = self.view.db();
         // Every pack this GC deletes exists now, so its number is below this.
         let next = self.view.packs().next_num();
+        if db.next_pack()? >= next {
+            return Ok(());
+        }
         let mut batch = WriteBatch::default();
         batch.put_cf(db.cf(CF_META), KEY_NEXT_PACK, next.to_le_bytes());
         db.write_small(batch, "recording the next pack number")
     }
 
     /// Step 1: removes dead manifests and index entries; returns live record
-    /// bytes per pack.
+    /// bytes per pack. Also cuts the active pack's garbage tail (records of
+    /// failed or killed ingests, then dead chunks), which frees space first
+    /// on a full disk.
     fn drop_dead(&self, report: &mut GcReport) -> Result<HashMap<u32, u64>> {
         let db = self.view.db();
         let pinned_manifests: HashSet<ManifestId> = self.pinned().into_iter().collect();
@@ -110,13 +114,23 @@ impl Store {
             }
         }
         let mut live: HashMap<u32, u64> = HashMap::new();
+        let active = self.view.packs().active();
+        let (mut indexed_end, mut live_end) = (0u64, 0u64);
         let mut page: Vec<(ChunkId, ChunkLocation)> = Vec::with_capacity(BATCH);
         let mut flush =
             |page: &mut Vec<(ChunkId, ChunkLocation)>, batch: &mut WriteBatch| -> Result<()> {
                 let keys: Vec<[u8; 33]> = page.iter().map(|(c, _)| chunk_ref_key(c)).collect();
                 let key_refs: Vec<&[u8]> = keys.iter().map(|k| &k[..]).collect();
                 for ((cid, loc), r) in page.iter().zip(db.multi_get(CF_REFS, &key_refs)?) {
+                    let end = loc.offset + loc.record_len();
+                    let in_active = active == Some(loc.pack);
+                    if in_active {
+                        indexed_end = indexed_end.max(end);
+                    }
                     if r.is_some() || pinned_chunks.contains(cid) {
+                        if in_active {
+                            live_end = live_end.max(end);
+                        }
                         *live.entry(loc.pack).or_default() += loc.record_len();
                     } else {
                         batch.delete_cf(db.cf(CF_CHUNKS), cid.as_bytes());
@@ -137,7 +151,12 @@ impl Store {
             }
         }
         flush(&mut page, &mut batch)?;
+        let packs = self.view.packs();
+        // Unindexed tail first: safe before the batch, and frees space for it.
+        report.bytes_reclaimed += packs.trim_active(indexed_end)?;
         db.write_small(batch, "dropping unreferenced chunks")?;
+        // Dead records at the tail: only once the index no longer names them.
+        report.bytes_reclaimed += packs.trim_active(live_end)?;
         Ok(live)
     }
 
@@ -156,6 +175,7 @@ impl Store {
                 if active == Some(num) {
                     packs.roll()?;
                 }
+                self.persist_next_pack()?;
                 packs.delete(num)?;
                 report.packs_deleted += 1;
                 report.bytes_reclaimed += len;
@@ -216,6 +236,7 @@ impl Store {
         let mut freed = 0u64;
         for (num, len) in packs.list()? {
             if rewrite.contains(&num) && !keep.contains(&num) {
+                self.persist_next_pack()?;
                 packs.delete(num)?;
                 report.packs_deleted += 1;
                 report.packs_rewritten += 1;

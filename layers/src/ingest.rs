@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use rocksdb::WriteBatch;
 
 use crate::chunk::{compress, is_zero, validate_chunk_size, ChunkLocation, Compression};
-use crate::db::{CF_CHUNKS, CF_MANIFESTS};
+use crate::db::{CF_CHUNKS, CF_MANIFESTS, RESERVE_GROW};
 use crate::error::{Error, Result};
 use crate::ids::{ChunkId, ManifestId};
 use crate::manifest::{ChunkRef, FileManifest};
@@ -125,6 +125,9 @@ struct Sink {
     new_stored: AtomicU64,
     failed: AtomicBool,
     error: Mutex<Option<Error>>,
+    /// Set just before the RocksDB batch is issued: from then on the
+    /// appended records may be indexed and must not be rolled back.
+    committing: AtomicBool,
 }
 
 impl Sink {
@@ -262,13 +265,41 @@ impl Store {
         }
         let threads = opts.threads.unwrap_or(self.opts.ingest_threads).max(1);
         let sink = Sink::default();
+        let mark = self.view.packs().mark();
+        let result = self.ingest_with(&sink, chunk_size, level, threads, known_size, produce);
+        if result.is_err() && !sink.committing.load(Ordering::SeqCst) {
+            // Nothing was indexed: give the pack space back if no other
+            // ingest appended meanwhile (else GC reclaims it). On a full disk
+            // this is what lets the next ingest succeed once space is freed.
+            if let Some(m) = mark {
+                self.view
+                    .packs()
+                    .rollback(m, sink.new_chunks.load(Ordering::SeqCst));
+            }
+        }
+        result
+    }
+
+    /// The body of [`Store::run_ingest`].
+    fn ingest_with<P>(
+        &self,
+        sink: &Sink,
+        chunk_size: u32,
+        level: i32,
+        threads: usize,
+        known_size: Option<u64>,
+        produce: P,
+    ) -> Result<IngestedFile>
+    where
+        P: FnOnce(&mut dyn FnMut(usize, Slot) -> bool) -> Result<u64>,
+    {
         let mut entries: Vec<Option<ChunkRef>> = Vec::new();
         let mut base_chunks = 0u64;
         let (tx, rx) = sync_channel::<(usize, Vec<u8>)>(threads * 2);
         let rx = Mutex::new(rx);
         let produced = std::thread::scope(|s| {
             for _ in 0..threads {
-                s.spawn(|| self.worker(&rx, level, &sink));
+                s.spawn(|| self.worker(&rx, level, sink));
             }
             let mut emit = |slot: usize, s: Slot| -> bool {
                 if entries.len() <= slot {
@@ -311,7 +342,7 @@ impl Store {
             None => bytes_read,
         };
         let manifest = FileManifest::new(size, chunk_size, &entries)?;
-        let id = self.persist(&manifest, &sink)?;
+        let id = self.persist(&manifest, sink)?;
         Ok(IngestedFile {
             manifest: id,
             size,
@@ -381,7 +412,9 @@ impl Store {
             batch.put_cf(db.cf(CF_CHUNKS), cid.as_bytes(), loc.encode());
         }
         batch.put_cf(db.cf(CF_MANIFESTS), id.as_bytes(), manifest.encode());
-        db.write(batch, "indexing ingested chunks")?;
+        db.check_space(&batch, RESERVE_GROW)?;
+        sink.committing.store(true, Ordering::SeqCst);
+        db.write_unchecked(batch, "indexing ingested chunks")?;
         self.pin(id);
         Ok(id)
     }

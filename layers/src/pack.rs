@@ -46,6 +46,18 @@ pub(crate) struct Packs {
 struct Writer {
     next_num: u32,
     active: Option<Active>,
+    /// Successful appends since open (to tell whether an ingest was the
+    /// only writer since its [`Mark`]).
+    appends: u64,
+}
+
+/// The writer's position before an ingest starts appending; lets a failed
+/// ingest give its garbage back (see [`Packs::rollback`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mark {
+    num: u32,
+    len: u64,
+    appends: u64,
 }
 
 struct Active {
@@ -84,7 +96,11 @@ impl Packs {
                 None => None,
             };
             let next_num = existing.last().map_or(0, |&(n, _)| n + 1).max(min_next);
-            Some(Mutex::new(Writer { next_num, active }))
+            Some(Mutex::new(Writer {
+                next_num,
+                active,
+                appends: 0,
+            }))
         } else {
             None
         };
@@ -139,8 +155,10 @@ impl Packs {
             return Err(Error::io(self.path(a.num), e));
         }
         a.len += record.len() as u64;
+        let pack = a.num;
+        w.appends += 1;
         Ok(ChunkLocation {
-            pack: a.num,
+            pack,
             offset,
             stored_len: payload.len() as u32,
             raw_len,
@@ -157,6 +175,99 @@ impl Packs {
                 .map_err(|e| Error::io(self.path(a.num), e))?;
         }
         Ok(())
+    }
+
+    /// Where the writer stands now.
+    pub fn mark(&self) -> Option<Mark> {
+        let w = self.writer.as_ref()?.lock().unwrap();
+        Some(match &w.active {
+            Some(a) => Mark {
+                num: a.num,
+                len: a.len,
+                appends: w.appends,
+            },
+            None => Mark {
+                num: w.next_num,
+                len: 0,
+                appends: w.appends,
+            },
+        })
+    }
+
+    /// Undoes the appends of a failed ingest. If exactly `own_appends`
+    /// records were appended since `mark` (all of them the failed ingest's,
+    /// none indexed), packs created since are removed and the mark's pack is
+    /// truncated back and made active again. Otherwise (another ingest
+    /// appended meanwhile) the garbage is left to GC. Returns the bytes
+    /// given back.
+    pub fn rollback(&self, mark: Mark, own_appends: u64) -> u64 {
+        let Some(w) = self.writer.as_ref() else {
+            return 0;
+        };
+        let mut w = w.lock().unwrap();
+        if w.appends != mark.appends + own_appends || own_appends == 0 {
+            return 0;
+        }
+        let Some(active) = w.active.take() else {
+            return 0;
+        };
+        let mut freed = 0;
+        // Packs created after the mark hold only this ingest's records.
+        for num in (mark.num + 1)..=active.num {
+            let path = self.path(num);
+            if let Ok(m) = std::fs::metadata(&path) {
+                if std::fs::remove_file(&path).is_ok() {
+                    freed += m.len();
+                }
+            }
+        }
+        let path = self.path(mark.num);
+        let file = if active.num == mark.num {
+            Ok(active.file)
+        } else {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&path)
+                .map(Arc::new)
+        };
+        if let Ok(file) = file {
+            let len = file.metadata().map(|m| m.len()).unwrap_or(mark.len);
+            if len >= mark.len && file.set_len(mark.len).is_ok() {
+                freed += len - mark.len;
+                w.active = Some(Active {
+                    num: mark.num,
+                    file,
+                    len: mark.len,
+                });
+            }
+        }
+        freed
+    }
+
+    /// Truncates the active pack to `keep_end` if it is longer: the caller
+    /// (GC, with no ingest running) knows no live record lies beyond it.
+    /// Only garbage is cut; a stale reader that still points there gets a
+    /// verification error and retries, never wrong bytes.
+    pub fn trim_active(&self, keep_end: u64) -> Result<u64> {
+        let Some(w) = self.writer.as_ref() else {
+            return Ok(0);
+        };
+        let mut w = w.lock().unwrap();
+        let Some(a) = w.active.as_mut() else {
+            return Ok(0);
+        };
+        if a.len <= keep_end {
+            return Ok(0);
+        }
+        let freed = a.len - keep_end;
+        let path = self.path(a.num);
+        a.file
+            .set_len(keep_end)
+            .and_then(|()| a.file.sync_all())
+            .map_err(|e| Error::io(&path, e))?;
+        a.len = keep_end;
+        Ok(freed)
     }
 
     /// The number the next new pack will get.

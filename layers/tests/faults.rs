@@ -129,7 +129,7 @@ fn fill_disk(path: &Path) {
 #[test]
 fn full_disk_fails_ingest_cleanly() {
     let dir = tempfile::tempdir().unwrap();
-    let Some(fs) = TinyFs::mount(dir.path(), "24m") else {
+    let Some(fs) = TinyFs::mount(dir.path(), "40m") else {
         eprintln!("SKIP full_disk_fails_ingest_cleanly: cannot mount tmpfs (needs root)");
         return;
     };
@@ -137,6 +137,7 @@ fn full_disk_fails_ingest_cleanly() {
     let store = Store::open(&root, common::opts(65536)).unwrap();
     let d1 = random(1, 2 << 20);
     let s1 = common::commit_bytes(&store, &d1, None);
+    let throwaway = common::commit_bytes(&store, &random(3, 1 << 20), None);
     let filler = fs.0.join("filler");
     fill_disk(&filler);
     // Leave ~1 MiB free: enough for RocksDB, not for a 4 MiB ingest.
@@ -148,11 +149,14 @@ fn full_disk_fails_ingest_cleanly() {
     f.set_len(len.saturating_sub(1 << 20)).unwrap();
     drop(f);
     let big = random(2, 4 << 20);
+    let stored_before = store.stats().unwrap().stored_bytes;
     let e = store
         .ingest_reader(&big[..], &IngestOptions::default())
         .unwrap_err();
     assert!(e.is_no_space(), "{e:?}");
     assert!(e.to_string().contains("no space left"), "{e}");
+    // The failed ingest gave back the pack space it had used.
+    assert_eq!(store.stats().unwrap().stored_bytes, stored_before);
     // Metadata writes that add data are refused before RocksDB sees them
     // (a failed WAL write would leave RocksDB read-only until reopened).
     let e = store
@@ -162,6 +166,10 @@ fn full_disk_fails_ingest_cleanly() {
         })
         .unwrap_err();
     assert!(e.is_no_space(), "{e:?}");
+    // Writes that free space still work on the full disk.
+    store.delete_snapshot(&throwaway.id).unwrap();
+    let g = store.gc().unwrap();
+    assert_eq!(g.chunks_removed, 16, "{g:?}");
     // Consistent: old snapshot reads, verify passes.
     store.drop_cache();
     assert!(common::read_all(&store, &s1, "data.bin") == d1);
@@ -180,4 +188,88 @@ fn full_disk_fails_ingest_cleanly() {
     assert!(common::read_all(&store, &s2, "data.bin") == big);
     drop(store);
     drop(fs);
+}
+
+/// A reader that fails after `left` bytes.
+struct FailingReader {
+    data: Vec<u8>,
+    pos: usize,
+    fail_at: usize,
+}
+
+impl std::io::Read for FailingReader {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.pos >= self.fail_at {
+            return Err(std::io::Error::other("source went away"));
+        }
+        let n = buf.len().min(self.fail_at - self.pos);
+        buf[..n].copy_from_slice(&self.data[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+#[test]
+fn failed_ingest_gives_its_pack_space_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = common::open(dir.path(), 65536); // 1 MiB packs
+    let s1 = common::commit_bytes(&store, &random(1, 700_000), None);
+    let before = store.stats().unwrap();
+    // Fails after ~2.5 MiB: several chunks appended, packs rolled over.
+    let r = FailingReader {
+        data: random(2, 4 << 20),
+        pos: 0,
+        fail_at: 2_500_000,
+    };
+    let e = store
+        .ingest_reader(r, &IngestOptions::default())
+        .unwrap_err();
+    assert!(e.to_string().contains("source went away"), "{e}");
+    let after = store.stats().unwrap();
+    assert_eq!(
+        after.stored_bytes, before.stored_bytes,
+        "{before:?} {after:?}"
+    );
+    assert_eq!(after.packs, before.packs);
+    // The store goes on normally.
+    let data = random(3, 300_000);
+    let s2 = common::commit_bytes(&store, &data, Some(s1.id));
+    assert!(common::read_all(&store, &s2, "data.bin") == data);
+    assert!(store.verify().unwrap().is_ok());
+}
+
+#[test]
+fn gc_cuts_a_torn_pack_tail() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let data = random(4, 200_000);
+    let rec = {
+        let store = common::open(&root, 65536);
+        common::commit_bytes(&store, &data, None)
+    };
+    // What a process killed mid-append leaves: bytes no index entry names.
+    let pack = std::fs::read_dir(packs_dir(&root))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max()
+        .unwrap();
+    let len = std::fs::metadata(&pack).unwrap().len();
+    let f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&pack)
+        .unwrap();
+    f.write_all_at(&random(5, 30_000), len).unwrap();
+    drop(f);
+    let store = common::open(&root, 65536);
+    assert_eq!(store.stats().unwrap().garbage_bytes, 30_000);
+    let g = store.gc().unwrap();
+    assert_eq!(g.bytes_reclaimed, 30_000, "{g:?}");
+    assert_eq!(std::fs::metadata(&pack).unwrap().len(), len);
+    assert!(common::read_all(&store, &rec, "data.bin") == data);
+    // New appends land where the tail was and read back fine.
+    let more = random(6, 100_000);
+    let rec2 = common::commit_bytes(&store, &more, None);
+    store.drop_cache();
+    assert!(common::read_all(&store, &rec2, "data.bin") == more);
+    assert!(store.verify().unwrap().is_ok());
 }
