@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 
 use lru::LruCache;
 
-use crate::ids::ChunkId;
+use crate::ids::{ChunkId, ManifestId};
+use crate::manifest::FileManifest;
 
 /// Decompressed chunk bytes, shared between the cache and readers.
 pub type ChunkData = Arc<[u8]>;
@@ -96,6 +97,50 @@ impl ChunkCache {
             entries: g.lru.len() as u64,
             hits: self.hits.load(Ordering::Relaxed),
             misses: self.misses.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Decoded manifests, bounded in bytes (a 10 GiB disk image at 64 KiB
+/// chunks decodes to ~5.8 MB). Manifests are immutable, so never stale.
+pub(crate) struct ManifestCache {
+    inner: Mutex<(LruCache<ManifestId, Arc<FileManifest>>, usize)>,
+    capacity: usize,
+}
+
+impl ManifestCache {
+    pub fn new(capacity: usize) -> ManifestCache {
+        ManifestCache {
+            inner: Mutex::new((LruCache::unbounded(), 0)),
+            capacity,
+        }
+    }
+
+    pub fn get(&self, id: &ManifestId) -> Option<Arc<FileManifest>> {
+        self.inner.lock().unwrap().0.get(id).cloned()
+    }
+
+    /// Inserts, evicting least-recently-used manifests beyond capacity (the
+    /// newest one is always kept).
+    pub fn insert(&self, id: ManifestId, m: Arc<FileManifest>) {
+        let mut g = self.inner.lock().unwrap();
+        let (lru, bytes) = &mut *g;
+        *bytes += m.memory_bytes();
+        if let Some(old) = lru.put(id, m) {
+            *bytes -= old.memory_bytes();
+        }
+        while *bytes > self.capacity && lru.len() > 1 {
+            match lru.pop_lru() {
+                Some((_, old)) => *bytes -= old.memory_bytes(),
+                None => break,
+            }
+        }
+    }
+
+    pub fn remove(&self, id: &ManifestId) {
+        let mut g = self.inner.lock().unwrap();
+        if let Some(old) = g.0.pop(id) {
+            g.1 -= old.memory_bytes();
         }
     }
 }

@@ -123,6 +123,11 @@ impl FileManifest {
         self.slots.iter().filter(|&&s| s == ZERO_SLOT).count()
     }
 
+    /// Approximate heap bytes of this manifest in memory.
+    pub fn memory_bytes(&self) -> usize {
+        std::mem::size_of::<Self>() + self.slots.len() * 4 + self.chunks.len() * ChunkId::LEN
+    }
+
     /// Bytes covered by all-zero slots.
     pub fn zero_bytes(&self) -> u64 {
         (0..self.slots.len())

@@ -2,13 +2,10 @@
 //! secondary [`crate::StoreReader`]: both dereference to a [`StoreView`].
 
 use std::io;
-use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use lru::LruCache;
-
-use crate::cache::{CacheStats, ChunkCache, ChunkData};
+use crate::cache::{CacheStats, ChunkCache, ChunkData, ManifestCache};
 use crate::chunk::{decode_verified, ChunkLocation};
 use crate::db::{self, Db, CF_CHILDREN, CF_MANIFESTS, CF_SNAPSHOTS, CF_TAGS};
 use crate::error::{Error, Result};
@@ -18,8 +15,8 @@ use crate::pack::{Packs, ReadError};
 use crate::reader::FileReader;
 use crate::snapshot::SnapshotRecord;
 
-/// Manifests kept decoded in memory (they are immutable, so never stale).
-const MANIFEST_CACHE: usize = 256;
+/// Bytes of decoded manifests kept in memory.
+const MANIFEST_CACHE_BYTES: usize = 64 << 20;
 
 /// A cheap, clonable handle on a store's read side. Send + Sync; clones
 /// share the RocksDB handle, pack fds and the decompressed-chunk cache.
@@ -33,7 +30,7 @@ pub(crate) struct ViewInner {
     pub db: Db,
     pub packs: Packs,
     pub cache: ChunkCache,
-    manifests: Mutex<LruCache<ManifestId, Arc<FileManifest>>>,
+    manifests: ManifestCache,
 }
 
 impl StoreView {
@@ -44,7 +41,7 @@ impl StoreView {
                 db,
                 packs,
                 cache: ChunkCache::new(cache_bytes),
-                manifests: Mutex::new(LruCache::new(NonZeroUsize::new(MANIFEST_CACHE).unwrap())),
+                manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
             }),
         }
     }
@@ -101,7 +98,7 @@ impl StoreView {
             .and_then(|v| SnapshotId::from_slice(&v)))
     }
 
-    /// Every snapshot, oldest first.
+    /// Every snapshot, oldest first (by `created_at_unix` in seconds, then id).
     pub fn list_snapshots(&self) -> Result<Vec<SnapshotRecord>> {
         let mut out = Vec::new();
         for kv in self.inner.db.scan(CF_SNAPSHOTS) {
@@ -167,8 +164,8 @@ impl StoreView {
 
     /// A manifest by id (decoded once, then cached).
     pub fn manifest(&self, id: &ManifestId) -> Result<Arc<FileManifest>> {
-        if let Some(m) = self.inner.manifests.lock().unwrap().get(id) {
-            return Ok(m.clone());
+        if let Some(m) = self.inner.manifests.get(id) {
+            return Ok(m);
         }
         let bytes = self
             .inner
@@ -188,12 +185,12 @@ impl StoreView {
             });
         }
         let m = Arc::new(m);
-        self.inner.manifests.lock().unwrap().put(*id, m.clone());
+        self.inner.manifests.insert(*id, m.clone());
         Ok(m)
     }
 
     pub(crate) fn forget_manifest(&self, id: &ManifestId) {
-        self.inner.manifests.lock().unwrap().pop(id);
+        self.inner.manifests.remove(id);
     }
 
     /// True if the store has this manifest.
