@@ -113,3 +113,82 @@ fn writer_in_another_process_holds_the_lock() {
     // Once the holder is gone the store opens (RocksDB's lock dies with it).
     common::open(&root, CHUNK as u32);
 }
+
+/// fs/'s situation: a long-lived secondary in another process reads
+/// snapshots while the writer ingests, deletes and collects. Every read that
+/// succeeds must be byte-exact; a read may fail only for a snapshot the
+/// writer deleted meanwhile.
+#[test]
+fn secondary_reads_while_another_process_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let bin = env!("CARGO_BIN_EXE_layers-crash-child");
+    let mut child = Command::new(bin)
+        .arg(&root)
+        .arg("99")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn writer");
+    let start = Instant::now();
+    let reader = loop {
+        match forkd_layers::StoreReader::open_secondary(&root, &dir.path().join("sec")) {
+            Ok(r) => break r,
+            Err(_) if start.elapsed() < Duration::from_secs(20) => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Err(e) => panic!("secondary never opened: {e}"),
+        }
+    };
+    let (mut ok, mut gone) = (0, 0);
+    let mut rng = SplitMix64(5);
+    let deadline = Instant::now() + Duration::from_secs(6);
+    while Instant::now() < deadline {
+        reader.catch_up().unwrap();
+        let all = reader.list_snapshots().unwrap();
+        // The newest, plus two at random (older ones get deleted and GC'd).
+        let picks: Vec<_> = all
+            .last()
+            .into_iter()
+            .chain((0..2).filter_map(|_| {
+                (!all.is_empty()).then(|| &all[rng.below(all.len() as u64) as usize])
+            }))
+            .cloned()
+            .collect();
+        // Open first, read a little later: the writer may delete and collect
+        // a snapshot in between (as it can under a FUSE mount).
+        let opened: Vec<_> = picks
+            .iter()
+            .filter_map(|rec| Some((rec, reader.open_file(&rec.id, "data.bin").ok()?)))
+            .collect();
+        std::thread::sleep(Duration::from_millis(100));
+        for (rec, f) in &opened {
+            let want = crash_content(
+                rec.lineage["seed"].as_u64().unwrap(),
+                rec.lineage["iter"].as_u64().unwrap(),
+                CHUNK,
+            );
+            let mut got = vec![0u8; f.size() as usize];
+            match f.read_exact_at(&mut got, 0) {
+                Ok(()) => {
+                    assert!(got == want, "wrong bytes for {}", rec.id);
+                    ok += 1;
+                }
+                Err(e) => {
+                    reader.catch_up().unwrap();
+                    if reader.snapshot(&rec.id).unwrap().is_some() {
+                        panic!("live snapshot {} unreadable: {e}", rec.id);
+                    }
+                    gone += 1;
+                }
+            }
+        }
+        reader.drop_cache();
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    child.wait().unwrap();
+    eprintln!("secondary: {ok} byte-exact reads, {gone} of deleted snapshots");
+    assert!(ok > 20, "only {ok} reads succeeded");
+}
