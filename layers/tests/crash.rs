@@ -150,9 +150,11 @@ fn secondary_reads_while_another_process_writes() {
         let picks: Vec<_> = all
             .last()
             .into_iter()
-            .chain((0..2).filter_map(|_| {
-                (!all.is_empty()).then(|| &all[rng.below(all.len() as u64) as usize])
-            }))
+            .chain(
+                (0..2)
+                    .filter(|_| !all.is_empty())
+                    .map(|_| &all[rng.below(all.len() as u64) as usize]),
+            )
             .cloned()
             .collect();
         // Open first, read a little later: the writer may delete and collect
