@@ -4,18 +4,22 @@
 //! 1. Under the exclusive GC lock (no ingest running) and the commit lock,
 //!    drop index entries of chunks with refcount 0 that no pinned
 //!    (ingested, not yet committed) manifest names, and manifests with
-//!    refcount 0 that are not pinned, in one durable batch.
-//! 2. A pack with no live chunk left is deleted whole.
+//!    refcount 0 that are not pinned, in one durable batch. Around it the
+//!    active pack's garbage tail is cut: first the unindexed bytes (killed
+//!    or failed ingests), after the batch the dead records.
+//! 2. A pack with no live chunk left is deleted whole (after recording
+//!    `meta/next_pack`, so its number is never reused).
 //! 3. A pack whose garbage fraction is at least
 //!    [`crate::StoreOptions::gc_rewrite_threshold`] (default 50%) is
 //!    rewritten: its live chunks are appended to the active pack, that pack
 //!    is fdatasync'd, the index is repointed in one durable batch, and only
 //!    then is the old pack deleted.
 //!
-//! Pack bytes are never overwritten in place, only whole files removed, so
-//! a secondary reader holding an fd keeps reading; one that finds a pack gone
-//! catches up (learning the new locations) and retries. A crash at any step
-//! leaves either the old state or garbage the next GC removes.
+//! Live records are never overwritten in place, only whole files removed,
+//! so a secondary reader holding an fd keeps reading; one that finds a pack
+//! gone, or a record that does not check out, catches up (learning the new
+//! locations) and retries. A crash at any step leaves either the old state
+//! or garbage the next GC removes.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::time::Instant;

@@ -18,7 +18,8 @@
 //! - a manifest is stored only in the batch that indexes its new chunks, so
 //!   every chunk it names is durable;
 //! - a snapshot commits record, tag and refcounts in one synced batch;
-//! - pack bytes are never overwritten in place; GC removes whole packs.
+//! - a live pack record is never overwritten in place; GC removes whole packs
+//!   and cuts only garbage off the end of the active pack.
 
 mod cache;
 mod chunk;

@@ -7,8 +7,9 @@
 //! ```
 //!
 //! Invariants:
-//! - bytes are only ever appended; a record, once written, is never changed in
-//!   place (readers in other processes may be reading it);
+//! - records are only ever appended; a live record is never changed in place
+//!   (readers in other processes may be reading it); only garbage at the end
+//!   of the active pack is ever cut (failed ingests, GC tail trim);
 //! - packs are removed only whole, by GC, after the index no longer names them;
 //! - a record is named by the index only after the pack was fdatasync'd (the
 //!   ingest syncs its packs before committing the RocksDB batch).
