@@ -1,0 +1,425 @@
+//! Messages carried in frame headers (JSON) between the host and forkd-agent.
+//!
+//! Every request carries an `id` chosen by the host; every reply and stream
+//! event carries the id of the request it belongs to, so many requests can be in
+//! flight on one channel. Bulk data (stdin, stdout, file contents, entropy)
+//! travels in the frame payload, never inside the JSON.
+
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+/// Version of this protocol, reported by `ping`. Bump on incompatible changes.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+/// Name of the virtio-serial port the agent listens on.
+pub const AGENT_PORT_NAME: &str = "org.forkd.agent";
+
+/// Header of every host→agent frame.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct RequestHeader {
+    pub id: u64,
+    #[serde(flatten)]
+    pub op: Op,
+}
+
+/// What the host asks the agent to do. The frame payload's meaning depends on
+/// the op (documented per variant).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Op {
+    /// Liveness and status. Reply: [`PingResult`].
+    Ping,
+    /// Run a process. Payload: stdin bytes (closed after them unless
+    /// `stdin_open` is set on a streaming exec). Reply: [`ExecResult`]; for a
+    /// non-streaming exec the reply payload is stdout followed by stderr.
+    Exec(ExecSpec),
+    /// More stdin for a running streaming exec `target`. Payload: the bytes.
+    Stdin {
+        target: u64,
+        #[serde(default)]
+        eof: bool,
+    },
+    /// Send `signal` to the process group of running exec `target`.
+    Signal { target: u64, signal: i32 },
+    /// Evaluate Python in the warm interpreter. Reply: [`EvalResult`].
+    Eval(EvalSpec),
+    /// Read up to `len` bytes at `offset`. Reply: [`ReadResult`], payload = bytes.
+    ReadFile {
+        path: String,
+        #[serde(default)]
+        offset: u64,
+        #[serde(default)]
+        len: Option<u64>,
+    },
+    /// Write the payload to `path`: atomically (temp file + rename) unless
+    /// `append`. Reply: [`FileStat`] of the result.
+    WriteFile {
+        path: String,
+        #[serde(default)]
+        mode: Option<u32>,
+        #[serde(default)]
+        append: bool,
+        #[serde(default)]
+        create_parents: bool,
+    },
+    /// Directory listing. Reply: [`ListResult`].
+    ListDir { path: String },
+    /// Metadata (does not follow a final symlink). Reply: [`FileStat`].
+    Stat { path: String },
+    /// Create a directory (`parents` = `mkdir -p`). Reply: [`FileStat`].
+    Mkdir {
+        path: String,
+        #[serde(default)]
+        mode: Option<u32>,
+        #[serde(default)]
+        parents: bool,
+    },
+    /// Remove a file, symlink or empty directory (`recursive` removes trees).
+    Remove {
+        path: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Give a freshly forked child its own identity. Payload: entropy bytes
+    /// from the host. Reply: [`IdentityResult`].
+    Identity(IdentitySpec),
+    /// Stop everything and power the VM off (or reboot).
+    Shutdown {
+        #[serde(default)]
+        reboot: bool,
+    },
+}
+
+/// A process to run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecSpec {
+    /// argv; exactly one of `argv` and `shell` is set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub argv: Option<Vec<String>>,
+    /// A command for `/bin/sh -c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<String>,
+    /// Extra environment (added to the agent's base environment).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Start from an empty environment instead of the base one.
+    #[serde(default)]
+    pub clear_env: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<String>,
+    /// Kill the whole process group after this long.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+    /// Cap on bytes kept per output stream; the rest is discarded and the
+    /// result says it was truncated. Default [`DEFAULT_OUTPUT_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_limit: Option<u64>,
+    /// Deliver output as `stdout`/`stderr` events while the process runs.
+    #[serde(default)]
+    pub stream: bool,
+    /// Streaming only: keep stdin open for later `stdin` ops.
+    #[serde(default)]
+    pub stdin_open: bool,
+}
+
+/// Default per-stream output cap for exec.
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 8 << 20;
+/// Largest output cap a caller may ask for in a non-streaming exec (the reply
+/// payload carries both streams).
+pub const MAX_BUFFERED_OUTPUT_LIMIT: u64 = 15 << 20;
+
+/// Python to evaluate in the persistent warm interpreter.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EvalSpec {
+    pub code: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
+}
+
+/// Identity for a forked child.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct IdentitySpec {
+    /// Host wall clock, nanoseconds since the epoch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unix_time_ns: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Reseed the warm interpreter's `random` (and numpy's global RNG).
+    #[serde(default)]
+    pub reseed_interpreter: bool,
+}
+
+/// Header of every agent→host frame.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct ReplyHeader {
+    pub id: u64,
+    #[serde(flatten)]
+    pub body: Reply,
+}
+
+/// A reply or a stream event for request `id`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Reply {
+    /// Final success; `result` is the op's result type as JSON.
+    Ok {
+        #[serde(default)]
+        result: serde_json::Value,
+    },
+    /// Final failure.
+    Error {
+        error: AgentError,
+    },
+    /// Streaming exec started.
+    Started {
+        pid: u32,
+    },
+    /// Streaming exec output; payload is the chunk.
+    Stdout,
+    Stderr,
+}
+
+impl Reply {
+    /// True when no more frames follow for this request.
+    pub fn is_final(&self) -> bool {
+        matches!(self, Reply::Ok { .. } | Reply::Error { .. })
+    }
+}
+
+/// A failed request, with a kind a program can branch on and a message a
+/// person can act on.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {message}")]
+pub struct AgentError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl AgentError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        AgentError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    /// Maps an I/O error on `path` to a kind and a message naming the path.
+    pub fn io(path: &str, err: &std::io::Error) -> Self {
+        use std::io::ErrorKind as K;
+        let kind = match err.kind() {
+            K::NotFound => ErrorKind::NotFound,
+            K::PermissionDenied => ErrorKind::PermissionDenied,
+            K::AlreadyExists => ErrorKind::AlreadyExists,
+            K::NotADirectory => ErrorKind::NotADirectory,
+            K::IsADirectory => ErrorKind::IsADirectory,
+            K::DirectoryNotEmpty => ErrorKind::DirectoryNotEmpty,
+            K::InvalidInput => ErrorKind::BadRequest,
+            _ => ErrorKind::Io,
+        };
+        AgentError::new(kind, format!("{path}: {err}"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    BadRequest,
+    NotFound,
+    PermissionDenied,
+    AlreadyExists,
+    NotADirectory,
+    IsADirectory,
+    DirectoryNotEmpty,
+    Timeout,
+    Io,
+    NotReady,
+    Unsupported,
+    Internal,
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let v = serde_json::to_value(self).map_err(|_| std::fmt::Error)?;
+        f.write_str(v.as_str().unwrap_or("error"))
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct PingResult {
+    pub agent_version: String,
+    pub protocol: u32,
+    pub uptime_ms: u64,
+    pub hostname: String,
+    /// The warm interpreter has started and finished its warm-up imports.
+    pub warm_ready: bool,
+    /// Why the warm interpreter is not available, when it is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_pid: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub python_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numpy_version: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecResult {
+    pub pid: u32,
+    /// Exit status when the process exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number when the process was killed by a signal.
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    /// Non-streaming exec: the reply payload is `stdout_len` bytes of stdout
+    /// followed by `stderr_len` bytes of stderr. Streaming: bytes delivered.
+    pub stdout_len: u64,
+    pub stderr_len: u64,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+impl ExecResult {
+    /// Shell-style status: the exit code, or 128 + signal.
+    pub fn status_code(&self) -> i32 {
+        match (self.exit_code, self.signal) {
+            (Some(c), _) => c,
+            (None, Some(s)) => 128 + s,
+            (None, None) => -1,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EvalResult {
+    /// `repr()` of the value of the last expression, if the code ended in one.
+    pub result: Option<String>,
+    /// `"<Type>: <message>"` when the code raised.
+    pub error: Option<String>,
+    pub traceback: Option<String>,
+    /// What the code printed.
+    pub stdout: String,
+    pub stderr: String,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ReadResult {
+    /// Size of the whole file.
+    pub size: u64,
+    pub offset: u64,
+    /// Bytes in the payload.
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileStat {
+    pub path: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (e.g. 0o644).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub mtime_unix: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct DirEntry {
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    pub mode: u32,
+    pub mtime_unix: i64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ListResult {
+    pub entries: Vec<DirEntry>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct IdentityResult {
+    /// Guest clock minus host clock before the clock was set, in ms.
+    pub clock_skew_ms: Option<i64>,
+    pub hostname: String,
+    pub entropy_bytes: usize,
+    pub interpreter_reseeded: bool,
+}
+
+/// Checks a guest path given by the host: absolute, no NUL, bounded length.
+/// The guest is the sandbox, so `..` is allowed; shape is what is checked.
+pub fn validate_guest_path(path: &str) -> Result<(), AgentError> {
+    let bad = |why: &str| {
+        Err(AgentError::new(
+            ErrorKind::BadRequest,
+            format!("bad path {path:?}: {why}"),
+        ))
+    };
+    if path.is_empty() {
+        return bad("empty");
+    }
+    if !path.starts_with('/') {
+        return bad("must be absolute (start with '/')");
+    }
+    if path.contains('\0') {
+        return bad("contains a NUL byte");
+    }
+    if path.len() > 4096 {
+        return bad("longer than 4096 bytes");
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_json_shape_is_flat() {
+        let h = RequestHeader {
+            id: 3,
+            op: Op::Stat { path: "/x".into() },
+        };
+        let v = serde_json::to_value(&h).unwrap();
+        assert_eq!(v, serde_json::json!({"id":3,"op":"stat","path":"/x"}));
+        let back: RequestHeader = serde_json::from_value(v).unwrap();
+        assert_eq!(back, h);
+    }
+
+    #[test]
+    fn reply_json_shape() {
+        let h = ReplyHeader {
+            id: 9,
+            body: Reply::Error {
+                error: AgentError::new(ErrorKind::NotFound, "/x: gone"),
+            },
+        };
+        let v = serde_json::to_value(&h).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({"id":9,"type":"error","error":{"kind":"not_found","message":"/x: gone"}})
+        );
+        assert_eq!(ErrorKind::NotFound.to_string(), "not_found");
+    }
+
+    #[test]
+    fn path_rules() {
+        assert!(validate_guest_path("/tmp/x").is_ok());
+        assert!(validate_guest_path("tmp/x").is_err());
+        assert!(validate_guest_path("").is_err());
+        assert!(validate_guest_path("/a\0b").is_err());
+    }
+}

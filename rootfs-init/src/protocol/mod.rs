@@ -1,0 +1,22 @@
+//! The host↔agent protocol: binary frames ([`frame`]) whose JSON headers are
+//! the [`messages`]. Shared by forkd-agent (guest) and the host's agent client.
+
+pub mod frame;
+pub mod messages;
+
+pub use frame::{Frame, FrameDecoder, FrameError, MAX_PAYLOAD};
+pub use messages::*;
+
+use bytes::BytesMut;
+
+/// Encodes a request frame.
+pub fn encode_request(header: &RequestHeader, payload: &[u8], out: &mut BytesMut) {
+    let json = serde_json::to_vec(header).expect("request headers always serialise");
+    frame::encode(&json, payload, out);
+}
+
+/// Encodes a reply frame.
+pub fn encode_reply(header: &ReplyHeader, payload: &[u8], out: &mut BytesMut) {
+    let json = serde_json::to_vec(header).expect("reply headers always serialise");
+    frame::encode(&json, payload, out);
+}
