@@ -1,0 +1,249 @@
+//! The warm interpreter: one persistent Python process per guest that has
+//! already imported the warm-up modules, so a forked child evaluates code
+//! without paying the imports again. Requests are serialised (one
+//! interpreter, one thread of Python).
+
+use crate::protocol::{AgentError, ErrorKind, EvalResult};
+use serde::Deserialize;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::pipe;
+use tokio::process::{Child, Command};
+use tokio::sync::{watch, Mutex};
+
+const EVALD_PY: &str = include_str!("evald.py");
+/// Default bound on one eval; on expiry the interpreter is restarted.
+pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// What ping reports about the interpreter.
+#[derive(Debug, Clone, Default)]
+pub struct Status {
+    pub ready: bool,
+    pub error: Option<String>,
+    pub pid: Option<u32>,
+    pub python_version: Option<String>,
+    pub numpy_version: Option<String>,
+}
+
+struct Proc {
+    child: Child,
+    tx: pipe::Sender,
+    rx: BufReader<pipe::Receiver>,
+}
+
+/// Handle to the warm interpreter. Cheap to clone.
+#[derive(Clone)]
+pub struct Interpreter {
+    python: Option<String>,
+    env: Vec<(String, String)>,
+    proc_: Arc<Mutex<Option<Proc>>>,
+    status: watch::Sender<Status>,
+}
+
+#[derive(Deserialize)]
+struct Ready {
+    pid: u32,
+    python: Option<String>,
+    numpy: Option<String>,
+    #[serde(default)]
+    errors: Vec<String>,
+}
+
+impl Interpreter {
+    /// Creates the handle; `start` launches the process.
+    pub fn new(python: Option<String>, imports: &[String], warmup_code: Option<&str>) -> Self {
+        let mut env = vec![("FORKD_WARMUP_IMPORTS".to_string(), imports.join(","))];
+        if let Some(c) = warmup_code {
+            env.push(("FORKD_WARMUP_CODE".into(), c.into()));
+        }
+        let status = Status {
+            error: python
+                .is_none()
+                .then(|| "no python3 in this image".to_string()),
+            ..Default::default()
+        };
+        Interpreter {
+            python,
+            env,
+            proc_: Arc::new(Mutex::new(None)),
+            status: watch::channel(status).0,
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        self.status.borrow().clone()
+    }
+
+    /// Starts (or restarts) the interpreter and waits for its warm-up.
+    pub async fn start(&self) {
+        let mut guard = self.proc_.lock().await;
+        self.start_locked(&mut guard).await;
+    }
+
+    async fn start_locked(&self, slot: &mut Option<Proc>) {
+        if let Some(mut old) = slot.take() {
+            let _ = old.child.start_kill();
+            let _ = old.child.wait().await;
+        }
+        let Some(python) = self.python.clone() else {
+            return;
+        };
+        self.status.send_modify(|s| *s = Status::default());
+        match self.spawn(&python).await {
+            Ok((p, ready)) => {
+                let err = (!ready.errors.is_empty()).then(|| ready.errors.join("; "));
+                self.status.send_replace(Status {
+                    ready: true,
+                    error: err,
+                    pid: Some(ready.pid),
+                    python_version: ready.python,
+                    numpy_version: ready.numpy,
+                });
+                *slot = Some(p);
+            }
+            Err(e) => {
+                eprintln!("forkd-agent: warm interpreter failed to start: {e}");
+                self.status.send_replace(Status {
+                    error: Some(e),
+                    ..Default::default()
+                });
+            }
+        }
+    }
+
+    async fn spawn(&self, python: &str) -> Result<(Proc, Ready), String> {
+        let (req_r, req_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+        let (rep_r, rep_w) =
+            nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new(python);
+        cmd.arg("-u").arg("-c").arg(EVALD_PY);
+        cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        cmd.env("PYTHONDONTWRITEBYTECODE", "1");
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::inherit())
+            .stderr(Stdio::inherit());
+        cmd.current_dir("/");
+        let (cr, cw) = (req_r.as_raw_fd(), rep_w.as_raw_fd());
+        // SAFETY: only async-signal-safe calls (fcntl, dup2) between fork and exec.
+        unsafe {
+            cmd.pre_exec(move || {
+                let r = libc::fcntl(cr, libc::F_DUPFD, 10);
+                let w = libc::fcntl(cw, libc::F_DUPFD, 10);
+                if r < 0 || w < 0 || libc::dup2(r, 3) < 0 || libc::dup2(w, 4) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| format!("spawning {python}: {e}"))?;
+        drop((req_r, rep_w));
+        let tx = pipe_sender(req_w)?;
+        let mut rx = BufReader::new(pipe_receiver(rep_r)?);
+        let mut line = String::new();
+        let n = rx.read_line(&mut line).await.map_err(|e| e.to_string())?;
+        if n == 0 {
+            return Err(format!(
+                "{python} exited during warm-up (see the console log)"
+            ));
+        }
+        let ready: Ready =
+            serde_json::from_str(&line).map_err(|e| format!("bad warm-up reply: {e}"))?;
+        Ok((Proc { child, tx, rx }, ready))
+    }
+
+    /// Evaluates `code`; the interpreter's state persists between calls.
+    pub async fn eval(
+        &self,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Result<EvalResult, AgentError> {
+        let req = serde_json::json!({"op": "eval", "code": code});
+        let v = self
+            .call(req, timeout.unwrap_or(DEFAULT_EVAL_TIMEOUT))
+            .await?;
+        serde_json::from_value(v).map_err(|e| {
+            AgentError::new(
+                ErrorKind::Internal,
+                format!("bad reply from the interpreter: {e}"),
+            )
+        })
+    }
+
+    /// Reseeds `random` (and numpy's global RNG) from fresh entropy.
+    pub async fn reseed(&self, seed: &[u8]) -> Result<(), AgentError> {
+        let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
+        self.call(
+            serde_json::json!({"op": "reseed", "seed": hex}),
+            Duration::from_secs(10),
+        )
+        .await
+        .map(|_| ())
+    }
+
+    async fn call(
+        &self,
+        req: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, AgentError> {
+        let mut guard = self.proc_.lock().await;
+        let Some(p) = guard.as_mut() else {
+            let why = self
+                .status()
+                .error
+                .unwrap_or_else(|| "it is not running".into());
+            return Err(AgentError::new(
+                ErrorKind::NotReady,
+                format!("warm interpreter unavailable: {why}"),
+            ));
+        };
+        let mut line = serde_json::to_vec(&req).expect("json");
+        line.push(b'\n');
+        let exchange = async {
+            p.tx.write_all(&line).await?;
+            let mut reply = String::new();
+            let n = p.rx.read_line(&mut reply).await?;
+            Ok::<_, std::io::Error>((n, reply))
+        };
+        let outcome = tokio::time::timeout(timeout, exchange).await;
+        let failure = match outcome {
+            Ok(Ok((n, reply))) if n > 0 => {
+                return serde_json::from_str(&reply).map_err(|e| {
+                    AgentError::new(ErrorKind::Internal, format!("bad reply from the interpreter: {e}"))
+                })
+            }
+            Ok(Ok(_)) => AgentError::new(ErrorKind::Internal, "the warm interpreter exited; it was restarted and its state is lost"),
+            Ok(Err(e)) => AgentError::new(ErrorKind::Io, format!("warm interpreter pipe: {e}; it was restarted")),
+            Err(_) => AgentError::new(
+                ErrorKind::Timeout,
+                format!("eval took longer than {:.0?}; the interpreter was restarted and its state is lost", timeout),
+            ),
+        };
+        self.start_locked(&mut guard).await;
+        Err(failure)
+    }
+}
+
+fn pipe_sender(fd: OwnedFd) -> Result<pipe::Sender, String> {
+    set_nonblocking(&fd)?;
+    pipe::Sender::from_owned_fd(fd).map_err(|e| e.to_string())
+}
+
+fn pipe_receiver(fd: OwnedFd) -> Result<pipe::Receiver, String> {
+    set_nonblocking(&fd)?;
+    pipe::Receiver::from_owned_fd(fd).map_err(|e| e.to_string())
+}
+
+fn set_nonblocking(fd: &OwnedFd) -> Result<(), String> {
+    use nix::fcntl::{fcntl, FcntlArg, OFlag};
+    let flags = fcntl(fd.as_raw_fd(), FcntlArg::F_GETFL).map_err(|e| e.to_string())?;
+    fcntl(
+        fd.as_raw_fd(),
+        FcntlArg::F_SETFL(OFlag::from_bits_truncate(flags) | OFlag::O_NONBLOCK),
+    )
+    .map_err(|e| e.to_string())?;
+    Ok(())
+}

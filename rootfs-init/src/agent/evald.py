@@ -1,0 +1,112 @@
+# forkd warm interpreter: a persistent Python process that forkd-agent drives
+# over fds 3 (requests) and 4 (replies), one JSON object per line. It imports
+# the warm-up modules once; forked children inherit it already warm.
+import ast
+import contextlib
+import io
+import json
+import linecache
+import os
+import random
+import sys
+import time
+import traceback
+
+_in = os.fdopen(3, "rb")
+_out = os.fdopen(4, "wb")
+NS = {"__name__": "__forkd__", "__builtins__": __builtins__}
+MAX_REPR = 8 << 20
+_counter = 0
+
+
+def send(obj):
+    _out.write(json.dumps(obj).encode() + b"\n")
+    _out.flush()
+
+
+def run(code):
+    """Runs statements; the value of a final expression is the result."""
+    global _counter
+    _counter += 1
+    fname = "<eval-%d>" % _counter
+    linecache.cache[fname] = (len(code), None, code.splitlines(True), fname)
+    out, err = io.StringIO(), io.StringIO()
+    reply = {"result": None, "error": None, "traceback": None}
+    t0 = time.monotonic()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            tree = ast.parse(code, fname, "exec")
+            last = None
+            if tree.body and isinstance(tree.body[-1], ast.Expr):
+                last = ast.Expression(tree.body.pop().value)
+            if tree.body:
+                exec(compile(tree, fname, "exec"), NS)
+            if last is not None:
+                value = eval(compile(last, fname, "eval"), NS)
+                NS["_"] = value
+                text = repr(value)
+                if len(text) > MAX_REPR:
+                    text = text[:MAX_REPR] + "...[truncated]"
+                reply["result"] = text
+        except BaseException as e:  # noqa: B902 - report SystemExit too
+            reply["error"] = "%s: %s" % (type(e).__name__, e)
+            reply["traceback"] = traceback.format_exc()
+    reply["stdout"] = out.getvalue()
+    reply["stderr"] = err.getvalue()
+    reply["duration_ms"] = int((time.monotonic() - t0) * 1000)
+    return reply
+
+
+def reseed(seed_hex):
+    seed = os.urandom(32) + bytes.fromhex(seed_hex)
+    random.seed(seed)
+    np = sys.modules.get("numpy")
+    if np is not None:
+        np.random.seed(int.from_bytes(seed[:4], "little"))
+    return {"reseeded": True}
+
+
+def warm():
+    errors = []
+    for name in filter(None, (m.strip() for m in os.environ.get("FORKD_WARMUP_IMPORTS", "").split(","))):
+        try:
+            __import__(name)
+            top = name.split(".")[0]
+            NS[top] = sys.modules[top]
+            if name == "numpy":
+                NS["np"] = sys.modules["numpy"]
+        except BaseException as e:
+            errors.append("import %s: %s: %s" % (name, type(e).__name__, e))
+    code = os.environ.get("FORKD_WARMUP_CODE")
+    if code:
+        r = run(code)
+        if r["error"]:
+            errors.append("warm-up code: " + r["error"])
+    np = sys.modules.get("numpy")
+    return {
+        "ready": True,
+        "pid": os.getpid(),
+        "python": sys.version.split()[0],
+        "numpy": getattr(np, "__version__", None),
+        "errors": errors,
+    }
+
+
+def main():
+    send(warm())
+    for line in _in:
+        try:
+            req = json.loads(line)
+            op = req.get("op")
+            if op == "eval":
+                reply = run(req["code"])
+            elif op == "reseed":
+                reply = reseed(req.get("seed", ""))
+            else:
+                reply = {"error": "unknown op %r" % op}
+        except BaseException as e:
+            reply = {"error": "%s: %s" % (type(e).__name__, e), "traceback": traceback.format_exc()}
+        send(reply)
+
+
+main()

@@ -1,0 +1,362 @@
+//! Running processes for `exec`: argv or shell, env, cwd, stdin, timeout that
+//! kills the whole process group, per-stream output caps, and a streaming form.
+
+use super::server::Outbox;
+use crate::protocol::{AgentError, ErrorKind, ExecResult, ExecSpec, Reply, DEFAULT_OUTPUT_LIMIT};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::os::unix::process::ExitStatusExt;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::mpsc;
+
+/// How long output pipes may stay open after the main process exits (a
+/// background child can hold them); after that the agent stops reading.
+const PIPE_GRACE: Duration = Duration::from_secs(2);
+/// Size of one stdout/stderr event in streaming mode.
+const STREAM_CHUNK: usize = 64 * 1024;
+/// Environment every exec starts from unless `clear_env` is set.
+const BASE_ENV: &[(&str, &str)] = &[
+    (
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ),
+    ("HOME", "/root"),
+    ("LANG", "C.UTF-8"),
+    ("TERM", "xterm"),
+];
+
+/// Running execs by request id, so `signal` and `stdin` ops can reach them.
+#[derive(Default)]
+pub struct ExecRegistry {
+    running: Mutex<HashMap<u64, Running>>,
+}
+
+struct Running {
+    pgid: i32,
+    stdin: Option<mpsc::Sender<StdinChunk>>,
+}
+
+enum StdinChunk {
+    Data(Bytes),
+    Eof,
+}
+
+impl ExecRegistry {
+    /// Sends `signal` to the process group of exec `target`.
+    pub fn signal(&self, target: u64, signal: i32) -> Result<(), AgentError> {
+        let pgid = self.lookup(target)?.0;
+        let sig = nix::sys::signal::Signal::try_from(signal).map_err(|_| {
+            AgentError::new(
+                ErrorKind::BadRequest,
+                format!("unknown signal number {signal}"),
+            )
+        })?;
+        nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pgid), sig).map_err(|e| {
+            AgentError::new(
+                ErrorKind::Io,
+                format!("signal {signal} to exec {target}: {e}"),
+            )
+        })
+    }
+
+    /// Queues stdin bytes (and optionally EOF) for streaming exec `target`.
+    pub async fn stdin(&self, target: u64, data: Bytes, eof: bool) -> Result<(), AgentError> {
+        let tx = self.lookup(target)?.1.ok_or_else(|| {
+            AgentError::new(
+                ErrorKind::BadRequest,
+                format!(
+                    "exec {target} does not accept stdin (start it with stream and stdin_open)"
+                ),
+            )
+        })?;
+        let closed = || {
+            AgentError::new(
+                ErrorKind::BadRequest,
+                format!("stdin of exec {target} is closed"),
+            )
+        };
+        if !data.is_empty() {
+            tx.send(StdinChunk::Data(data))
+                .await
+                .map_err(|_| closed())?;
+        }
+        if eof {
+            tx.send(StdinChunk::Eof).await.map_err(|_| closed())?;
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, target: u64) -> Result<(i32, Option<mpsc::Sender<StdinChunk>>), AgentError> {
+        let running = self.running.lock().unwrap();
+        let r = running.get(&target).ok_or_else(|| {
+            AgentError::new(
+                ErrorKind::NotFound,
+                format!("no running exec with request id {target}"),
+            )
+        })?;
+        Ok((r.pgid, r.stdin.clone()))
+    }
+
+    fn insert(&self, id: u64, r: Running) {
+        self.running.lock().unwrap().insert(id, r);
+    }
+
+    fn remove(&self, id: u64) {
+        self.running.lock().unwrap().remove(&id);
+    }
+}
+
+/// Output kept for one stream.
+#[derive(Default)]
+struct Capture {
+    data: Vec<u8>,
+    total: u64,
+    truncated: bool,
+}
+
+/// The outcome of a finished exec: the result and, for a non-streaming exec,
+/// the captured output.
+pub struct Finished {
+    pub result: ExecResult,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// Runs `spec` for request `id`. In streaming mode `started` and output events
+/// go to `outbox` as they happen; the caller sends the final reply.
+pub async fn run(
+    id: u64,
+    spec: ExecSpec,
+    stdin: Bytes,
+    outbox: Outbox,
+    registry: Arc<ExecRegistry>,
+) -> Result<Finished, AgentError> {
+    let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+    let mut child = spawn(&spec)?;
+    let pid = child.id().unwrap_or(0);
+    let started = Instant::now();
+
+    let stdin_tx = feed_stdin(child.stdin.take(), stdin, spec.stream && spec.stdin_open);
+    registry.insert(
+        id,
+        Running {
+            pgid: pid as i32,
+            stdin: stdin_tx,
+        },
+    );
+    if spec.stream {
+        outbox.send(id, Reply::Started { pid }, Bytes::new()).await;
+    }
+
+    let stream_to = spec.stream.then(|| outbox.clone());
+    let out = spawn_reader(
+        child.stdout.take(),
+        limit,
+        stream_to.clone().map(|o| (o, id, true)),
+    );
+    let err = spawn_reader(
+        child.stderr.take(),
+        limit,
+        stream_to.map(|o| (o, id, false)),
+    );
+
+    let (status, timed_out) = wait_with_timeout(&mut child, pid, spec.timeout_ms).await;
+    registry.remove(id);
+    let (out, err) = drain(out, err).await;
+
+    let status = status
+        .map_err(|e| AgentError::new(ErrorKind::Io, format!("waiting for pid {pid}: {e}")))?;
+    let result = ExecResult {
+        pid,
+        exit_code: status.code(),
+        signal: status.signal(),
+        timed_out,
+        duration_ms: started.elapsed().as_millis() as u64,
+        stdout_len: if spec.stream {
+            out.total.min(limit)
+        } else {
+            out.data.len() as u64
+        },
+        stderr_len: if spec.stream {
+            err.total.min(limit)
+        } else {
+            err.data.len() as u64
+        },
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+    };
+    Ok(Finished {
+        result,
+        stdout: out.data,
+        stderr: err.data,
+    })
+}
+
+/// Builds and starts the process in its own session (so its process group
+/// can be killed as a whole).
+fn spawn(spec: &ExecSpec) -> Result<Child, AgentError> {
+    let argv = match (&spec.argv, &spec.shell) {
+        (Some(argv), None) if !argv.is_empty() => argv.clone(),
+        (None, Some(sh)) => vec!["/bin/sh".into(), "-c".into(), sh.clone()],
+        (Some(_), None) => return Err(AgentError::new(ErrorKind::BadRequest, "argv is empty")),
+        _ => {
+            return Err(AgentError::new(
+                ErrorKind::BadRequest,
+                "set exactly one of argv and shell",
+            ))
+        }
+    };
+    let cwd = spec.cwd.as_deref().unwrap_or("/");
+    match std::fs::metadata(cwd) {
+        Ok(m) if m.is_dir() => {}
+        Ok(_) => {
+            return Err(AgentError::new(
+                ErrorKind::NotADirectory,
+                format!("cwd {cwd}: not a directory"),
+            ))
+        }
+        Err(e) => return Err(AgentError::io(&format!("cwd {cwd}"), &e)),
+    }
+    let mut cmd = Command::new(&argv[0]);
+    cmd.args(&argv[1..]).current_dir(cwd);
+    if spec.clear_env {
+        cmd.env_clear();
+    } else {
+        cmd.env_clear().envs(BASE_ENV.iter().copied());
+    }
+    cmd.envs(&spec.env);
+    cmd.stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setsid is async-signal-safe and touches no parent state.
+    unsafe {
+        cmd.pre_exec(|| {
+            nix::unistd::setsid().map_err(std::io::Error::from)?;
+            Ok(())
+        });
+    }
+    cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => AgentError::new(
+            ErrorKind::NotFound,
+            format!("command not found: {}", argv[0]),
+        ),
+        _ => AgentError::io(&argv[0], &e),
+    })
+}
+
+/// Writes the initial stdin, then either closes it or keeps a channel open
+/// for later `stdin` ops.
+fn feed_stdin(
+    pipe: Option<ChildStdin>,
+    initial: Bytes,
+    keep_open: bool,
+) -> Option<mpsc::Sender<StdinChunk>> {
+    let mut pipe = pipe?;
+    let (tx, mut rx) = mpsc::channel::<StdinChunk>(16);
+    tokio::spawn(async move {
+        if !initial.is_empty() && pipe.write_all(&initial).await.is_err() {
+            return;
+        }
+        if !keep_open {
+            return;
+        }
+        while let Some(chunk) = rx.recv().await {
+            match chunk {
+                StdinChunk::Data(d) => {
+                    if pipe.write_all(&d).await.is_err() {
+                        return;
+                    }
+                }
+                StdinChunk::Eof => return,
+            }
+        }
+    });
+    keep_open.then_some(tx)
+}
+
+type Reader = (tokio::task::JoinHandle<()>, Arc<Mutex<Capture>>);
+
+/// Reads one output pipe into a capture, or streams it when `stream` is set.
+fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
+    pipe: Option<R>,
+    limit: u64,
+    stream: Option<(Outbox, u64, bool)>,
+) -> Reader {
+    let cap = Arc::new(Mutex::new(Capture::default()));
+    let c = cap.clone();
+    let handle = tokio::spawn(async move {
+        let Some(mut pipe) = pipe else { return };
+        let mut buf = vec![0u8; STREAM_CHUNK];
+        loop {
+            let n = match pipe.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => n,
+            };
+            let keep = {
+                let mut c = c.lock().unwrap();
+                let room = limit.saturating_sub(c.total) as usize;
+                let keep = n.min(room);
+                c.total += n as u64;
+                c.truncated |= keep < n;
+                if stream.is_none() {
+                    c.data.extend_from_slice(&buf[..keep]);
+                }
+                keep
+            };
+            if let (Some((outbox, id, is_stdout)), true) = (&stream, keep > 0) {
+                let ev = if *is_stdout {
+                    Reply::Stdout
+                } else {
+                    Reply::Stderr
+                };
+                outbox
+                    .send(*id, ev, Bytes::copy_from_slice(&buf[..keep]))
+                    .await;
+            }
+        }
+    });
+    (handle, cap)
+}
+
+/// Waits for the process; on timeout kills its whole process group.
+async fn wait_with_timeout(
+    child: &mut Child,
+    pid: u32,
+    timeout_ms: Option<u64>,
+) -> (std::io::Result<std::process::ExitStatus>, bool) {
+    let Some(ms) = timeout_ms else {
+        return (child.wait().await, false);
+    };
+    match tokio::time::timeout(Duration::from_millis(ms), child.wait()).await {
+        Ok(status) => (status, false),
+        Err(_) => {
+            kill_group(pid);
+            (child.wait().await, true)
+        }
+    }
+}
+
+/// SIGKILLs the process group led by `pid`.
+pub fn kill_group(pid: u32) {
+    let _ = nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+/// Waits (bounded) for both pipes to reach EOF and returns what was captured.
+async fn drain(out: Reader, err: Reader) -> (Capture, Capture) {
+    let (oh, oc) = out;
+    let (eh, ec) = err;
+    let both = async {
+        let _ = oh.await;
+        let _ = eh.await;
+    };
+    let _ = tokio::time::timeout(PIPE_GRACE, both).await;
+    let take = |c: Arc<Mutex<Capture>>| std::mem::take(&mut *c.lock().unwrap());
+    (take(oc), take(ec))
+}

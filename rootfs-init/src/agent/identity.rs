@@ -1,0 +1,98 @@
+//! Giving a forked child its own identity. Every child resumes with the
+//! parent's CRNG state, clock and hostname; before it is handed out the host
+//! sends fresh entropy and its wall clock.
+
+use crate::protocol::{AgentError, ErrorKind};
+use std::os::fd::AsRawFd;
+
+// From <linux/random.h>.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+/// Mixes `entropy` into the kernel's input pool (crediting it) and forces the
+/// CRNG to reseed at once, so `/dev/urandom` and `getrandom` diverge from the
+/// parent's output immediately rather than at the next periodic reseed.
+pub fn add_entropy(entropy: &[u8]) -> Result<(), AgentError> {
+    if entropy.is_empty() {
+        return Ok(());
+    }
+    let words = entropy.len().div_ceil(4);
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let mut info = vec![0u32; 2 + words];
+    info[0] = (entropy.len() * 8) as u32;
+    info[1] = entropy.len() as u32;
+    let bytes: &mut [u8] = bytemuck_u32(&mut info[2..]);
+    bytes[..entropy.len()].copy_from_slice(entropy);
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")
+        .map_err(|e| AgentError::io("/dev/urandom", &e))?;
+    // SAFETY: `info` is a valid rand_pool_info of the advertised size.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) };
+    if rc != 0 {
+        return Err(ioctl_err("RNDADDENTROPY"));
+    }
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    let rc = unsafe { libc::ioctl(f.as_raw_fd(), RNDRESEEDCRNG) };
+    if rc != 0 {
+        return Err(ioctl_err("RNDRESEEDCRNG"));
+    }
+    Ok(())
+}
+
+fn bytemuck_u32(words: &mut [u32]) -> &mut [u8] {
+    // SAFETY: u8 has no alignment requirement and every bit pattern is valid.
+    unsafe { std::slice::from_raw_parts_mut(words.as_mut_ptr().cast::<u8>(), words.len() * 4) }
+}
+
+fn ioctl_err(what: &str) -> AgentError {
+    AgentError::new(
+        ErrorKind::Io,
+        format!(
+            "{what} on /dev/urandom: {}",
+            std::io::Error::last_os_error()
+        ),
+    )
+}
+
+/// Sets CLOCK_REALTIME to the host's time; returns guest-minus-host skew in ms
+/// measured just before the change.
+pub fn set_clock(unix_time_ns: u64) -> Result<i64, AgentError> {
+    use nix::time::{clock_gettime, clock_settime, ClockId};
+    let now = clock_gettime(ClockId::CLOCK_REALTIME)
+        .map_err(|e| AgentError::new(ErrorKind::Io, format!("clock_gettime: {e}")))?;
+    let now_ns = now.tv_sec() as i128 * 1_000_000_000 + now.tv_nsec() as i128;
+    let skew_ms = ((now_ns - unix_time_ns as i128) / 1_000_000) as i64;
+    let ts = nix::sys::time::TimeSpec::new(
+        (unix_time_ns / 1_000_000_000) as libc::time_t,
+        (unix_time_ns % 1_000_000_000) as libc::c_long,
+    );
+    clock_settime(ClockId::CLOCK_REALTIME, ts)
+        .map_err(|e| AgentError::new(ErrorKind::Io, format!("clock_settime: {e}")))?;
+    Ok(skew_ms)
+}
+
+/// Sets the kernel hostname after checking it is a valid DNS label sequence.
+pub fn set_hostname(name: &str) -> Result<(), AgentError> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if !ok {
+        return Err(AgentError::new(
+            ErrorKind::BadRequest,
+            format!("bad hostname {name:?}: 1-64 chars of letters, digits, '-' and '.'"),
+        ));
+    }
+    nix::unistd::sethostname(name)
+        .map_err(|e| AgentError::new(ErrorKind::Io, format!("sethostname: {e}")))
+}
+
+/// The current hostname.
+pub fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
+}

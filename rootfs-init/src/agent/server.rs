@@ -1,0 +1,275 @@
+//! Request dispatch: decode frames, run each request on its own task, send
+//! replies and stream events through one outbox per channel.
+
+use super::{eval::Interpreter, exec, exec::ExecRegistry, files, identity};
+use crate::protocol::{
+    encode_reply, AgentError, ErrorKind, EvalSpec, ExecSpec, Frame, FrameDecoder, IdentityResult,
+    IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, MAX_BUFFERED_OUTPUT_LIMIT,
+    PROTOCOL_VERSION,
+};
+use bytes::{Bytes, BytesMut};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+/// One encoded frame waiting to be written.
+pub type OutFrame = Bytes;
+
+/// Where replies for one channel go. Cheap to clone.
+#[derive(Clone)]
+pub struct Outbox {
+    tx: mpsc::Sender<OutFrame>,
+}
+
+impl Outbox {
+    pub fn new() -> (Outbox, mpsc::Receiver<OutFrame>) {
+        let (tx, rx) = mpsc::channel(256);
+        (Outbox { tx }, rx)
+    }
+
+    /// Queues a reply or event; silently dropped if the channel is gone.
+    pub async fn send(&self, id: u64, body: Reply, payload: Bytes) {
+        let mut buf = BytesMut::new();
+        encode_reply(&ReplyHeader { id, body }, &payload, &mut buf);
+        let _ = self.tx.send(buf.freeze()).await;
+    }
+
+    async fn ok<T: serde::Serialize>(&self, id: u64, result: &T, payload: Bytes) {
+        let result = serde_json::to_value(result).expect("results serialise");
+        self.send(id, Reply::Ok { result }, payload).await;
+    }
+
+    async fn err(&self, id: u64, error: AgentError) {
+        self.send(id, Reply::Error { error }, Bytes::new()).await;
+    }
+}
+
+/// State shared by every request.
+pub struct Agent {
+    pub started: Instant,
+    pub exec: Arc<ExecRegistry>,
+    pub interp: Interpreter,
+}
+
+impl Agent {
+    pub fn new(interp: Interpreter) -> Arc<Agent> {
+        Arc::new(Agent {
+            started: Instant::now(),
+            exec: Arc::new(ExecRegistry::default()),
+            interp,
+        })
+    }
+
+    /// Decodes every complete frame in `dec` and starts its request.
+    pub fn pump(self: &Arc<Self>, dec: &mut FrameDecoder, outbox: &Outbox) {
+        loop {
+            match dec.next_frame() {
+                Ok(Some(frame)) => self.start(frame, outbox.clone()),
+                Ok(None) => return,
+                Err(e) => {
+                    eprintln!("forkd-agent: {e}");
+                    let ob = outbox.clone();
+                    tokio::spawn(async move {
+                        ob.err(0, AgentError::new(ErrorKind::BadRequest, e.to_string()))
+                            .await
+                    });
+                }
+            }
+        }
+    }
+
+    fn start(self: &Arc<Self>, frame: Frame, outbox: Outbox) {
+        let agent = self.clone();
+        tokio::spawn(async move {
+            let req: RequestHeader = match serde_json::from_slice(&frame.header) {
+                Ok(r) => r,
+                Err(e) => {
+                    let id = serde_json::from_slice::<serde_json::Value>(&frame.header)
+                        .ok()
+                        .and_then(|v| v.get("id").and_then(|i| i.as_u64()))
+                        .unwrap_or(0);
+                    let msg = format!("malformed request: {e}");
+                    return outbox
+                        .err(id, AgentError::new(ErrorKind::BadRequest, msg))
+                        .await;
+                }
+            };
+            agent.handle(req, frame.payload, outbox).await;
+        });
+    }
+
+    async fn handle(self: Arc<Self>, req: RequestHeader, payload: Bytes, outbox: Outbox) {
+        let id = req.id;
+        match req.op {
+            Op::Ping => outbox.ok(id, &self.ping(), Bytes::new()).await,
+            Op::Exec(spec) => self.exec(id, spec, payload, &outbox).await,
+            Op::Stdin { target, eof } => match self.exec.stdin(target, payload, eof).await {
+                Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
+                Err(e) => outbox.err(id, e).await,
+            },
+            Op::Signal { target, signal } => match self.exec.signal(target, signal) {
+                Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
+                Err(e) => outbox.err(id, e).await,
+            },
+            Op::Eval(spec) => self.eval(id, spec, &outbox).await,
+            Op::Identity(spec) => match self.identity(spec, &payload).await {
+                Ok(r) => outbox.ok(id, &r, Bytes::new()).await,
+                Err(e) => outbox.err(id, e).await,
+            },
+            Op::Shutdown { reboot } => {
+                outbox.ok(id, &serde_json::json!({}), Bytes::new()).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                request_power_off(reboot);
+            }
+            op => file_op(id, op, payload, &outbox).await,
+        }
+    }
+
+    pub fn ping(&self) -> PingResult {
+        let st = self.interp.status();
+        PingResult {
+            agent_version: crate::VERSION.to_string(),
+            protocol: PROTOCOL_VERSION,
+            uptime_ms: self.started.elapsed().as_millis() as u64,
+            hostname: identity::hostname(),
+            warm_ready: st.ready,
+            warm_error: st.error,
+            warm_pid: st.pid,
+            python_version: st.python_version,
+            numpy_version: st.numpy_version,
+        }
+    }
+
+    async fn exec(&self, id: u64, spec: ExecSpec, stdin: Bytes, outbox: &Outbox) {
+        if !spec.stream && spec.output_limit.unwrap_or(0) > MAX_BUFFERED_OUTPUT_LIMIT {
+            let msg = format!(
+                "output_limit above {MAX_BUFFERED_OUTPUT_LIMIT} bytes needs a streaming exec"
+            );
+            return outbox
+                .err(id, AgentError::new(ErrorKind::BadRequest, msg))
+                .await;
+        }
+        match exec::run(id, spec, stdin, outbox.clone(), self.exec.clone()).await {
+            Ok(f) => {
+                let mut payload = f.stdout;
+                payload.extend_from_slice(&f.stderr);
+                outbox.ok(id, &f.result, payload.into()).await
+            }
+            Err(e) => outbox.err(id, e).await,
+        }
+    }
+
+    async fn eval(&self, id: u64, spec: EvalSpec, outbox: &Outbox) {
+        let timeout = spec.timeout_ms.map(Duration::from_millis);
+        match self.interp.eval(&spec.code, timeout).await {
+            Ok(r) => outbox.ok(id, &r, Bytes::new()).await,
+            Err(e) => outbox.err(id, e).await,
+        }
+    }
+
+    async fn identity(
+        &self,
+        spec: IdentitySpec,
+        entropy: &[u8],
+    ) -> Result<IdentityResult, AgentError> {
+        identity::add_entropy(entropy)?;
+        let clock_skew_ms = spec.unix_time_ns.map(identity::set_clock).transpose()?;
+        if let Some(h) = &spec.hostname {
+            identity::set_hostname(h)?;
+        }
+        let mut reseeded = false;
+        if spec.reseed_interpreter && self.interp.status().ready {
+            self.interp.reseed(entropy).await?;
+            reseeded = true;
+        }
+        Ok(IdentityResult {
+            clock_skew_ms,
+            hostname: identity::hostname(),
+            entropy_bytes: entropy.len(),
+            interpreter_reseeded: reseeded,
+        })
+    }
+}
+
+async fn file_op(id: u64, op: Op, payload: Bytes, outbox: &Outbox) {
+    let res = files::blocking(move || match op {
+        Op::ReadFile { path, offset, len } => {
+            files::read(&path, offset, len).map(|(r, d)| (json(&r), Bytes::from(d)))
+        }
+        Op::WriteFile {
+            path,
+            mode,
+            append,
+            create_parents,
+        } => files::write(&path, &payload, mode, append, create_parents)
+            .map(|s| (json(&s), Bytes::new())),
+        Op::ListDir { path } => files::list(&path).map(|l| (json(&l), Bytes::new())),
+        Op::Stat { path } => files::stat(&path).map(|s| (json(&s), Bytes::new())),
+        Op::Mkdir {
+            path,
+            mode,
+            parents,
+        } => files::mkdir(&path, mode, parents).map(|s| (json(&s), Bytes::new())),
+        Op::Remove { path, recursive } => {
+            files::remove(&path, recursive).map(|_| (json(&()), Bytes::new()))
+        }
+        other => Err(AgentError::new(
+            ErrorKind::Unsupported,
+            format!("unexpected op {other:?}"),
+        )),
+    })
+    .await;
+    match res {
+        Ok((result, payload)) => outbox.send(id, Reply::Ok { result }, payload).await,
+        Err(e) => outbox.err(id, e).await,
+    }
+}
+
+fn json<T: serde::Serialize>(v: &T) -> serde_json::Value {
+    serde_json::to_value(v).expect("results serialise")
+}
+
+/// Asks PID 1 to power off (SIGUSR2) or reboot (SIGTERM), the convention
+/// forkd-init shares with busybox init.
+fn request_power_off(reboot: bool) {
+    use nix::sys::signal::{kill, Signal};
+    let sig = if reboot {
+        Signal::SIGTERM
+    } else {
+        Signal::SIGUSR2
+    };
+    if kill(nix::unistd::Pid::from_raw(1), sig).is_err() {
+        std::process::exit(0);
+    }
+}
+
+/// Serves one byte-stream connection (a unix socket in tests, or any
+/// transport without reconnects) until the peer closes it.
+pub async fn serve_stream<S>(agent: Arc<Agent>, stream: S)
+where
+    S: AsyncRead + AsyncWrite + Send + 'static,
+{
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    let (outbox, mut rx) = Outbox::new();
+    let writer = tokio::spawn(async move {
+        while let Some(f) = rx.recv().await {
+            if wr.write_all(&f).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut dec = FrameDecoder::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    loop {
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                dec.extend(&buf[..n]);
+                agent.pump(&mut dec, &outbox);
+            }
+        }
+    }
+    drop(outbox);
+    writer.abort();
+}
