@@ -1,0 +1,374 @@
+//! Host-side client for forkd-agent over the VM's agent unix socket.
+//!
+//! Requests are multiplexed by id: any number may be in flight, each reply
+//! (and each stream event) is routed to the request that asked for it.
+
+use anyhow::{anyhow, Context, Result};
+use bytes::{Bytes, BytesMut};
+use rootfs_init::protocol::{
+    encode_request, AgentError, EvalResult, EvalSpec, ExecResult, ExecSpec, FileStat, FrameDecoder,
+    IdentityResult, IdentitySpec, ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader,
+    RequestHeader,
+};
+use serde::de::DeserializeOwned;
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+/// One frame for a request: a reply or an event, with its payload.
+pub type Event = (Reply, Bytes);
+
+type Routes = Arc<Mutex<Option<HashMap<u64, mpsc::UnboundedSender<Event>>>>>;
+
+/// Why an agent call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    /// The agent answered with an error.
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The channel to the agent failed.
+    #[error("agent channel: {0}")]
+    Channel(String),
+    #[error("no reply from the agent within {0:?}")]
+    Timeout(Duration),
+}
+
+/// A connected agent channel. Cheap to clone.
+#[derive(Clone)]
+pub struct AgentClient {
+    tx: mpsc::UnboundedSender<Bytes>,
+    routes: Routes,
+    next_id: Arc<AtomicU64>,
+}
+
+/// Output of a buffered exec.
+#[derive(Debug, Clone)]
+pub struct ExecOutput {
+    pub result: ExecResult,
+    pub stdout: Bytes,
+    pub stderr: Bytes,
+}
+
+impl AgentClient {
+    /// Connects to the agent socket QEMU listens on.
+    pub async fn connect(path: &Path, timeout: Duration) -> Result<AgentClient> {
+        let deadline = Instant::now() + timeout;
+        let stream = loop {
+            match UnixStream::connect(path).await {
+                Ok(s) => break s,
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(5)).await
+                }
+                Err(e) => {
+                    return Err(e)
+                        .with_context(|| format!("connecting to agent socket {}", path.display()))
+                }
+            }
+        };
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
+        let routes: Routes = Arc::new(Mutex::new(Some(HashMap::new())));
+        tokio::spawn(async move {
+            while let Some(frame) = rx.recv().await {
+                if wr.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let r = routes.clone();
+        tokio::spawn(async move {
+            let mut dec = FrameDecoder::new();
+            let mut buf = vec![0u8; 256 * 1024];
+            loop {
+                match rd.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => dec.extend(&buf[..n]),
+                }
+                while let Ok(Some(f)) = dec.next_frame() {
+                    route(&r, &f.header, f.payload);
+                }
+            }
+            // Closing the map drops every sender, failing all waiters.
+            r.lock().unwrap().take();
+        });
+        Ok(AgentClient {
+            tx,
+            routes,
+            next_id: Arc::new(AtomicU64::new(1)),
+        })
+    }
+
+    /// Sends a request and returns the receiver of its frames.
+    pub fn start(
+        &self,
+        op: Op,
+        payload: &[u8],
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Event>), CallError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (etx, erx) = mpsc::unbounded_channel();
+        match self.routes.lock().unwrap().as_mut() {
+            Some(m) => m.insert(id, etx),
+            None => return Err(CallError::Channel("connection closed".into())),
+        };
+        let mut buf = BytesMut::new();
+        encode_request(&RequestHeader { id, op }, payload, &mut buf);
+        self.tx
+            .send(buf.freeze())
+            .map_err(|_| CallError::Channel("connection closed".into()))?;
+        Ok((id, erx))
+    }
+
+    /// Writes raw bytes into the channel, bypassing framing. For tests and
+    /// diagnostics (e.g. proving the agent survives garbage).
+    pub fn send_raw(&self, bytes: &[u8]) -> Result<(), CallError> {
+        self.tx
+            .send(Bytes::copy_from_slice(bytes))
+            .map_err(|_| CallError::Channel("connection closed".into()))
+    }
+
+    /// Sends a request and waits for its final reply.
+    pub async fn call(
+        &self,
+        op: Op,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(serde_json::Value, Bytes), CallError> {
+        let (id, mut rx) = self.start(op, payload)?;
+        let wait = async {
+            while let Some((reply, payload)) = rx.recv().await {
+                match reply {
+                    Reply::Ok { result } => return Ok((result, payload)),
+                    Reply::Error { error } => return Err(CallError::Agent(error)),
+                    _ => {}
+                }
+            }
+            Err(CallError::Channel(
+                "connection closed before the reply".into(),
+            ))
+        };
+        let res = tokio::time::timeout(timeout, wait)
+            .await
+            .unwrap_or(Err(CallError::Timeout(timeout)));
+        self.forget(id);
+        res
+    }
+
+    async fn call_typed<T: DeserializeOwned>(
+        &self,
+        op: Op,
+        payload: &[u8],
+        timeout: Duration,
+    ) -> Result<(T, Bytes), CallError> {
+        let (v, p) = self.call(op, payload, timeout).await?;
+        let t = serde_json::from_value(v)
+            .map_err(|e| CallError::Channel(format!("unexpected reply: {e}")))?;
+        Ok((t, p))
+    }
+
+    fn forget(&self, id: u64) {
+        if let Some(m) = self.routes.lock().unwrap().as_mut() {
+            m.remove(&id);
+        }
+    }
+
+    pub async fn ping(&self, timeout: Duration) -> Result<PingResult, CallError> {
+        Ok(self.call_typed(Op::Ping, &[], timeout).await?.0)
+    }
+
+    /// Pings until the agent answers or `timeout` passes.
+    pub async fn wait_ready(&self, timeout: Duration) -> Result<PingResult> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self
+                .ping(
+                    left.min(Duration::from_secs(5))
+                        .max(Duration::from_millis(1)),
+                )
+                .await
+            {
+                Ok(p) => return Ok(p),
+                Err(e) if Instant::now() >= deadline => {
+                    return Err(anyhow!("agent did not answer within {timeout:?}: {e}"))
+                }
+                Err(CallError::Channel(e)) => return Err(anyhow!("agent channel failed: {e}")),
+                Err(_) => {}
+            }
+        }
+    }
+
+    /// Runs a process and collects its output. The call's own deadline is the
+    /// exec timeout plus a margin.
+    pub async fn exec(&self, spec: ExecSpec, stdin: &[u8]) -> Result<ExecOutput, CallError> {
+        let timeout = call_timeout(spec.timeout_ms);
+        let (result, payload): (ExecResult, Bytes) =
+            self.call_typed(Op::Exec(spec), stdin, timeout).await?;
+        let split = (result.stdout_len as usize).min(payload.len());
+        Ok(ExecOutput {
+            stdout: payload.slice(..split),
+            stderr: payload.slice(split..),
+            result,
+        })
+    }
+
+    /// Starts a streaming exec; frames arrive on the receiver (`started`,
+    /// `stdout`, `stderr`, then a final `ok` with the [`ExecResult`]).
+    pub fn exec_stream(
+        &self,
+        mut spec: ExecSpec,
+        stdin: &[u8],
+    ) -> Result<(u64, mpsc::UnboundedReceiver<Event>), CallError> {
+        spec.stream = true;
+        self.start(Op::Exec(spec), stdin)
+    }
+
+    /// Sends stdin to a running streaming exec.
+    pub async fn stdin(&self, target: u64, data: &[u8], eof: bool) -> Result<(), CallError> {
+        self.call(Op::Stdin { target, eof }, data, Duration::from_secs(30))
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn signal(&self, target: u64, signal: i32) -> Result<(), CallError> {
+        self.call(Op::Signal { target, signal }, &[], Duration::from_secs(10))
+            .await
+            .map(|_| ())
+    }
+
+    pub async fn eval(&self, code: &str, timeout_ms: Option<u64>) -> Result<EvalResult, CallError> {
+        let spec = EvalSpec {
+            code: code.to_string(),
+            timeout_ms,
+        };
+        Ok(self
+            .call_typed(
+                Op::Eval(spec),
+                &[],
+                call_timeout(timeout_ms.or(Some(300_000))),
+            )
+            .await?
+            .0)
+    }
+
+    pub async fn read_file(
+        &self,
+        path: &str,
+        offset: u64,
+        len: Option<u64>,
+    ) -> Result<(ReadResult, Bytes), CallError> {
+        let op = Op::ReadFile {
+            path: path.into(),
+            offset,
+            len,
+        };
+        self.call_typed(op, &[], Duration::from_secs(120)).await
+    }
+
+    pub async fn write_file(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+        append: bool,
+    ) -> Result<FileStat, CallError> {
+        let op = Op::WriteFile {
+            path: path.into(),
+            mode,
+            append,
+            create_parents: true,
+        };
+        Ok(self.call_typed(op, data, Duration::from_secs(120)).await?.0)
+    }
+
+    pub async fn list(&self, path: &str) -> Result<ListResult, CallError> {
+        Ok(self
+            .call_typed(
+                Op::ListDir { path: path.into() },
+                &[],
+                Duration::from_secs(60),
+            )
+            .await?
+            .0)
+    }
+
+    pub async fn stat(&self, path: &str) -> Result<FileStat, CallError> {
+        Ok(self
+            .call_typed(Op::Stat { path: path.into() }, &[], Duration::from_secs(60))
+            .await?
+            .0)
+    }
+
+    pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, CallError> {
+        let op = Op::Mkdir {
+            path: path.into(),
+            mode: None,
+            parents,
+        };
+        Ok(self.call_typed(op, &[], Duration::from_secs(60)).await?.0)
+    }
+
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), CallError> {
+        let op = Op::Remove {
+            path: path.into(),
+            recursive,
+        };
+        self.call(op, &[], Duration::from_secs(120))
+            .await
+            .map(|_| ())
+    }
+
+    /// Gives a freshly forked child its identity: host entropy, host clock,
+    /// hostname, and a reseeded interpreter.
+    pub async fn identity(&self, hostname: Option<&str>) -> Result<IdentityResult, CallError> {
+        let mut entropy = [0u8; 64];
+        rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let spec = IdentitySpec {
+            unix_time_ns: Some(now.as_nanos() as u64),
+            hostname: hostname.map(String::from),
+            reseed_interpreter: true,
+        };
+        Ok(self
+            .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
+            .await?
+            .0)
+    }
+
+    /// Asks the guest to power off.
+    pub async fn shutdown(&self) -> Result<(), CallError> {
+        self.call(Op::Shutdown { reboot: false }, &[], Duration::from_secs(10))
+            .await
+            .map(|_| ())
+    }
+}
+
+/// Routes one decoded frame to its waiter.
+fn route(routes: &Routes, header: &[u8], payload: Bytes) {
+    let Ok(h) = serde_json::from_slice::<ReplyHeader>(header) else {
+        return;
+    };
+    let mut guard = routes.lock().unwrap();
+    let Some(map) = guard.as_mut() else { return };
+    let last = h.body.is_final();
+    if let Some(tx) = map.get(&h.id) {
+        let _ = tx.send((h.body, payload));
+    }
+    if last {
+        map.remove(&h.id);
+    }
+}
+
+/// The host-side deadline for a request whose guest-side timeout is `ms`.
+fn call_timeout(ms: Option<u64>) -> Duration {
+    match ms {
+        Some(ms) => Duration::from_millis(ms) + Duration::from_secs(10),
+        None => Duration::from_secs(24 * 3600),
+    }
+}

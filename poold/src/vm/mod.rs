@@ -1,0 +1,314 @@
+//! The VM runner: start QEMU for a parent (cold boot) or a child (restore),
+//! talk to it over QMP and to its agent, and tear it down.
+//!
+//! Each VM owns a directory (`$FORKD_HOME/run/vms/<id>/`) holding its
+//! sockets, console log, disk overlay and a `vm.json` record naming the QEMU
+//! process and the process that owns it. Records let a later run prove which
+//! leftovers are dead and sweep them.
+
+pub mod accel;
+pub mod agent;
+pub mod boot;
+pub mod disk;
+pub mod process;
+pub mod qemu;
+pub mod qmp;
+
+use anyhow::{anyhow, bail, Context, Result};
+use process::ProcId;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use agent::AgentClient;
+pub use qemu::{Boot, Launch, Machine, Memory};
+pub use qmp::Qmp;
+
+/// Who is responsible for a VM's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetime {
+    /// Dies with the process that started it (a CLI run): QEMU gets
+    /// PR_SET_PDEATHSIG, and the directory is swept once the owner is gone.
+    Ephemeral,
+    /// Outlives its owner (the daemon), which re-adopts it after a restart.
+    Detached,
+}
+
+/// The persistent record of one VM (`vm.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub id: String,
+    pub qemu: ProcId,
+    pub owner: ProcId,
+    pub lifetime: Lifetime,
+    pub created_at_unix: u64,
+}
+
+/// Files of one VM directory.
+#[derive(Debug, Clone)]
+pub struct VmDir {
+    pub path: PathBuf,
+}
+
+impl VmDir {
+    pub fn new(path: PathBuf) -> VmDir {
+        VmDir { path }
+    }
+    pub fn qmp(&self) -> PathBuf {
+        self.path.join("qmp.sock")
+    }
+    pub fn agent(&self) -> PathBuf {
+        self.path.join("agent.sock")
+    }
+    pub fn console(&self) -> PathBuf {
+        self.path.join("console.log")
+    }
+    pub fn qemu_log(&self) -> PathBuf {
+        self.path.join("qemu.log")
+    }
+    pub fn disk(&self) -> PathBuf {
+        self.path.join("disk.qcow2")
+    }
+    pub fn record(&self) -> PathBuf {
+        self.path.join("vm.json")
+    }
+
+    pub fn read_record(&self) -> Result<VmRecord> {
+        let text = std::fs::read(self.record())
+            .with_context(|| format!("reading {}", self.record().display()))?;
+        serde_json::from_slice(&text)
+            .with_context(|| format!("parsing {}", self.record().display()))
+    }
+
+    fn write_record(&self, r: &VmRecord) -> Result<()> {
+        let tmp = self.path.join("vm.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(r)?)?;
+        std::fs::rename(&tmp, self.record())?;
+        Ok(())
+    }
+
+    /// The last `lines` lines of the console log, for error messages.
+    pub fn console_tail(&self, lines: usize) -> String {
+        tail(&self.console(), lines)
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// A running VM with its control channels.
+pub struct Vm {
+    pub id: String,
+    pub dir: VmDir,
+    pub record: VmRecord,
+    pub qmp: Qmp,
+    pub agent: AgentClient,
+    child: Option<tokio::process::Child>,
+}
+
+impl Vm {
+    /// Starts QEMU for `launch` in `dir` (which must exist and hold the disk
+    /// overlay) and connects QMP and the agent socket. The guest may still be
+    /// booting (or paused, for an incoming restore) when this returns.
+    pub async fn spawn(id: &str, dir: VmDir, launch: &Launch, lifetime: Lifetime) -> Result<Vm> {
+        for s in [&launch.qmp_socket, &launch.agent_socket] {
+            crate::paths::check_socket_path(s)?;
+            let _ = std::fs::remove_file(s);
+        }
+        let log = std::fs::File::create(dir.qemu_log())?;
+        let mut cmd = tokio::process::Command::new(qemu::qemu_binary());
+        cmd.args(launch.args())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(false);
+        let ephemeral = lifetime == Lifetime::Ephemeral;
+        // SAFETY: setsid and prctl are async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = cmd.spawn().with_context(|| {
+            format!(
+                "starting {:?} (is QEMU >= 10 installed? run scripts/setup.sh)",
+                qemu::qemu_binary()
+            )
+        })?;
+        let pid = child
+            .id()
+            .ok_or_else(|| anyhow!("QEMU exited immediately"))?;
+        let record = VmRecord {
+            id: id.to_string(),
+            qemu: ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 }),
+            owner: ProcId::current(),
+            lifetime,
+            created_at_unix: crate::util::unix_now(),
+        };
+        dir.write_record(&record)?;
+        let connect = async {
+            let qmp = Qmp::connect(&launch.qmp_socket, Duration::from_secs(10)).await?;
+            let agent = AgentClient::connect(&launch.agent_socket, Duration::from_secs(10)).await?;
+            Ok::<_, anyhow::Error>((qmp, agent))
+        };
+        let (qmp, agent) = tokio::select! {
+            r = connect => r,
+            status = child.wait() => Err(anyhow!("QEMU exited during start-up ({})", status.map(|s| s.to_string()).unwrap_or_default())),
+        }
+        .map_err(|e| {
+            let _ = child.start_kill();
+            e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20)))
+        })?;
+        Ok(Vm {
+            id: id.to_string(),
+            dir,
+            record,
+            qmp,
+            agent,
+            child: Some(child),
+        })
+    }
+
+    /// Re-attaches to a VM started by an earlier process (after a daemon
+    /// restart): reconnects QMP and the agent socket.
+    pub async fn adopt(dir: VmDir) -> Result<Vm> {
+        let record = dir.read_record()?;
+        if !record.qemu.is_alive() {
+            bail!("VM {}: QEMU pid {} is gone", record.id, record.qemu.pid);
+        }
+        let qmp = Qmp::connect(&dir.qmp(), Duration::from_secs(5)).await?;
+        let agent = AgentClient::connect(&dir.agent(), Duration::from_secs(5)).await?;
+        Ok(Vm {
+            id: record.id.clone(),
+            dir,
+            record,
+            qmp,
+            agent,
+            child: None,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.record.qemu.pid
+    }
+
+    /// Waits until the agent answers, failing early if QEMU dies; errors carry
+    /// the console tail.
+    pub async fn wait_agent(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<rootfs_init::protocol::PingResult> {
+        let ready = self.agent.wait_ready(timeout);
+        let res = match self.child.as_mut() {
+            Some(child) => tokio::select! {
+                r = ready => r,
+                s = child.wait() => Err(anyhow!("QEMU exited ({})", s.map(|s| s.to_string()).unwrap_or_default())),
+            },
+            None => ready.await,
+        };
+        res.map_err(|e| {
+            e.context(format!(
+                "VM {} did not become ready; console tail:\n{}\nQEMU log:\n{}",
+                self.id,
+                self.dir.console_tail(25),
+                tail(&self.dir.qemu_log(), 10)
+            ))
+        })
+    }
+
+    /// Stops QEMU at once (SIGKILL) and removes the VM directory.
+    pub async fn destroy(mut self) {
+        self.kill_now().await;
+        let _ = std::fs::remove_dir_all(&self.dir.path);
+    }
+
+    async fn kill_now(&mut self) {
+        match self.child.as_mut() {
+            Some(c) => {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+            None => kill_proc(&self.record.qemu).await,
+        }
+    }
+
+    /// Waits for QEMU to exit by itself (e.g. after a guest power-off).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let wait = async {
+            match self.child.as_mut() {
+                Some(c) => {
+                    let _ = c.wait().await;
+                }
+                None => {
+                    while self.record.qemu.is_alive() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| anyhow!("VM {} did not exit within {timeout:?}", self.id))
+    }
+}
+
+/// SIGKILLs a process we did not spawn (after checking it is still the same
+/// process) and waits for it to disappear.
+pub async fn kill_proc(p: &ProcId) {
+    if !p.is_alive() {
+        return;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(p.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for _ in 0..500 {
+        if !p.is_alive() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Removes VM directories whose owner is provably gone: ephemeral VMs whose
+/// owner process died (their QEMU is killed if it somehow survived) and
+/// directories without a readable record that are older than a minute.
+/// Detached VMs are left to their daemon. Returns the ids swept.
+pub async fn sweep(vms_dir: &Path) -> Vec<String> {
+    let mut swept = Vec::new();
+    let Ok(rd) = std::fs::read_dir(vms_dir) else {
+        return swept;
+    };
+    for ent in rd.flatten() {
+        let dir = VmDir::new(ent.path());
+        let name = ent.file_name().to_string_lossy().into_owned();
+        match dir.read_record() {
+            Ok(r) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
+                kill_proc(&r.qemu).await;
+            }
+            Ok(_) => continue,
+            Err(_) if older_than(&ent.path(), Duration::from_secs(60)) => {}
+            Err(_) => continue,
+        }
+        if std::fs::remove_dir_all(ent.path()).is_ok() {
+            swept.push(name);
+        }
+    }
+    swept
+}
+
+fn older_than(p: &Path, age: Duration) -> bool {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .map(|t| t.elapsed().unwrap_or_default() > age)
+        .unwrap_or(false)
+}

@@ -1,0 +1,344 @@
+//! The QEMU command line. One function builds it for parents and children
+//! alike, so a child's device list always matches the snapshot's parent
+//! (a mismatch fails the restore with "Unknown savevm section").
+
+use super::accel::Accel;
+use serde::{Deserialize, Serialize};
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// The QEMU binary: `$FORKD_QEMU`, or `qemu-system-x86_64` on PATH.
+pub fn qemu_binary() -> OsString {
+    std::env::var_os("FORKD_QEMU").unwrap_or_else(|| "qemu-system-x86_64".into())
+}
+
+/// The QEMU version (e.g. "10.0.2"); vmstate is tied to it.
+pub fn qemu_version() -> anyhow::Result<String> {
+    static V: OnceLock<Result<String, String>> = OnceLock::new();
+    V.get_or_init(|| {
+        let out = std::process::Command::new(qemu_binary())
+            .arg("--version")
+            .output()
+            .map_err(|e| {
+                format!(
+                    "running {:?} --version: {e} (is QEMU >= 10 installed? run scripts/setup.sh)",
+                    qemu_binary()
+                )
+            })?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        parse_version(&text).ok_or_else(|| format!("unrecognised QEMU version output: {text:?}"))
+    })
+    .clone()
+    .map_err(anyhow::Error::msg)
+}
+
+fn parse_version(text: &str) -> Option<String> {
+    let rest = text.lines().next()?.split("version ").nth(1)?;
+    Some(rest.split_whitespace().next()?.to_string())
+}
+
+/// Fails unless QEMU is at least version 10 (older ones lack what forkd uses).
+pub fn check_qemu() -> anyhow::Result<String> {
+    let v = qemu_version()?;
+    let major: u32 = v
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    if major < 10 {
+        anyhow::bail!("QEMU {v} is too old: forkd needs QEMU >= 10 (scripts/setup.sh installs it)");
+    }
+    Ok(v)
+}
+
+/// Everything that determines the guest's hardware. A snapshot records it;
+/// a child must be started with an identical one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Machine {
+    pub accel: Accel,
+    /// CPU model: `max` under TCG, `host` under KVM.
+    pub cpu: String,
+    pub mem_mib: u64,
+    pub vcpus: u32,
+    /// Whether the guest has a virtio-net device.
+    #[serde(default)]
+    pub net: bool,
+}
+
+impl Machine {
+    pub fn new(accel: Accel, mem_mib: u64, vcpus: u32) -> Machine {
+        let cpu = match accel {
+            Accel::Kvm => "host",
+            Accel::Tcg => "max",
+        };
+        Machine {
+            accel,
+            cpu: cpu.into(),
+            mem_mib,
+            vcpus,
+            net: false,
+        }
+    }
+
+    /// The machine type and device list, as recorded in a snapshot.
+    pub fn signature(&self) -> String {
+        let mut devs = vec![
+            MACHINE_TYPE.to_string(),
+            format!("cpu={}", self.cpu),
+            "isa-serial".into(),
+            "virtio-blk-device".into(),
+            format!(
+                "virtio-serial-device+virtserialport({})",
+                rootfs_init::protocol::AGENT_PORT_NAME
+            ),
+            "virtio-rng-device".into(),
+        ];
+        if self.net {
+            devs.push("virtio-net-device".into());
+        }
+        devs.join(";")
+    }
+}
+
+/// The machine type and its options.
+pub const MACHINE_TYPE: &str = "microvm,acpi=on,pit=on,pic=on,rtc=on";
+
+/// Where guest RAM lives.
+#[derive(Debug, Clone)]
+pub enum Memory {
+    /// Plain anonymous RAM (a VM that will never be snapshotted).
+    Anonymous,
+    /// A parent: RAM is a shared file (a snapshot reads it back as memory.bin).
+    Shared(PathBuf),
+    /// A child: a private copy-on-write mapping of a snapshot's memory.bin,
+    /// opened read-only. Children share its page cache until they write.
+    Private(PathBuf),
+}
+
+/// How the guest starts.
+#[derive(Debug, Clone)]
+pub enum Boot {
+    /// Cold boot a kernel.
+    Kernel {
+        kernel: PathBuf,
+        initrd: PathBuf,
+        cmdline: String,
+    },
+    /// Wait for an incoming migration (a restore), started over QMP.
+    Incoming,
+}
+
+/// A tap device for the guest's NIC.
+#[derive(Debug, Clone)]
+pub struct Nic {
+    pub tap: String,
+    pub mac: String,
+}
+
+/// One QEMU invocation.
+#[derive(Debug, Clone)]
+pub struct Launch {
+    pub name: String,
+    pub machine: Machine,
+    pub memory: Memory,
+    pub boot: Boot,
+    /// The root disk: a qcow2 overlay private to this VM.
+    pub disk: PathBuf,
+    pub qmp_socket: PathBuf,
+    pub agent_socket: PathBuf,
+    pub console_log: PathBuf,
+    pub nic: Option<Nic>,
+}
+
+impl Launch {
+    /// The full argument list (without the binary).
+    pub fn args(&self) -> Vec<OsString> {
+        let m = &self.machine;
+        let mut a: Vec<OsString> = Vec::new();
+        let mut push = |parts: &[&str]| a.extend(parts.iter().map(OsString::from));
+        push(&["-name", &self.name]);
+        push(&[
+            "-M",
+            MACHINE_TYPE,
+            "-accel",
+            m.accel.as_str(),
+            "-cpu",
+            &m.cpu,
+        ]);
+        push(&[
+            "-m",
+            &format!("{}M", m.mem_mib),
+            "-smp",
+            &m.vcpus.to_string(),
+        ]);
+        push(&[
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+        ]);
+        let mem = match &self.memory {
+            Memory::Anonymous => String::new(),
+            Memory::Shared(p) => format!("share=on,mem-path={}", path_opt(p)),
+            Memory::Private(p) => format!("share=off,readonly=on,rom=off,mem-path={}", path_opt(p)),
+        };
+        let backend = match &self.memory {
+            Memory::Anonymous => format!("memory-backend-ram,id=mem,size={}M", m.mem_mib),
+            _ => format!("memory-backend-file,id=mem,size={}M,{mem}", m.mem_mib),
+        };
+        push(&["-object", &backend, "-machine", "memory-backend=mem"]);
+        match &self.boot {
+            Boot::Kernel {
+                kernel,
+                initrd,
+                cmdline,
+            } => {
+                push(&[
+                    "-kernel",
+                    &kernel.to_string_lossy(),
+                    "-initrd",
+                    &initrd.to_string_lossy(),
+                ]);
+                push(&["-append", cmdline]);
+            }
+            Boot::Incoming => push(&["-incoming", "defer"]),
+        }
+        push(&[
+            "-chardev",
+            &format!("file,id=con,path={}", path_opt(&self.console_log)),
+            "-serial",
+            "chardev:con",
+        ]);
+        push(&[
+            "-drive",
+            &format!(
+                "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap",
+                path_opt(&self.disk)
+            ),
+            "-device",
+            "virtio-blk-device,drive=root",
+        ]);
+        push(&[
+            "-device",
+            "virtio-serial-device,max_ports=2",
+            "-chardev",
+            &format!(
+                "socket,id=agent,path={},server=on,wait=off",
+                path_opt(&self.agent_socket)
+            ),
+            "-device",
+            &format!(
+                "virtserialport,chardev=agent,name={}",
+                rootfs_init::protocol::AGENT_PORT_NAME
+            ),
+        ]);
+        push(&[
+            "-object",
+            "rng-random,id=rng,filename=/dev/urandom",
+            "-device",
+            "virtio-rng-device,rng=rng",
+        ]);
+        if m.net {
+            let (tap, mac) = match &self.nic {
+                Some(n) => (n.tap.clone(), n.mac.clone()),
+                None => (String::new(), String::new()),
+            };
+            push(&[
+                "-netdev",
+                &format!("tap,id=net0,ifname={tap},script=no,downscript=no"),
+                "-device",
+                &format!("virtio-net-device,netdev=net0,mac={mac}"),
+            ]);
+        }
+        push(&[
+            "-qmp",
+            &format!("unix:{},server=on,wait=off", path_opt(&self.qmp_socket)),
+        ]);
+        a
+    }
+}
+
+/// Escapes a path for a QEMU option value (commas are doubled).
+fn path_opt(p: &Path) -> String {
+    p.to_string_lossy().replace(',', ",,")
+}
+
+/// The host's TSC frequency in kHz, measured once against CLOCK_MONOTONIC_RAW.
+///
+/// Under TCG the guest's TSC advances at the host's TSC rate, so passing this
+/// as `tsc_early_khz=` lets the guest skip its PIT-based calibration, which
+/// fails when the host is busy (the guest then hangs early in boot).
+pub fn host_tsc_khz() -> u64 {
+    static KHZ: OnceLock<u64> = OnceLock::new();
+    *KHZ.get_or_init(|| {
+        use nix::time::{clock_gettime, ClockId};
+        let now = || {
+            let t = clock_gettime(ClockId::CLOCK_MONOTONIC_RAW).expect("clock_gettime");
+            t.tv_sec() as u128 * 1_000_000_000 + t.tv_nsec() as u128
+        };
+        // SAFETY: rdtsc has no memory effects.
+        let tsc = || unsafe { core::arch::x86_64::_rdtsc() } as u128;
+        // Best of three 20 ms samples (least disturbed by preemption).
+        let mut best = 0u128;
+        for _ in 0..3 {
+            let (t0, c0) = (now(), tsc());
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            let (c1, t1) = (tsc(), now());
+            let khz = (c1 - c0) * 1_000_000 / (t1 - t0).max(1);
+            best = best.max(khz);
+        }
+        best as u64
+    })
+}
+
+/// The kernel command line of a forkd guest under `accel`.
+pub fn kernel_cmdline(accel: Accel, hostname: &str, extra: &str) -> String {
+    let mut c = format!("console=ttyS0 quiet panic=-1 forkd.hostname={hostname}");
+    if accel == Accel::Tcg {
+        // Guest TSC = host TSC under TCG: trust it and skip calibration.
+        c.push_str(&format!(" tsc=reliable tsc_early_khz={}", host_tsc_khz()));
+    }
+    if !extra.is_empty() {
+        c.push(' ');
+        c.push_str(extra);
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_parse() {
+        assert_eq!(
+            parse_version("QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-2)\nCopyright")
+                .as_deref(),
+            Some("10.0.2")
+        );
+    }
+
+    #[test]
+    fn parent_and_child_differ_only_in_memory_and_boot() {
+        let l = Launch {
+            name: "t".into(),
+            machine: Machine::new(Accel::Tcg, 256, 1),
+            memory: Memory::Shared("/m,x".into()),
+            boot: Boot::Incoming,
+            disk: "/d".into(),
+            qmp_socket: "/q".into(),
+            agent_socket: "/a".into(),
+            console_log: "/c".into(),
+            nic: None,
+        };
+        let args: Vec<String> = l
+            .args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(args.iter().any(|a| a.contains("mem-path=/m,,x")));
+        assert!(args.contains(&"defer".to_string()));
+    }
+}
