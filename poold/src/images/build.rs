@@ -1,0 +1,305 @@
+//! Building an image: populate a root directory from the recipe's source,
+//! add what forkd needs, then `mkfs.ext4 -d`. Everything happens in a
+//! staging directory; the finished image replaces the old one by rename, so a
+//! failed build leaves the previous image untouched.
+
+use super::recipe::{Recipe, RootSource};
+use super::{Image, ImageInfo};
+use anyhow::{bail, Context, Result};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+/// Where a build reads and writes.
+pub struct BuildDirs {
+    pub images: PathBuf,
+    pub staging: PathBuf,
+    /// Package cache shared by debootstrap runs.
+    pub cache: PathBuf,
+}
+
+/// Removes the staging directory however the build ends.
+struct Staging(PathBuf);
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Builds image `name` from `recipe`. `step` is told what is happening.
+pub fn build(name: &str, recipe: &Recipe, dirs: &BuildDirs, step: &dyn Fn(&str)) -> Result<Image> {
+    super::recipe::validate_image_name(name)?;
+    let started = Instant::now();
+    let staging = Staging(
+        dirs.staging
+            .join(format!("image-{name}-{}", crate::util::random_hex(4))),
+    );
+    let root = staging.0.join("root");
+    std::fs::create_dir_all(&root)?;
+    populate(&recipe.root, &root, &staging.0, &dirs.cache, step)?;
+    step("adding forkd's files");
+    fixups(&root, recipe)?;
+    let content = du_bytes(&root)?;
+    let size = image_size(recipe, content);
+    step(&format!("making a {} MiB ext4 image", size >> 20));
+    let out = staging.0.join("out");
+    std::fs::create_dir_all(&out)?;
+    mkfs(&root, &out.join("rootfs.ext4"), size)?;
+    let info = ImageInfo {
+        name: name.to_string(),
+        recipe: recipe.clone(),
+        size_bytes: size,
+        content_bytes: content,
+        built_at_unix: crate::util::unix_now(),
+        build_secs: started.elapsed().as_secs_f64(),
+    };
+    std::fs::write(out.join("image.json"), serde_json::to_vec_pretty(&info)?)?;
+    install(&out, &dirs.images.join(name))?;
+    Image::load(&dirs.images, name)
+}
+
+fn populate(
+    src: &RootSource,
+    root: &Path,
+    staging: &Path,
+    cache: &Path,
+    step: &dyn Fn(&str),
+) -> Result<()> {
+    match src {
+        RootSource::Debootstrap {
+            suite,
+            variant,
+            packages,
+        } => {
+            let mirror = super::apt::mirror_for(suite)?;
+            step(&format!(
+                "debootstrap {suite} ({variant}, +{}) from {mirror}",
+                packages.join(",")
+            ));
+            std::fs::create_dir_all(cache)?;
+            let mut cmd = Command::new("debootstrap");
+            cmd.arg(format!("--variant={variant}"))
+                .arg(format!("--cache-dir={}", cache.display()));
+            if !packages.is_empty() {
+                cmd.arg(format!("--include={}", packages.join(",")));
+            }
+            cmd.arg(suite).arg(root).arg(&mirror);
+            run_logged(
+                cmd,
+                &staging.join("debootstrap.log"),
+                "debootstrap (install it: scripts/setup.sh)",
+            )?;
+            slim_debian(root)
+        }
+        RootSource::Busybox => {
+            step("installing busybox");
+            busybox(root)
+        }
+        RootSource::Dir { path } => {
+            step(&format!("copying {}", path.display()));
+            if !path.is_dir() {
+                bail!("recipe root directory {} does not exist", path.display());
+            }
+            let mut cmd = Command::new("cp");
+            cmd.arg("-a").arg(format!("{}/.", path.display())).arg(root);
+            run_logged(cmd, &staging.join("cp.log"), "cp")
+        }
+        RootSource::Tar { path } => {
+            step(&format!("unpacking {}", path.display()));
+            if !path.is_file() {
+                bail!("recipe tarball {} does not exist", path.display());
+            }
+            let mut cmd = Command::new("tar");
+            cmd.arg("-xf")
+                .arg(path)
+                .arg("-C")
+                .arg(root)
+                .arg("--numeric-owner");
+            run_logged(cmd, &staging.join("tar.log"), "tar")
+        }
+    }
+}
+
+/// Drops what a sandbox never needs from a debootstrapped tree: downloaded
+/// .debs, apt lists, docs, man pages.
+fn slim_debian(root: &Path) -> Result<()> {
+    for d in [
+        "var/cache/apt/archives",
+        "var/lib/apt/lists",
+        "usr/share/doc",
+        "usr/share/man",
+        "usr/share/info",
+    ] {
+        let p = root.join(d);
+        if let Ok(rd) = std::fs::read_dir(&p) {
+            for e in rd.flatten() {
+                if e.file_name() == "partial" || e.file_name() == "lock" {
+                    continue;
+                }
+                let _ = if e.path().is_dir() {
+                    std::fs::remove_dir_all(e.path())
+                } else {
+                    std::fs::remove_file(e.path())
+                };
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A static busybox from the host with a symlink per applet.
+fn busybox(root: &Path) -> Result<()> {
+    let bb = ["/bin/busybox", "/usr/bin/busybox"]
+        .iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "busybox not found on the host; install busybox-static (scripts/setup.sh)"
+            )
+        })?;
+    let ldd = Command::new("ldd").arg(bb).output();
+    if let Ok(o) = ldd {
+        let text = String::from_utf8_lossy(&o.stdout) + String::from_utf8_lossy(&o.stderr);
+        if o.status.success() && !text.contains("statically linked") {
+            bail!(
+                "{} is dynamically linked; install busybox-static",
+                bb.display()
+            );
+        }
+    }
+    for d in ["bin", "sbin", "usr/bin", "usr/sbin"] {
+        std::fs::create_dir_all(root.join(d))?;
+    }
+    std::fs::copy(bb, root.join("bin/busybox"))?;
+    let list = Command::new(bb)
+        .arg("--list-full")
+        .output()
+        .context("busybox --list-full")?;
+    for applet in String::from_utf8_lossy(&list.stdout).lines() {
+        let link = root.join(applet.trim_start_matches('/'));
+        if link.exists() || applet.ends_with("/busybox") {
+            continue;
+        }
+        if let Some(parent) = link.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::os::unix::fs::symlink("/bin/busybox", &link)?;
+    }
+    Ok(())
+}
+
+/// What every forkd guest needs in its root, whatever the source.
+fn fixups(root: &Path, recipe: &Recipe) -> Result<()> {
+    for d in [
+        "proc",
+        "sys",
+        "dev",
+        "tmp",
+        "run",
+        "root",
+        "etc/forkd",
+        "var/tmp",
+    ] {
+        std::fs::create_dir_all(root.join(d))?;
+    }
+    std::fs::write(root.join("etc/forkd/agent.env"), recipe.agent_env())?;
+    std::fs::write(root.join("etc/hostname"), "forkd\n")?;
+    std::fs::write(
+        root.join("etc/hosts"),
+        "127.0.0.1 localhost\n::1 localhost\n",
+    )?;
+    if !root.join("etc/passwd").exists() {
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
+        std::fs::write(root.join("etc/group"), "root:x:0:\n")?;
+    }
+    let _ = std::fs::remove_file(root.join("etc/machine-id"));
+    Ok(())
+}
+
+fn du_bytes(root: &Path) -> Result<u64> {
+    let out = Command::new("du")
+        .arg("-s")
+        .arg("--block-size=1")
+        .arg(root)
+        .output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    text.split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("du {}: {text}", root.display()))
+}
+
+/// Content plus ext4 overhead (~10% + 16 MiB) plus the recipe's free space,
+/// rounded up to a MiB.
+fn image_size(recipe: &Recipe, content: u64) -> u64 {
+    const MIB: u64 = 1 << 20;
+    if recipe.disk.size_mib > 0 {
+        return recipe.disk.size_mib * MIB;
+    }
+    let bytes = content + content / 10 + 16 * MIB + recipe.disk.free_mib * MIB;
+    bytes.div_ceil(MIB) * MIB
+}
+
+fn mkfs(root: &Path, image: &Path, size: u64) -> Result<()> {
+    let f = std::fs::File::create(image)?;
+    f.set_len(size)?;
+    drop(f);
+    let mut cmd = Command::new("mkfs.ext4");
+    cmd.args([
+        "-q",
+        "-F",
+        "-L",
+        "forkd-root",
+        "-m",
+        "0",
+        "-E",
+        "root_owner=0:0",
+        "-d",
+    ])
+    .arg(root)
+    .arg(image);
+    let out = cmd
+        .stdin(Stdio::null())
+        .output()
+        .context("running mkfs.ext4 (install e2fsprogs)")?;
+    if !out.status.success() {
+        bail!(
+            "mkfs.ext4 failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// Replaces `dest` with `out` using renames only.
+fn install(out: &Path, dest: &Path) -> Result<()> {
+    std::fs::create_dir_all(dest.parent().unwrap())?;
+    let old = dest.with_extension(format!("old-{}", crate::util::random_hex(4)));
+    if dest.exists() {
+        std::fs::rename(dest, &old)?;
+    }
+    std::fs::rename(out, dest)
+        .with_context(|| format!("installing image into {}", dest.display()))?;
+    let _ = std::fs::remove_dir_all(&old);
+    Ok(())
+}
+
+/// Runs `cmd` with its output in `log`; on failure the error carries the
+/// log's tail.
+fn run_logged(mut cmd: Command, log: &Path, what: &str) -> Result<()> {
+    let f = std::fs::File::create(log)?;
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(f.try_clone()?)
+        .stderr(f)
+        .status()
+        .with_context(|| format!("running {what}"))?;
+    if !status.success() {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        let tail: Vec<&str> = text.lines().rev().take(15).collect();
+        let tail: Vec<&str> = tail.into_iter().rev().collect();
+        bail!("{what} failed ({status}):\n{}", tail.join("\n"));
+    }
+    Ok(())
+}

@@ -1,0 +1,73 @@
+//! Guest images: ext4 root filesystems built from recipes, stored as
+//! `$FORKD_HOME/images/<name>/{rootfs.ext4,image.json}`.
+
+pub mod apt;
+pub mod build;
+pub mod recipe;
+
+use anyhow::{Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+
+/// `image.json`: what was built, from what, and when.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageInfo {
+    pub name: String,
+    pub recipe: recipe::Recipe,
+    pub size_bytes: u64,
+    pub content_bytes: u64,
+    pub built_at_unix: u64,
+    pub build_secs: f64,
+}
+
+/// A built image on disk.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub info: ImageInfo,
+    pub dir: PathBuf,
+}
+
+impl Image {
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join("rootfs.ext4")
+    }
+
+    /// Loads image `name` from `images_dir`, with a hint when it is missing.
+    pub fn load(images_dir: &Path, name: &str) -> Result<Image> {
+        recipe::validate_image_name(name)?;
+        let dir = images_dir.join(name);
+        let meta = dir.join("image.json");
+        let text = std::fs::read(&meta).map_err(|e| {
+            anyhow::anyhow!(
+                "image {name:?} is not built ({}: {e}); build it with `forkd image build --recipe {name}`",
+                meta.display()
+            )
+        })?;
+        let info: ImageInfo =
+            serde_json::from_slice(&text).with_context(|| format!("parsing {}", meta.display()))?;
+        let img = Image { info, dir };
+        if !img.rootfs().exists() {
+            anyhow::bail!(
+                "image {name:?} is incomplete: {} is missing; rebuild it",
+                img.rootfs().display()
+            );
+        }
+        Ok(img)
+    }
+
+    /// Every built image, by name.
+    pub fn list(images_dir: &Path) -> Vec<Image> {
+        let mut out = Vec::new();
+        if let Ok(rd) = std::fs::read_dir(images_dir) {
+            for e in rd.flatten() {
+                if let Some(name) = e.file_name().to_str() {
+                    if let Ok(img) = Image::load(images_dir, name) {
+                        out.push(img);
+                    }
+                }
+            }
+        }
+        out.sort_by(|a, b| a.info.name.cmp(&b.info.name));
+        out
+    }
+}
