@@ -1,0 +1,77 @@
+//! The `forkd` command line. Each subcommand lives in its own module; errors
+//! print as one line (`error: what: why`) without a backtrace.
+
+pub mod image;
+pub mod run;
+
+use crate::paths::Paths;
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "forkd",
+    version,
+    about = "microVM sandboxes that fork from warm snapshots"
+)]
+pub struct Cli {
+    /// Data dir (default /var/lib/forkd).
+    #[arg(long, env = "FORKD_HOME", global = true)]
+    pub home: Option<PathBuf>,
+    #[command(subcommand)]
+    pub cmd: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Boot a fresh VM from an image, run one command in it, and exit with its status.
+    Run(run::RunArgs),
+    /// Build and list guest images.
+    #[command(subcommand)]
+    Image(image::ImageCmd),
+}
+
+impl Cli {
+    fn paths(&self) -> Paths {
+        match &self.home {
+            Some(h) => Paths::new(h),
+            None => Paths::from_env(),
+        }
+    }
+}
+
+/// Entry point of the `forkd` binary.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    init_tracing();
+    let rt = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::anyhow!("starting the async runtime: {e}")),
+    };
+    let paths = cli.paths();
+    let result = rt.block_on(async move {
+        match cli.cmd {
+            Command::Run(a) => run::run(&paths, a).await,
+            Command::Image(c) => image::run(&paths, c).await.map(|()| 0),
+        }
+    });
+    match result {
+        Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),
+        Err(e) => fail(&e),
+    }
+}
+
+fn fail(e: &anyhow::Error) -> ExitCode {
+    eprintln!("error: {e:#}");
+    ExitCode::FAILURE
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FORKD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
