@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# forkd host setup. Idempotent and safe to re-run; prints what it does.
+#
+#   sudo scripts/setup.sh            # everything: packages, kernel, build, images
+#   sudo scripts/setup.sh --no-images    # skip step 5
+#   sudo scripts/setup.sh --no-install   # skip copying binaries to /usr/local/bin
+#
+# Steps:
+#   1. host packages: QEMU >= 10 (from bookworm-backports on Debian 12, derived
+#      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build tools
+#   2. the pinned guest kernel (scripts/fetch-kernel.sh)
+#   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
+#   4. the guest initramfs (scripts/build-guest.sh)
+#   5. the guest images `minimal` and `python-numpy` into $FORKD_HOME/images
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+
+images=1
+install=1
+for a in "$@"; do
+  case "$a" in
+    --no-images) images=0 ;;
+    --no-install) install=0 ;;
+    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    *) die "unknown option $a (see --help)" ;;
+  esac
+done
+need_root "scripts/setup.sh"
+export DEBIAN_FRONTEND=noninteractive
+
+qemu_major() {
+  qemu-system-x86_64 --version 2>/dev/null | sed -n '1s/.*version \([0-9]*\).*/\1/p'
+}
+
+# Major version a package would install: from the default candidate, or from
+# suite $2 when given.
+candidate_major() {
+  local v
+  if [ -n "${2:-}" ]; then
+    v=$(apt-cache madison "$1" 2>/dev/null | awk -F'|' -v s=" $2/" 'index($3, s) { gsub(/ /, "", $2); print $2; exit }')
+  else
+    v=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  fi
+  v=${v#*:}
+  case "$v" in ''|'(none)') echo "" ;; *) echo "${v%%.*}" ;; esac
+}
+
+# Writes a deb822 source for <codename>-backports using the URI, components
+# and key of the existing source that serves <codename>.
+enable_backports() {
+  local codename=$1 file=/etc/apt/sources.list.d/forkd-backports.sources line uri comps key
+  if [ -f "$file" ]; then note "backports already enabled ($file)"; return; fi
+  line=$(awk -v RS='' -v cn="$codename" '
+    { types=""; uris=""; suites=""; comps=""; signed=""
+      n = split($0, l, "\n")
+      for (i = 1; i <= n; i++) { s = l[i]; if (s ~ /^#/) continue
+        if (sub(/^Types:[ \t]*/, "", s)) types = s
+        else if (sub(/^URIs:[ \t]*/, "", s)) uris = s
+        else if (sub(/^Suites:[ \t]*/, "", s)) suites = s
+        else if (sub(/^Components:[ \t]*/, "", s)) comps = s
+        else if (sub(/^Signed-By:[ \t]*/, "", s)) signed = s }
+      if (types !~ /(^| )deb( |$)/) next
+      ns = split(suites, x, /[ \t]+/)
+      for (j = 1; j <= ns; j++) if (x[j] == cn) { print uris "|" comps "|" signed; exit } }
+  ' /etc/apt/sources.list.d/*.sources 2>/dev/null || true)
+  if [ -z "$line" ] && [ -f /etc/apt/sources.list ]; then
+    # One-line format: deb [opts] URI SUITE COMPONENTS...
+    line=$(awk -v cn="$codename" '$1 == "deb" {
+        i = 2; opts = ""; if ($2 ~ /^\[/) { while ($i !~ /\]$/) { opts = opts " " $i; i++ } opts = opts " " $i; i++ }
+        if ($(i+1) == cn) { c = ""; for (k = i+2; k <= NF; k++) c = c " " $k
+          key = ""; if (match(opts, /signed-by=[^] ]*/)) key = substr(opts, RSTART+10, RLENGTH-10)
+          print $i "|" substr(c, 2) "|" key; exit } }' /etc/apt/sources.list)
+  fi
+  [ -n "$line" ] || die "no apt source serves '$codename', so $codename-backports cannot be derived; add a Debian $codename source, or install QEMU >= 10 yourself"
+  IFS='|' read -r uri comps key <<<"$line"
+  say "Enabling $codename-backports (from your $codename source: $uri)"
+  {
+    echo "# Added by forkd scripts/setup.sh: QEMU >= 10 comes from $codename-backports."
+    echo "Types: deb"
+    echo "URIs: $uri"
+    echo "Suites: $codename-backports"
+    echo "Components: ${comps:-main}"
+    [ -n "$key" ] && echo "Signed-By: $key"
+  } > "$file"
+  apt-get update -q
+}
+
+install_packages() {
+  say "Installing host packages"
+  . /etc/os-release
+  local codename=${VERSION_CODENAME:-}
+  local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
+              build-essential file iproute2 ca-certificates git)
+  apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
+  apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
+  note "installed: ${base[*]}"
+  if [ "$(qemu_major)" != "" ] && [ "$(qemu_major)" -ge 10 ]; then
+    note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') already installed"
+    apt-get install -y -q --no-install-recommends qemu-utils >/dev/null
+    return
+  fi
+  local qemu_pkgs=(qemu-system-x86 qemu-utils)
+  local m; m=$(candidate_major qemu-system-x86)
+  if [ -n "$m" ] && [ "$m" -ge 10 ]; then
+    apt-get install -y -q --no-install-recommends "${qemu_pkgs[@]}" >/dev/null
+  elif [ "${ID:-}" = debian ] && [ -n "$codename" ]; then
+    note "QEMU in $codename is ${m:-missing}; forkd needs >= 10 from $codename-backports"
+    enable_backports "$codename"
+    m=$(candidate_major qemu-system-x86 "$codename-backports")
+    [ -n "$m" ] && [ "$m" -ge 10 ] || die "$codename-backports has no QEMU >= 10 (found ${m:-none})"
+    apt-get install -y -q --no-install-recommends -t "$codename-backports" "${qemu_pkgs[@]}" >/dev/null
+  else
+    die "QEMU >= 10 is not available from your apt sources (found ${m:-none}); forkd needs Debian 12 with backports, Debian 13+, or Ubuntu 25.10+"
+  fi
+  note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed"
+}
+
+check_rust() {
+  command -v cargo >/dev/null || die "cargo not found: install Rust >= 1.85 with rustup (https://rustup.rs), then re-run"
+  local v; v=$(rustc --version | awk '{print $2}')
+  note "Rust $v"
+}
+
+build_workspace() {
+  say "Building forkd (release)"
+  (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
+  [ "$install" = 1 ] || return 0
+  local bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
+  for b in forkd poold forkd-fs; do
+    [ -x "$bindir/$b" ] && install -m 0755 "$bindir/$b" /usr/local/bin/$b
+  done
+  note "installed forkd, poold, forkd-fs to /usr/local/bin"
+}
+
+build_images() {
+  local forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
+  for r in minimal python-numpy; do
+    if [ -n "${FORKD_REBUILD_IMAGES:-}" ]; then
+      "$forkd" image build --recipe "$r"
+    else
+      "$forkd" image build --recipe "$r" --if-changed
+    fi
+  done
+}
+
+say "forkd setup (data dir: $FORKD_HOME)"
+install_packages
+check_rust
+mkdir -p "$FORKD_HOME"
+"$REPO_ROOT/scripts/fetch-kernel.sh"
+build_workspace
+"$REPO_ROOT/scripts/build-guest.sh"
+export FORKD_HOME
+[ "$images" = 1 ] && build_images
+say "Done. Try: forkd run --image python-numpy -- python3 -c 'import numpy; print(numpy.zeros(5).tolist())'"
