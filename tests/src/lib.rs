@@ -1,1 +1,105 @@
-//! Shared helpers for end-to-end tests.
+//! Shared helpers for the end-to-end tests: the test data dir, a runtime
+//! that outlives individual tests, VMs booted once per test binary, and the
+//! built binaries.
+//!
+//! Tests need a prepared data dir (kernel, initramfs, images); `scripts/test.sh`
+//! makes one and points `FORKD_HOME` at it.
+
+use poold::images::Image;
+use poold::paths::Paths;
+use poold::vm::boot::{cold_boot, BootSpec};
+use poold::vm::{accel::AccelChoice, Lifetime, Machine, Memory, Vm};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use tokio::runtime::Runtime;
+
+/// The data dir prepared by scripts/test.sh.
+pub fn paths() -> Paths {
+    let p = Paths::from_env();
+    assert!(
+        p.initramfs().exists(),
+        "no guest initramfs in {}: run the tests with scripts/test.sh (it prepares FORKD_HOME)",
+        p.home.display()
+    );
+    p
+}
+
+/// One runtime for the whole test binary: VM channels live on it, so a VM
+/// booted by one test can be used by another.
+pub fn rt() -> &'static Runtime {
+    static RT: OnceLock<Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("tokio runtime")
+    })
+}
+
+/// Runs a future on the shared runtime.
+pub fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    rt().block_on(f)
+}
+
+/// Loads a built image.
+pub fn image(name: &str) -> Image {
+    Image::load(&paths().images_dir(), name)
+        .unwrap_or_else(|e| panic!("{e:#} (scripts/test.sh builds the test images)"))
+}
+
+/// The machine tests use: TCG unless FORKD_ACCEL says otherwise.
+pub fn machine(mem_mib: u64) -> Machine {
+    let accel = AccelChoice::from_env().unwrap().resolve().unwrap();
+    Machine::new(accel, mem_mib, 1)
+}
+
+/// Boots a fresh, ephemeral VM from `image_name`.
+pub async fn boot(image_name: &str, mem_mib: u64) -> Vm {
+    let img = image(image_name);
+    cold_boot(
+        &paths(),
+        BootSpec {
+            id: format!("test-{image_name}-{}", poold::util::random_hex(4)),
+            image: &img,
+            machine: machine(mem_mib),
+            memory: Memory::Anonymous,
+            hostname: "forkd-test".into(),
+            lifetime: Lifetime::Ephemeral,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("booting {image_name}: {e:#}"))
+}
+
+/// A VM booted once per test binary and shared by its tests. It dies with
+/// the test process (ephemeral VMs get PR_SET_PDEATHSIG).
+pub fn shared_vm(image_name: &str) -> Arc<Vm> {
+    static VMS: OnceLock<Mutex<HashMap<String, Arc<Vm>>>> = OnceLock::new();
+    let map = VMS.get_or_init(Default::default);
+    let mut guard = map.lock().unwrap();
+    if let Some(vm) = guard.get(image_name) {
+        return vm.clone();
+    }
+    let vm = Arc::new(block_on(boot(image_name, 512)));
+    guard.insert(image_name.to_string(), vm.clone());
+    vm
+}
+
+/// A binary built by this workspace (same profile as the test).
+pub fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    // target/<profile>/deps/<test> → target/<profile>/<name>
+    let p = exe
+        .parent()
+        .and_then(|d| d.parent())
+        .expect("target dir")
+        .join(name);
+    assert!(
+        p.exists(),
+        "{} is not built: run `cargo build --workspace` first (scripts/test.sh does)",
+        p.display()
+    );
+    p
+}
