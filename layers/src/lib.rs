@@ -21,6 +21,7 @@
 //! - a live pack record is never overwritten in place; GC removes whole packs
 //!   and cuts only garbage off the end of the active pack.
 
+mod annotation;
 mod cache;
 mod chunk;
 mod db;
@@ -40,6 +41,7 @@ mod tag;
 mod verify;
 mod view;
 
+pub use annotation::MAX_ANNOTATION_BYTES;
 pub use cache::{CacheStats, ChunkData};
 pub use chunk::{
     validate_chunk_size, ChunkLocation, Compression, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL,
