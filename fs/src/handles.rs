@@ -1,0 +1,147 @@
+//! Open file handles per snapshot, and the ids hidden for deletion.
+//!
+//! Invariant: one mutex covers both the handle counts and the hidden set,
+//! so "no handle is open" (checked by `begin_delete`) and "the id is not
+//! hidden" (checked by `open`) can never both pass for a racing pair: either
+//! the open wins and the delete is refused, or the delete wins and the open
+//! fails with ENOENT. A kernel file handle stays open for as long as any
+//! process holds the fd *or a mapping of it*, so a QEMU child that mmapped
+//! `memory.bin` counts as a user until it exits.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Mutex;
+
+use forkd_layers::SnapshotId;
+
+/// Why an id cannot be opened or deleted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// Hidden by `begin_delete` (or deleted): new opens fail with ENOENT.
+    Hidden,
+    /// `begin_delete` while handles are open.
+    InUse(u64),
+}
+
+#[derive(Default)]
+struct Inner {
+    next_fh: u64,
+    /// fh → snapshot.
+    handles: HashMap<u64, SnapshotId>,
+    counts: HashMap<SnapshotId, u64>,
+    /// Between `begin_delete` and `end_delete`.
+    hidden: HashSet<SnapshotId>,
+    /// Deleted through the protocol: hidden for the rest of the mount, even
+    /// before this process's secondary view has caught up.
+    gone: HashSet<SnapshotId>,
+}
+
+/// Handle counts and hidden ids (see the module invariant).
+#[derive(Default)]
+pub struct Handles {
+    inner: Mutex<Inner>,
+}
+
+impl Handles {
+    /// Registers an open of a file of `snap`; returns the new file handle.
+    pub fn open(&self, snap: SnapshotId) -> Result<u64, Refusal> {
+        let mut g = self.inner.lock().unwrap();
+        if g.hidden.contains(&snap) || g.gone.contains(&snap) {
+            return Err(Refusal::Hidden);
+        }
+        g.next_fh += 1;
+        let fh = g.next_fh;
+        g.handles.insert(fh, snap);
+        *g.counts.entry(snap).or_default() += 1;
+        Ok(fh)
+    }
+
+    /// Forgets a file handle (FUSE release).
+    pub fn close(&self, fh: u64) {
+        let mut g = self.inner.lock().unwrap();
+        if let Some(snap) = g.handles.remove(&fh) {
+            if let Some(n) = g.counts.get_mut(&snap) {
+                *n -= 1;
+                if *n == 0 {
+                    g.counts.remove(&snap);
+                }
+            }
+        }
+    }
+
+    /// True if new lookups and opens of `snap` must fail.
+    pub fn is_hidden(&self, snap: &SnapshotId) -> bool {
+        let g = self.inner.lock().unwrap();
+        g.hidden.contains(snap) || g.gone.contains(snap)
+    }
+
+    /// Open handles of `snap`.
+    pub fn count(&self, snap: &SnapshotId) -> u64 {
+        self.inner
+            .lock()
+            .unwrap()
+            .counts
+            .get(snap)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Open handles per snapshot (only snapshots with any).
+    pub fn counts(&self) -> BTreeMap<SnapshotId, u64> {
+        let g = self.inner.lock().unwrap();
+        g.counts.iter().map(|(k, v)| (*k, *v)).collect()
+    }
+
+    /// Ids currently hidden for deletion.
+    pub fn hidden(&self) -> Vec<SnapshotId> {
+        let g = self.inner.lock().unwrap();
+        let mut v: Vec<_> = g.hidden.iter().copied().collect();
+        v.sort();
+        v
+    }
+
+    /// Refuses if any handle of `snap` is open, otherwise hides it.
+    pub fn begin_delete(&self, snap: SnapshotId) -> Result<(), Refusal> {
+        let mut g = self.inner.lock().unwrap();
+        match g.counts.get(&snap) {
+            Some(&n) if n > 0 => Err(Refusal::InUse(n)),
+            _ => {
+                g.hidden.insert(snap);
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends a delete: un-hides `snap` if it was not deleted, or hides it for
+    /// good if it was.
+    pub fn end_delete(&self, snap: SnapshotId, deleted: bool) {
+        let mut g = self.inner.lock().unwrap();
+        g.hidden.remove(&snap);
+        if deleted {
+            g.gone.insert(snap);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delete_protocol() {
+        let h = Handles::default();
+        let a = SnapshotId([1; 16]);
+        let fh = h.open(a).unwrap();
+        assert_eq!(h.begin_delete(a), Err(Refusal::InUse(1)));
+        h.close(fh);
+        assert_eq!(h.count(&a), 0);
+        h.begin_delete(a).unwrap();
+        assert_eq!(h.open(a), Err(Refusal::Hidden));
+        h.end_delete(a, false);
+        let fh = h.open(a).unwrap();
+        h.close(fh);
+        h.begin_delete(a).unwrap();
+        h.end_delete(a, true);
+        assert!(h.is_hidden(&a));
+        assert_eq!(h.open(a), Err(Refusal::Hidden));
+    }
+}

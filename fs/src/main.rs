@@ -1,0 +1,321 @@
+//! `forkd-fs`: mount the layer store over FUSE (see docs/fs.md).
+
+use std::io::{BufRead, BufReader, Read, Seek, SeekFrom, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use forkd_fs::control::{Client, Request, DEFAULT_FILE};
+use forkd_fs::daemon::{self, ServeOptions};
+use forkd_fs::{mount, prefetch, ranges};
+use forkd_layers::SnapshotId;
+
+#[derive(Parser)]
+#[command(
+    name = "forkd-fs",
+    version,
+    about = "Serve forkd's layer store as a read-only FUSE filesystem"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Mount the store (long-lived). Without --foreground, returns once the
+    /// mount is live and keeps serving in the background, logging to
+    /// <CONTROL without extension>.log.
+    Mount {
+        mountpoint: PathBuf,
+        /// The layer store directory.
+        #[arg(long)]
+        store: PathBuf,
+        /// RocksDB secondary directory, private to this process
+        /// [default: <MOUNTPOINT>.secondary].
+        #[arg(long)]
+        secondary_dir: Option<PathBuf>,
+        /// Control socket [default: <MOUNTPOINT>.sock].
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// Decompressed-chunk cache (the kernel page cache is the main cache).
+        #[arg(long, default_value_t = 64)]
+        cache_mib: usize,
+        /// FUSE request threads.
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        /// Kernel readahead window of the mount, KiB.
+        #[arg(long, default_value_t = 1024)]
+        readahead_kib: u32,
+        /// Stay in the foreground, logging to stderr.
+        #[arg(long)]
+        foreground: bool,
+        /// Internal: print "ready" on stdout once live (daemonizing parent).
+        #[arg(long, hide = true)]
+        notify_ready: bool,
+    },
+    /// Unmount (the serving process then exits).
+    Unmount {
+        mountpoint: PathBuf,
+        /// Detach even if files are open; they keep working until closed.
+        #[arg(long)]
+        lazy: bool,
+    },
+    /// Read ranges of a snapshot file through the mount so they land in the
+    /// page cache. Ranges: --ranges FILE, else the list stored with the
+    /// snapshot, else every data extent of the file.
+    Prefetch {
+        /// Snapshot id.
+        id: String,
+        #[arg(long)]
+        mount: PathBuf,
+        /// JSON [[offset, len], ...] (or {"ranges": [...]}).
+        #[arg(long)]
+        ranges: Option<PathBuf>,
+        #[arg(long, default_value = DEFAULT_FILE)]
+        file: String,
+        /// Control socket [default: <MOUNT>.sock].
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// Parallel readers.
+        #[arg(long, default_value_t = 4)]
+        threads: usize,
+    },
+    /// Print the mount's status (JSON).
+    Status {
+        #[arg(long)]
+        mount: PathBuf,
+        #[arg(long)]
+        control: Option<PathBuf>,
+    },
+    /// Send one raw JSON request to the control socket and print the reply.
+    Ctl {
+        #[arg(long)]
+        mount: PathBuf,
+        #[arg(long)]
+        control: Option<PathBuf>,
+        /// e.g. '{"op":"in_use","id":"..."}'
+        request: String,
+    },
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("FORKD_FS_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .try_init();
+}
+
+fn control_of(mount: &Path, explicit: Option<PathBuf>) -> PathBuf {
+    explicit.unwrap_or_else(|| mount::default_control_socket(mount))
+}
+
+fn main() -> ExitCode {
+    // Before any thread exists, so the signal thread alone receives them.
+    if let Err(e) = daemon::block_signals() {
+        eprintln!("forkd-fs: {e:#}");
+        return ExitCode::FAILURE;
+    }
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("forkd-fs: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Mount {
+            mountpoint,
+            store,
+            secondary_dir,
+            control,
+            cache_mib,
+            threads,
+            readahead_kib,
+            foreground,
+            notify_ready,
+        } => {
+            let abs = |p: PathBuf| -> Result<PathBuf> {
+                Ok(if p.is_absolute() {
+                    p
+                } else {
+                    std::env::current_dir()?.join(p)
+                })
+            };
+            let mountpoint = abs(mountpoint)?;
+            let opts = ServeOptions {
+                secondary_dir: abs(
+                    secondary_dir.unwrap_or_else(|| mount::default_secondary_dir(&mountpoint))
+                )?,
+                control_socket: abs(control_of(&mountpoint, control))?,
+                store_dir: abs(store)?,
+                mountpoint,
+                cache_bytes: cache_mib << 20,
+                threads,
+                readahead_kib,
+            };
+            if foreground {
+                init_logging();
+                daemon::serve(&opts, |_| {
+                    if notify_ready {
+                        notify_parent();
+                    }
+                })
+            } else {
+                daemonize(&opts)
+            }
+        }
+        Cmd::Unmount { mountpoint, lazy } => {
+            if lazy {
+                mount::unmount_lazy(&mountpoint)
+            } else {
+                mount::unmount(&mountpoint)
+            }
+        }
+        Cmd::Prefetch {
+            id,
+            mount,
+            ranges,
+            file,
+            control,
+            threads,
+        } => prefetch_cmd(&id, &mount, ranges, &file, control, threads),
+        Cmd::Status { mount, control } => {
+            let st = Client::connect(&control_of(&mount, control))?.status()?;
+            println!("{}", serde_json::to_string_pretty(&st)?);
+            Ok(())
+        }
+        Cmd::Ctl {
+            mount,
+            control,
+            request,
+        } => {
+            let req: Request = serde_json::from_str(&request).context("parsing the request")?;
+            let v = Client::connect(&control_of(&mount, control))?.call(&req)?;
+            println!("{v}");
+            Ok(())
+        }
+    }
+}
+
+/// Tells the daemonizing parent the mount is live, then detaches stdout
+/// (the parent is about to exit and close the pipe).
+fn notify_parent() {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "ready {}", std::process::id());
+    let _ = out.flush();
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: dup2 onto our own stdout fd.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
+}
+
+/// Re-executes this program in the foreground in a new session, logging to
+/// the log file, and returns once it reports the mount live (or fails with
+/// the tail of its log).
+fn daemonize(opts: &ServeOptions) -> Result<()> {
+    let log_path = mount::log_path(&opts.control_socket);
+    if let Some(d) = log_path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)
+        .with_context(|| format!("opening the log file {}", log_path.display()))?;
+    let log_start = log.metadata()?.len();
+    let exe = std::env::current_exe()?;
+    let mut cmd = Command::new(exe);
+    cmd.arg("mount")
+        .arg(&opts.mountpoint)
+        .arg("--store")
+        .arg(&opts.store_dir)
+        .arg("--secondary-dir")
+        .arg(&opts.secondary_dir)
+        .arg("--control")
+        .arg(&opts.control_socket)
+        .arg("--cache-mib")
+        .arg((opts.cache_bytes >> 20).to_string())
+        .arg("--threads")
+        .arg(opts.threads.to_string())
+        .arg("--readahead-kib")
+        .arg(opts.readahead_kib.to_string())
+        .arg("--foreground")
+        .arg("--notify-ready")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log);
+    // SAFETY: setsid is async-signal-safe; detaches from our terminal and
+    // process group so the daemon outlives the caller.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::setsid();
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn().context("starting the forkd-fs daemon")?;
+    let mut line = String::new();
+    let stdout = child.stdout.take().expect("piped stdout");
+    BufReader::new(stdout).read_line(&mut line)?;
+    if line.starts_with("ready") {
+        println!("{}", line.trim());
+        return Ok(());
+    }
+    let status = child.wait()?;
+    let mut tail = String::new();
+    if let Ok(mut f) = std::fs::File::open(&log_path) {
+        let _ = f.seek(SeekFrom::Start(log_start));
+        let _ = f.read_to_string(&mut tail);
+    }
+    bail!(
+        "the forkd-fs daemon exited ({status}) before the mount was live; its log ({}):\n{}",
+        log_path.display(),
+        tail.trim()
+    )
+}
+
+fn prefetch_cmd(
+    id: &str,
+    mount: &Path,
+    ranges_file: Option<PathBuf>,
+    file: &str,
+    control: Option<PathBuf>,
+    threads: usize,
+) -> Result<()> {
+    let sid: SnapshotId = id.parse().map_err(anyhow::Error::msg)?;
+    let path = prefetch::file_path(mount, &sid, file);
+    let (list, source) = match ranges_file {
+        Some(f) => (ranges::read_file(&f)?, format!("{}", f.display())),
+        None => {
+            let stored = Client::connect(&control_of(mount, control))
+                .and_then(|mut c| c.stored_ranges(&sid, file));
+            match stored {
+                Ok(Some(r)) => (r, "the list stored with the snapshot".to_string()),
+                Ok(None) => (prefetch::default_ranges(&path)?, "data extents".to_string()),
+                Err(e) => {
+                    eprintln!("forkd-fs: no stored range list ({e:#}); reading every data extent");
+                    (prefetch::default_ranges(&path)?, "data extents".to_string())
+                }
+            }
+        }
+    };
+    let rep = prefetch::read_ranges(&path, &list, threads)?;
+    println!(
+        "prefetched {} bytes of {} in {} ms ({} ranges from {source})",
+        rep.bytes,
+        path.display(),
+        rep.ms,
+        list.len()
+    );
+    Ok(())
+}

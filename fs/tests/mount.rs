@@ -1,0 +1,551 @@
+//! Real FUSE mounts of a real store, served by the real `forkd-fs` binary.
+
+mod common;
+
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{alive, no_fuse, wait_for, TestStore};
+use forkd_fs::{mount, ControlError};
+use forkd_layers::synth;
+use rand::{Rng, SeedableRng};
+
+const MIB: usize = 1 << 20;
+
+fn errno(e: &std::io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Byte-compares `len` bytes at `off` of the mounted file with the source.
+fn check_range(mounted: &File, src: &[u8], off: u64, len: usize) {
+    let mut buf = vec![0u8; len];
+    let n = mounted.read_at(&mut buf, off).unwrap();
+    let end = (off as usize + len).min(src.len());
+    let want = &src[(off as usize).min(end)..end];
+    assert_eq!(n, want.len(), "short read at {off}+{len}");
+    assert!(buf[..n] == *want, "wrong bytes at {off}+{len}");
+}
+
+/// mmap(MAP_PRIVATE) of a mounted file, as QEMU maps guest RAM.
+struct Map {
+    ptr: *mut libc::c_void,
+    len: usize,
+}
+
+impl Map {
+    fn private(f: &File, len: usize, prot: i32) -> Map {
+        // SAFETY: a fresh private mapping of an open file.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                prot,
+                libc::MAP_PRIVATE,
+                std::os::unix::io::AsRawFd::as_raw_fd(f),
+                0,
+            )
+        };
+        assert_ne!(ptr, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        Map { ptr, len }
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: the mapping is `len` bytes and lives as long as self.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const u8, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, borrowed mutably.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr as *mut u8, self.len) }
+    }
+
+    /// Pages of the mapping that are in the page cache.
+    fn resident(&self) -> Vec<bool> {
+        let pages = self.len.div_ceil(4096);
+        let mut v = vec![0u8; pages];
+        // SAFETY: v has one byte per page of the mapping.
+        let r = unsafe { libc::mincore(self.ptr, self.len, v.as_mut_ptr()) };
+        assert_eq!(r, 0);
+        v.iter().map(|b| b & 1 == 1).collect()
+    }
+}
+
+impl Drop for Map {
+    fn drop(&mut self) {
+        // SAFETY: unmapping our own mapping.
+        unsafe { libc::munmap(self.ptr, self.len) };
+    }
+}
+
+#[test]
+fn serves_snapshots_byte_exact() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let mem = synth::mixed_file(1, 24 * MIB + 1234, 65536);
+    let vmstate = synth::mixed_file(2, 70_000, 4096);
+    let mem_p = ts.source("memory.bin", &mem);
+    let vm_p = ts.source("vmstate", &vmstate);
+    // A 3 GiB sparse disk with data in a few places.
+    let disk_size = 3u64 << 30;
+    let pieces: Vec<(u64, Vec<u8>)> = [0u64, 1 << 30, (2 << 30) + 12345, disk_size - 5000]
+        .iter()
+        .enumerate()
+        .map(|(i, &o)| (o, synth::mixed_file(10 + i as u64, 3000, 4096)))
+        .map(|(o, mut d)| {
+            d.iter_mut().for_each(|b| *b |= 1);
+            (o, d)
+        })
+        .collect();
+    let disk_p = ts.sparse_source("rootfs.img", disk_size, &pieces);
+    let rec = ts.commit(
+        &[
+            ("memory.bin", &mem_p),
+            ("vmstate", &vm_p),
+            ("rootfs.img", &disk_p),
+        ],
+        Some("base"),
+    );
+    let m = ts.mount();
+    let id = rec.id;
+
+    // Layout, modes, generated snapshot.json.
+    let dir = m.path(&format!("by-id/{id}"));
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["memory.bin", "rootfs.img", "snapshot.json", "vmstate"]
+    );
+    assert_eq!(
+        std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
+        0o555
+    );
+    let md = std::fs::metadata(m.file(&id, "memory.bin")).unwrap();
+    assert_eq!(md.permissions().mode() & 0o7777, 0o444);
+    assert_eq!(md.len(), mem.len() as u64);
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(m.file(&id, "snapshot.json")).unwrap()).unwrap();
+    assert_eq!(json["id"], id.to_string());
+    let by_id: Vec<_> = std::fs::read_dir(m.path("by-id")).unwrap().collect();
+    assert_eq!(by_id.len(), 1);
+    assert!(File::create(m.file(&id, "vmstate")).is_err());
+
+    // The tag is a symlink to by-id/<id>; both paths reach one inode.
+    let link = std::fs::read_link(m.path("base")).unwrap();
+    assert_eq!(link.to_str().unwrap(), format!("by-id/{id}"));
+    let ino = md.ino();
+    for p in [m.file(&id, "memory.bin"), m.path("base/memory.bin")] {
+        let f = File::open(&p).unwrap();
+        assert_eq!(f.metadata().unwrap().ino(), ino, "{}", p.display());
+    }
+    assert_eq!(std::fs::read(m.path("base/vmstate")).unwrap(), vmstate);
+
+    // Random offsets and lengths, from many threads at once.
+    let mem = Arc::new(mem);
+    let path = m.file(&id, "memory.bin");
+    std::thread::scope(|s| {
+        for t in 0..8u64 {
+            let (mem, path) = (mem.clone(), path.clone());
+            s.spawn(move || {
+                let f = File::open(path).unwrap();
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                for _ in 0..150 {
+                    let off = rng.gen_range(0..mem.len() as u64 + 10);
+                    let len = rng.gen_range(1..300_000);
+                    check_range(&f, &mem, off, len);
+                }
+            });
+        }
+    });
+
+    // MAP_PRIVATE, read-only open (QEMU's share=off,readonly=on): the whole
+    // file matches; writes stay private.
+    let f = File::open(&path).unwrap();
+    let mut map = Map::private(&f, mem.len(), libc::PROT_READ | libc::PROT_WRITE);
+    assert!(map.bytes()[..] == mem[..]);
+    map.bytes_mut()[4096] ^= 0xff;
+    check_range(&f, &mem, 4096, 1);
+    drop(map);
+
+    // The sparse disk: size, data pieces, zero holes, SEEK_DATA.
+    let disk = File::open(m.file(&id, "rootfs.img")).unwrap();
+    assert_eq!(disk.metadata().unwrap().len(), disk_size);
+    for (off, d) in &pieces {
+        let mut buf = vec![0u8; d.len()];
+        disk.read_exact_at(&mut buf, *off).unwrap();
+        assert!(buf == *d, "disk piece at {off}");
+    }
+    let mut buf = vec![1u8; 1 << 20];
+    disk.read_exact_at(&mut buf, 3 << 29).unwrap();
+    assert!(buf.iter().all(|&b| b == 0));
+    let extents = forkd_fs::prefetch::data_extents(&disk).unwrap();
+    assert_eq!(extents.len(), pieces.len(), "{extents:?}");
+    assert_eq!(extents[1].0, 1 << 30);
+}
+
+#[test]
+fn snapshots_committed_after_mounting_are_visible_at_once() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let a = synth::mixed_file(3, 3 * MIB, 65536);
+    let pa = ts.source("a", &a);
+    let r1 = ts.commit(&[("memory.bin", &pa)], Some("t"));
+    let m = ts.mount();
+    assert!(m.file(&r1.id, "memory.bin").exists());
+    for i in 0..3u64 {
+        let b = synth::mixed_file(100 + i, 2 * MIB + i as usize, 65536);
+        let pb = ts.source("b", &b);
+        let r = ts.commit(&[("memory.bin", &pb)], Some("t"));
+        // No refresh, no sleep: the miss catches up with the writer.
+        assert_eq!(std::fs::read(m.file(&r.id, "memory.bin")).unwrap(), b);
+        assert_eq!(
+            std::fs::read_link(m.path("t")).unwrap().to_str().unwrap(),
+            format!("by-id/{}", r.id)
+        );
+        assert_eq!(std::fs::read(m.path("t/memory.bin")).unwrap(), b);
+        let tag = format!("new{i}");
+        ts.store.set_tag(&tag, &r1.id).unwrap();
+        assert_eq!(
+            std::fs::read(m.path(&format!("{tag}/memory.bin"))).unwrap(),
+            a
+        );
+    }
+    let ids: Vec<_> = std::fs::read_dir(m.path("by-id")).unwrap().collect();
+    assert_eq!(ids.len(), 4);
+    assert!(!m.path("no-such-tag").exists());
+    assert!(!m.path("by-id/0123456789abcdef0123456789abcdef").exists());
+}
+
+#[test]
+fn corrupt_chunk_is_eio_on_exactly_its_range() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    // Every 64 KiB chunk distinct and non-zero.
+    let mut data = vec![0u8; 4 * MIB];
+    synth::SplitMix64(9).fill(&mut data);
+    let p = ts.source("memory.bin", &data);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let reader = ts.store.open_file(&rec.id, "memory.bin").unwrap();
+    let bad_off = 2 * MIB as u64 + 65536;
+    let forkd_layers::ChunkRef::Chunk(chunk) = reader.chunk_at(bad_off) else {
+        panic!("expected a stored chunk")
+    };
+    let loc = ts.store.chunk_location(&chunk).unwrap().unwrap();
+    let pack = ts
+        .root()
+        .join("packs")
+        .join(format!("pack-{:08}.dat", loc.pack));
+    let pf = std::fs::OpenOptions::new()
+        .write(true)
+        .read(true)
+        .open(&pack)
+        .unwrap();
+    let mut b = [0u8; 1];
+    let at = loc.offset + 45 + u64::from(loc.stored_len) / 2;
+    pf.read_exact_at(&mut b, at).unwrap();
+    pf.write_all_at(&[b[0] ^ 0x40], at).unwrap();
+    drop(pf);
+
+    let m = ts.mount();
+    // O_DIRECT: every 4 KiB page is its own FUSE read, no readahead.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.file(&rec.id, "memory.bin"))
+        .unwrap();
+    let mut page = AlignedPage::new();
+    for off in (0..data.len() as u64).step_by(4096) {
+        let r = f.read_at(page.buf(), off);
+        let bad = (bad_off..bad_off + 65536).contains(&off);
+        match r {
+            Ok(n) if !bad => {
+                assert_eq!(n, 4096);
+                assert!(
+                    page.buf()[..] == data[off as usize..off as usize + 4096],
+                    "at {off}"
+                );
+            }
+            Err(e) if bad => assert_eq!(errno(&e), libc::EIO, "at {off}"),
+            other => panic!("at {off} (bad={bad}): {other:?}"),
+        }
+    }
+    // Buffered reads elsewhere are unaffected; the bad range fails.
+    let fb = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    check_range(&fb, &data, 0, MIB);
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(
+        errno(&fb.read_at(&mut buf, bad_off + 8192).unwrap_err()),
+        libc::EIO
+    );
+    let st = m.client().status().unwrap();
+    assert!(st.reads.errors > 0);
+    let log = m.log();
+    let line = log
+        .lines()
+        .find(|l| l.contains(&chunk.to_string()))
+        .unwrap_or_else(|| panic!("no log line names chunk {chunk}:\n{log}"));
+    assert!(
+        line.contains("memory.bin") && line.contains(&rec.id.to_string()),
+        "{line}"
+    );
+    assert!(line.contains(&format!("offset={bad_off}")), "{line}");
+}
+
+/// A page-aligned 4 KiB buffer for O_DIRECT.
+struct AlignedPage(Box<[u8; 8192]>, usize);
+
+impl AlignedPage {
+    fn new() -> AlignedPage {
+        let b = Box::new([0u8; 8192]);
+        let skew = (4096 - (b.as_ptr() as usize % 4096)) % 4096;
+        AlignedPage(b, skew)
+    }
+    fn buf(&mut self) -> &mut [u8] {
+        let s = self.1;
+        &mut self.0[s..s + 4096]
+    }
+}
+
+#[test]
+fn delete_protocol_refuses_while_open() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(4, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], Some("del"));
+    let id = rec.id;
+    let m = ts.mount();
+    let mut c = m.client();
+
+    // A mapping keeps the file in use after its fd is closed (QEMU's case).
+    let f = File::open(m.file(&id, "memory.bin")).unwrap();
+    let map = Map::private(&f, d.len(), libc::PROT_READ);
+    drop(f);
+    assert_eq!(c.in_use(&id).unwrap(), 1);
+    let err = c.begin_delete(&id).unwrap_err();
+    match err.downcast_ref::<ControlError>() {
+        Some(ControlError::InUse { open_handles, .. }) => assert_eq!(*open_handles, 1),
+        other => panic!("expected InUse, got {other:?} ({err:#})"),
+    }
+    assert!(map.bytes()[..] == d[..]);
+    drop(map);
+    assert!(wait_for(Duration::from_secs(5), || c.in_use(&id).unwrap() == 0));
+
+    // Hidden while the deleter works; visible again if it did not delete.
+    c.begin_delete(&id).unwrap();
+    let e = File::open(m.file(&id, "memory.bin")).unwrap_err();
+    assert_eq!(errno(&e), libc::ENOENT);
+    assert!(!m.path("del").exists());
+    assert_eq!(c.status().unwrap().hidden, vec![id.to_string()]);
+    c.end_delete(&id, false).unwrap();
+    assert_eq!(std::fs::read(m.file(&id, "memory.bin")).unwrap(), d);
+
+    // The real thing.
+    c.begin_delete(&id).unwrap();
+    ts.store.delete_snapshot(&id).unwrap();
+    c.end_delete(&id, true).unwrap();
+    assert!(!m.file(&id, "memory.bin").exists());
+    assert!(!m.path(&format!("by-id/{id}")).exists());
+    assert_eq!(std::fs::read_dir(m.path("by-id")).unwrap().count(), 0);
+}
+
+#[test]
+fn record_then_prefetch() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(5, 16 * MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let id = rec.id;
+    let m = ts.mount();
+    let mut c = m.client();
+    let path = m.file(&id, "memory.bin");
+
+    c.record_start(&id, "memory.bin", true).unwrap();
+    let f = File::open(&path).unwrap();
+    let touched = [(MIB as u64, 4096usize), (9 * MIB as u64 + 8192, 100)];
+    for &(off, len) in &touched {
+        check_range(&f, &d, off, len);
+    }
+    drop(f);
+    let ranges = c.record_stop(&id, "memory.bin").unwrap();
+    for &(off, len) in &touched {
+        assert!(
+            ranges
+                .iter()
+                .any(|&(o, l)| o <= off && off + len as u64 <= o + l),
+            "{off}+{len} not in {ranges:?}"
+        );
+    }
+    assert!(
+        ranges.windows(2).all(|w| w[0].0 + w[0].1 < w[1].0),
+        "{ranges:?}"
+    );
+    let recorded: u64 = ranges.iter().map(|r| r.1).sum();
+    assert!(recorded < 8 * MIB as u64, "recorded {recorded} bytes");
+    assert!(c.record_stop(&id, "memory.bin").is_err());
+
+    // The writer stores the list with the snapshot; the mount serves it.
+    forkd_fs::prefetch::save_ranges(&ts.store, &id, "memory.bin", &ranges).unwrap();
+    assert_eq!(
+        c.stored_ranges(&id, "memory.bin").unwrap(),
+        Some(ranges.clone())
+    );
+
+    // Drop the cached pages, then prefetch with the CLI: exactly the
+    // recorded ranges become resident.
+    let f = File::open(&path).unwrap();
+    // SAFETY: fadvise on our fd.
+    unsafe {
+        libc::posix_fadvise(
+            std::os::unix::io::AsRawFd::as_raw_fd(&f),
+            0,
+            0,
+            libc::POSIX_FADV_DONTNEED,
+        )
+    };
+    let map = Map::private(&f, d.len(), libc::PROT_READ);
+    let before = map.resident().iter().filter(|&&r| r).count();
+    let out = std::process::Command::new(common::BIN)
+        .args(["prefetch", &id.to_string(), "--mount"])
+        .arg(&m.mountpoint)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("stored with the snapshot"), "{stdout}");
+    let res = map.resident();
+    for &(o, l) in &ranges {
+        for pg in (o / 4096)..(o + l).div_ceil(4096) {
+            assert!(res[pg as usize], "page {pg} not resident after prefetch");
+        }
+    }
+    assert!(before < res.iter().filter(|&&r| r).count());
+
+    // Control-socket prefetch (whole data extents when no list is given).
+    let bytes = c
+        .prefetch(&id, "memory.bin", Some(vec![(0, 65536)]), true)
+        .unwrap();
+    assert_eq!(bytes, 65536);
+    drop(map);
+}
+
+#[test]
+fn kill9_leaves_a_stale_mount_that_ensure_mounted_recovers() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(6, 2 * MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    let pid = m.note_pid();
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    // Already live: a second call is a no-op.
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    assert_eq!(m.note_pid(), pid);
+
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    assert!(wait_for(Duration::from_secs(5), || !alive(pid)));
+    assert_eq!(
+        nix::sys::statfs::statfs(&m.mountpoint).unwrap_err(),
+        nix::errno::Errno::ENOTCONN
+    );
+    assert_eq!(
+        mount::probe(&m.mountpoint, Duration::from_secs(2)),
+        mount::Probe::NotConnected
+    );
+    assert!(mount::mount_at(&m.mountpoint)
+        .unwrap()
+        .unwrap()
+        .is_forkd_fs());
+
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    let pid2 = m.note_pid();
+    assert_ne!(pid2, pid);
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let here = m.mountpoint.to_str().unwrap();
+    assert_eq!(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&format!(" {here} ")))
+            .count(),
+        1,
+        "the stale mount was not detached"
+    );
+}
+
+#[test]
+fn sigterm_unmounts_cleanly() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(7, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let term = |pid: i32| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGTERM).unwrap()
+    };
+
+    // Idle: unmounted, socket gone, process exits.
+    let mut m = ts.mount();
+    let pid = m.note_pid();
+    term(pid);
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(pid)),
+        "still running"
+    );
+    assert!(mount::mount_at(&m.mountpoint).unwrap().is_none());
+    assert!(!m.control.exists());
+
+    // Busy (a VM maps a file): detached at once, the open file keeps
+    // working, the process exits when it is closed.
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    let pid = m.note_pid();
+    let mut f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    term(pid);
+    assert!(wait_for(Duration::from_secs(5), || mount::mount_at(
+        &m.mountpoint
+    )
+    .unwrap()
+    .is_none()));
+    let mut back = Vec::new();
+    f.read_to_end(&mut back).unwrap();
+    assert_eq!(back, d);
+    assert!(alive(pid));
+    drop(f);
+    assert!(
+        wait_for(Duration::from_secs(5), || !alive(pid)),
+        "did not exit after close"
+    );
+
+    // And a new mount starts fine afterwards.
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    m.note_pid();
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    forkd_fs::unmount(&m.mountpoint).unwrap();
+    assert!(mount::mount_at(&m.mountpoint).unwrap().is_none());
+}
