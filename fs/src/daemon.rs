@@ -35,6 +35,13 @@ pub struct ServeOptions {
     pub threads: usize,
     /// Kernel readahead for the mount, KiB (written to the mount's bdi).
     pub readahead_kib: u32,
+    /// Largest FUSE read request, KiB (4..=1024). Smaller than the readahead
+    /// window, one window becomes several requests served in parallel.
+    pub max_read_kib: u32,
+    /// Take SIGTERM/SIGINT/SIGHUP (blocked beforehand with
+    /// [`block_signals`]) as the order to unmount. Off when a program serves
+    /// a mount in-process (fs-bench) and unmounts it itself.
+    pub handle_signals: bool,
 }
 
 /// Signals that end the process cleanly. Blocked in every thread (call
@@ -185,7 +192,11 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
     let shared = Shared::new(reader.view(), opts.store_dir.clone(), mp.clone());
 
     let (listener, sock_id) = bind_control(&opts.control_socket)?;
-    let fs = ForkdFs::new(shared.clone(), KernelTuning::default());
+    let tuning = KernelTuning {
+        max_read: opts.max_read_kib.clamp(4, 1024) << 10,
+        ..KernelTuning::default()
+    };
+    let fs = ForkdFs::new(shared.clone(), tuning);
     let session = Session::new(fs, &mp, &mount_config(opts.threads)).with_context(|| {
         format!(
             "mounting FUSE at {} (needs /dev/fuse, and root or fusermount3)",
@@ -209,15 +220,17 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
         .name("forkd-fs-control".into())
         .spawn(move || crate::control::serve(listener, sh))?;
 
-    let (sh, mp2, ctl) = (shared.clone(), mp.clone(), opts.control_socket.clone());
-    std::thread::Builder::new()
-        .name("forkd-fs-signals".into())
-        .spawn(move || loop {
-            if let Ok(sig) = shutdown_signals().wait() {
-                info!("{sig:?}: shutting down");
-                shutdown(&sh, &mp2, &ctl, sock_id);
-            }
-        })?;
+    if opts.handle_signals {
+        let (sh, mp2, ctl) = (shared.clone(), mp.clone(), opts.control_socket.clone());
+        std::thread::Builder::new()
+            .name("forkd-fs-signals".into())
+            .spawn(move || loop {
+                if let Ok(sig) = shutdown_signals().wait() {
+                    info!("{sig:?}: shutting down");
+                    shutdown(&sh, &mp2, &ctl, sock_id);
+                }
+            })?;
+    }
 
     set_readahead(&mp, opts.readahead_kib);
     // A request through the kernel proves the session loop is serving.

@@ -49,6 +49,10 @@ enum Cmd {
         /// Kernel readahead window of the mount, KiB.
         #[arg(long, default_value_t = 1024)]
         readahead_kib: u32,
+        /// Largest FUSE read request, KiB (a readahead window is split into
+        /// requests of this size, served in parallel).
+        #[arg(long, default_value_t = 256)]
+        max_read_kib: u32,
         /// Stay in the foreground, logging to stderr.
         #[arg(long)]
         foreground: bool,
@@ -141,6 +145,7 @@ fn run(cli: Cli) -> Result<()> {
             cache_mib,
             threads,
             readahead_kib,
+            max_read_kib,
             foreground,
             notify_ready,
         } => {
@@ -162,6 +167,8 @@ fn run(cli: Cli) -> Result<()> {
                 cache_bytes: cache_mib << 20,
                 threads,
                 readahead_kib,
+                max_read_kib,
+                handle_signals: true,
             };
             if foreground {
                 init_logging();
@@ -250,6 +257,8 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         .arg(opts.threads.to_string())
         .arg("--readahead-kib")
         .arg(opts.readahead_kib.to_string())
+        .arg("--max-read-kib")
+        .arg(opts.max_read_kib.to_string())
         .arg("--foreground")
         .arg("--notify-ready")
         .stdin(Stdio::null())

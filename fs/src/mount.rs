@@ -385,6 +385,10 @@ fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
         )
     })?;
     if !out.status.success() {
+        // Lost a race with another caller starting the same mount?
+        if let Ok(State::Live(_)) = state(mp, control) {
+            return Ok(());
+        }
         bail!(
             "`{} mount {}` failed ({}): {}",
             bin.display(),
