@@ -229,7 +229,18 @@ pub fn abort_connection(entry: &MountEntry) -> Result<()> {
         .split(':')
         .nth(1)
         .ok_or_else(|| anyhow!("bad device {} in mountinfo", entry.dev))?;
-    let p = PathBuf::from(format!("/sys/fs/fuse/connections/{minor}/abort"));
+    let dir = Path::new("/sys/fs/fuse/connections");
+    let p = dir.join(minor).join("abort");
+    if !p.exists() {
+        // fusectl is not always mounted (systemd usually does it).
+        let _ = nix::mount::mount(
+            Some("fusectl"),
+            dir,
+            Some("fusectl"),
+            nix::mount::MsFlags::empty(),
+            None::<&str>,
+        );
+    }
     std::fs::write(&p, b"1").with_context(|| format!("writing {}", p.display()))
 }
 
@@ -238,7 +249,11 @@ pub fn abort_connection(entry: &MountEntry) -> Result<()> {
 /// of a page that was not cached: nothing can serve it any more.
 pub fn recover_stale(mountpoint: &Path, entry: &MountEntry, hung: bool) -> Result<()> {
     if hung {
-        abort_connection(entry)?;
+        if let Err(e) = abort_connection(entry) {
+            // Detaching still frees the mount point; the hung connection
+            // lingers until its daemon dies.
+            tracing::warn!("could not abort the hung FUSE connection: {e:#}");
+        }
     }
     sys_unmount(mountpoint, true).with_context(|| {
         format!(

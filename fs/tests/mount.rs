@@ -498,6 +498,31 @@ fn kill9_leaves_a_stale_mount_that_ensure_mounted_recovers() {
 }
 
 #[test]
+fn a_hung_daemon_is_aborted_and_replaced() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(8, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    let pid = m.note_pid();
+    let stop = nix::sys::signal::Signal::SIGSTOP;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), stop).unwrap();
+    assert_eq!(
+        mount::probe(&m.mountpoint, Duration::from_millis(300)),
+        mount::Probe::Hung
+    );
+
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    let pid2 = m.note_pid();
+    assert_ne!(pid2, pid);
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+}
+
+#[test]
 fn sigterm_unmounts_cleanly() {
     if no_fuse() {
         return;
