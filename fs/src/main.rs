@@ -107,7 +107,7 @@ enum Cmd {
 
 fn init_logging() {
     let filter = tracing_subscriber::EnvFilter::try_from_env("FORKD_FS_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=warn"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,fuser=error"));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
