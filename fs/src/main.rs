@@ -227,6 +227,9 @@ fn notify_parent() {
     }
 }
 
+/// How long the daemon may take to report the mount live.
+const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Re-executes this program in the foreground in a new session, logging to
 /// the log file, and returns once it reports the mount live (or fails with
 /// the tail of its log).
@@ -273,9 +276,20 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         });
     }
     let mut child = cmd.spawn().context("starting the forkd-fs daemon")?;
-    let mut line = String::new();
     let stdout = child.stdout.take().expect("piped stdout");
-    BufReader::new(stdout).read_line(&mut line)?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = BufReader::new(stdout).read_line(&mut line);
+        let _ = tx.send(line);
+    });
+    let line = match rx.recv_timeout(READY_TIMEOUT) {
+        Ok(line) => line,
+        Err(_) => {
+            let _ = child.kill();
+            String::new()
+        }
+    };
     if line.starts_with("ready") {
         println!("{}", line.trim());
         return Ok(());
@@ -287,7 +301,9 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         let _ = f.read_to_string(&mut tail);
     }
     bail!(
-        "the forkd-fs daemon exited ({status}) before the mount was live; its log ({}):\n{}",
+        "the forkd-fs daemon exited ({status}) before the mount was live (or was killed after {}s without \
+         reporting it live); its log ({}):\n{}",
+        READY_TIMEOUT.as_secs(),
         log_path.display(),
         tail.trim()
     )
