@@ -38,6 +38,7 @@ mod stats;
 mod store;
 pub mod synth;
 mod tag;
+mod transfer;
 mod verify;
 mod view;
 
@@ -59,6 +60,10 @@ pub use snapshot::{FileRef, NewSnapshot, SnapshotRecord};
 pub use stats::{DiffReport, FileDiff, FileStatus, Stats};
 pub use store::{db_dir, packs_dir, DeleteReport, Store, StoreOptions};
 pub use tag::{is_valid_file_name, validate_tag, TagError, MAX_TAG_LEN};
+pub use transfer::{
+    decode_manifest, decode_record, ChunkImport, StoredChunk, VerifiedChunk, MAX_MANIFEST_BYTES,
+    MAX_MANIFEST_SLOTS, MAX_RECORD_BYTES, MAX_RECORD_FILES,
+};
 pub use verify::{BadChunk, ChunkUser, VerifyReport};
 pub use view::StoreView;
 

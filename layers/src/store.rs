@@ -234,7 +234,7 @@ impl Store {
     /// Builds the refcount changes for `uses` (manifest → number of file
     /// references added (`add`) or removed). A manifest's chunks gain a
     /// reference when the manifest goes 0→n and lose it when it goes n→0.
-    fn refcount_batch(
+    pub(crate) fn refcount_batch(
         &self,
         uses: &BTreeMap<ManifestId, i64>,
         add: bool,
@@ -393,9 +393,9 @@ impl Store {
 
 /// Manifests and chunks whose refcount reached zero in a batch.
 #[derive(Default)]
-struct Released {
-    manifests: u64,
-    chunks: Vec<ChunkId>,
+pub(crate) struct Released {
+    pub(crate) manifests: u64,
+    pub(crate) chunks: Vec<ChunkId>,
 }
 
 /// Writes a refcount, deleting the key at zero (absent means zero).
