@@ -1,0 +1,179 @@
+//! The client of an HTTP(S) hub served by `forkd hub serve`.
+//!
+//! Protocol (all under the hub URL, bearer token in `Authorization` when
+//! the hub requires one):
+//! - `GET /v1/objects/<object path>`: the object, or 404;
+//! - `PUT /v1/objects/<object path>`: stores it; the server verifies it
+//!   first (chunk hash, manifest hash and chunks, record's manifests and
+//!   parent, tag's snapshot) and answers 409 with the reason otherwise;
+//! - `POST /v1/has` `{"keys": [paths]}` → `{"have": [bool]}`: the batched
+//!   have/want query, up to [`MAX_HAS_KEYS`] keys per request.
+
+use super::layout::Key;
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use reqwest::{header, Client, StatusCode, Url};
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// Keys per `/v1/has` request.
+pub const MAX_HAS_KEYS: usize = 8192;
+
+/// Body of `POST /v1/has`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HasRequest {
+    pub keys: Vec<String>,
+}
+
+/// Answer of `POST /v1/has`: one flag per requested key.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct HasResponse {
+    pub have: Vec<bool>,
+}
+
+/// An HTTP hub.
+#[derive(Clone)]
+pub struct HttpHub {
+    base: Url,
+    client: Client,
+    token: Option<String>,
+    shown: String,
+}
+
+impl HttpHub {
+    /// A client for the hub at `base` (`http://host:port` or `https://...`).
+    pub fn new(base: &str, token: Option<String>) -> Result<HttpHub> {
+        let shown = base.trim_end_matches('/').to_string();
+        let mut base: Url = base
+            .parse()
+            .with_context(|| format!("invalid hub URL {base:?}"))?;
+        if !base.path().ends_with('/') {
+            base.set_path(&format!("{}/", base.path()));
+        }
+        let client = Client::builder()
+            .connect_timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(300))
+            .user_agent(concat!("forkd/", env!("CARGO_PKG_VERSION")))
+            .build()
+            .context("building the HTTP client")?;
+        Ok(HttpHub {
+            base,
+            client,
+            token,
+            shown,
+        })
+    }
+
+    /// The hub URL as given.
+    pub fn url_str(&self) -> &str {
+        &self.shown
+    }
+
+    fn url(&self, rel: &str) -> Url {
+        self.base.join(rel).expect("relative hub paths join")
+    }
+
+    fn auth(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
+        }
+    }
+
+    /// Fetches an object, refusing bodies over the kind's size limit.
+    pub async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
+        let url = self.url(&format!("v1/objects/{}", key.path()));
+        let mut resp = self
+            .auth(self.client.get(url.clone()))
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        check(resp.status(), &url, &mut resp).await?;
+        let limit = key.max_len();
+        if resp.content_length().is_some_and(|n| n > limit) {
+            bail!("{key} from {url} is over the {limit}-byte limit for its kind");
+        }
+        let mut buf = Vec::new();
+        while let Some(part) = resp.chunk().await.with_context(|| format!("GET {url}"))? {
+            if (buf.len() + part.len()) as u64 > limit {
+                bail!("{key} from {url} is over the {limit}-byte limit for its kind");
+            }
+            buf.extend_from_slice(&part);
+        }
+        Ok(Some(Bytes::from(buf)))
+    }
+
+    /// Stores an object; the server verifies it before accepting.
+    pub async fn put(&self, key: &Key, data: Bytes) -> Result<()> {
+        let url = self.url(&format!("v1/objects/{}", key.path()));
+        let mut resp = self
+            .auth(self.client.put(url.clone()))
+            .header(header::CONTENT_TYPE, "application/octet-stream")
+            .body(data)
+            .send()
+            .await
+            .with_context(|| format!("PUT {url}"))?;
+        check(resp.status(), &url, &mut resp).await
+    }
+
+    /// Which of `keys` the hub has, [`MAX_HAS_KEYS`] per request.
+    pub async fn has(&self, keys: &[Key]) -> Result<Vec<bool>> {
+        let url = self.url("v1/has");
+        let mut out = Vec::with_capacity(keys.len());
+        for part in keys.chunks(MAX_HAS_KEYS) {
+            let body = HasRequest {
+                keys: part.iter().map(Key::path).collect(),
+            };
+            let mut resp = self
+                .auth(self.client.post(url.clone()))
+                .json(&body)
+                .send()
+                .await
+                .with_context(|| format!("POST {url}"))?;
+            check(resp.status(), &url, &mut resp).await?;
+            let have: HasResponse = resp
+                .json()
+                .await
+                .with_context(|| format!("decoding the answer of POST {url}"))?;
+            if have.have.len() != part.len() {
+                bail!(
+                    "hub {url} answered {} flags for {} keys",
+                    have.have.len(),
+                    part.len()
+                );
+            }
+            out.extend(have.have);
+        }
+        Ok(out)
+    }
+}
+
+/// Turns a non-success status into an error carrying the server's reason.
+async fn check(status: StatusCode, url: &Url, resp: &mut reqwest::Response) -> Result<()> {
+    if status.is_success() {
+        return Ok(());
+    }
+    let mut body = Vec::new();
+    while let Ok(Some(part)) = resp.chunk().await {
+        body.extend_from_slice(&part);
+        if body.len() > 4096 {
+            break;
+        }
+    }
+    let text = String::from_utf8_lossy(&body);
+    let reason = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("error")?.as_str().map(str::to_string))
+        .unwrap_or_else(|| text.trim().chars().take(300).collect());
+    let hint = match status {
+        StatusCode::UNAUTHORIZED => {
+            " (the hub needs a bearer token: pass --token-file or set FORKD_HUB_TOKEN)"
+        }
+        StatusCode::FORBIDDEN => " (the hub refused: read-only, or the token is wrong)",
+        _ => "",
+    };
+    Err(anyhow!("{url}: HTTP {status}: {reason}{hint}"))
+}
