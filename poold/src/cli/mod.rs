@@ -1,6 +1,7 @@
 //! The `forkd` command line. Each subcommand lives in its own module; errors
 //! print as one line (`error: what: why`) without a backtrace.
 
+pub mod hub;
 pub mod image;
 pub mod run;
 
@@ -30,6 +31,17 @@ pub enum Command {
     /// Build and list guest images.
     #[command(subcommand)]
     Image(image::ImageCmd),
+    /// Upload a snapshot, and whatever of its parent chain the hub lacks, to a hub.
+    Push(hub::PushArgs),
+    /// Download a snapshot, and whatever of its parent chain is missing, from a hub.
+    Pull(hub::PullArgs),
+    /// Write a snapshot and its parent chain into one self-contained file.
+    Pack(hub::PackArgs),
+    /// Verify and import a file written by `forkd pack`.
+    Unpack(hub::UnpackArgs),
+    /// Serve a snapshot hub over HTTP, or benchmark hub transfers.
+    #[command(subcommand)]
+    Hub(hub::HubCmd),
 }
 
 impl Cli {
@@ -54,6 +66,11 @@ pub fn main() -> ExitCode {
         match cli.cmd {
             Command::Run(a) => run::run(&paths, a).await,
             Command::Image(c) => image::run(&paths, c).await.map(|()| 0),
+            Command::Push(a) => hub::push(&paths, a).await.map(|()| 0),
+            Command::Pull(a) => hub::pull(&paths, a).await.map(|()| 0),
+            Command::Pack(a) => hub::pack(&paths, a).await.map(|()| 0),
+            Command::Unpack(a) => hub::unpack(&paths, a).await.map(|()| 0),
+            Command::Hub(c) => hub::run(&paths, c).await.map(|()| 0),
         }
     });
     match result {

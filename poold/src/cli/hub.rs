@@ -1,0 +1,302 @@
+//! `forkd push|pull|pack|unpack` and `forkd hub serve|bench`: the snapshot
+//! hub from the command line (see docs/hub.md).
+
+use crate::hub::{self, bench, pack, progress::mib, server, Hub, PullOptions, PushOptions};
+use crate::paths::Paths;
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use forkd_layers::{Store, StoreOptions};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// Options every transfer takes.
+#[derive(Args, Debug, Clone)]
+pub struct TransferArgs {
+    /// Bearer token for an HTTP hub (first line of the file; default $FORKD_HUB_TOKEN).
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Concurrent object transfers (default: 4 for file hubs, 16 for HTTP and S3).
+    #[arg(long)]
+    pub jobs: Option<usize>,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct PushArgs {
+    /// Snapshot tag (or id) in the local store.
+    pub tag: String,
+    /// file:///DIR, http(s)://HOST:PORT or s3://BUCKET/PREFIX.
+    pub hub: String,
+    /// Tag to set on the hub (default: TAG).
+    #[arg(long = "as", value_name = "HUBTAG")]
+    pub as_tag: Option<String>,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// file:///DIR, http(s)://HOST:PORT or s3://BUCKET/PREFIX.
+    pub hub: String,
+    /// Tag (or snapshot id) on the hub.
+    pub tag: String,
+    /// Local tag to set (default: TAG).
+    #[arg(long = "as", value_name = "NEWTAG")]
+    pub as_tag: Option<String>,
+    /// Move the local tag if it points at another snapshot.
+    #[arg(long)]
+    pub force: bool,
+    /// Refuse, before transferring, a snapshot whose QEMU version or machine differs from this host.
+    #[arg(long)]
+    pub strict: bool,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PackArgs {
+    /// Snapshot tag (or id) in the local store.
+    pub tag: String,
+    /// The pack file to write.
+    #[arg(long, short)]
+    pub output: PathBuf,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct UnpackArgs {
+    /// A pack written by `forkd pack`.
+    pub file: PathBuf,
+    /// Local tag to set (default: the tag the pack was made from).
+    #[arg(long = "as", value_name = "NEWTAG")]
+    pub as_tag: Option<String>,
+    /// Move the local tag if it points at another snapshot.
+    #[arg(long)]
+    pub force: bool,
+    /// Refuse a snapshot whose QEMU version or machine differs from this host.
+    #[arg(long)]
+    pub strict: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum HubCmd {
+    /// Serve a hub directory over HTTP for push and pull.
+    Serve {
+        /// The hub directory (created if missing).
+        dir: PathBuf,
+        /// Address to listen on; a non-loopback address needs --token-file.
+        #[arg(long, default_value = "127.0.0.1:7443")]
+        bind: SocketAddr,
+        /// File whose first line is the bearer token clients must present.
+        #[arg(long)]
+        token_file: Option<PathBuf>,
+        /// Refuse every write (serve pulls only).
+        #[arg(long)]
+        read_only: bool,
+    },
+    /// Measure push/pull throughput and bytes moved for a base and a chain head.
+    Bench {
+        /// The base snapshot (tag or id).
+        #[arg(long)]
+        base: String,
+        /// A descendant of the base (tag or id).
+        #[arg(long)]
+        head: String,
+        /// Hub to use: a URL, or `serve` for a scratch `forkd hub serve` on
+        /// 127.0.0.1 (default: a scratch file:// hub).
+        #[arg(long)]
+        hub: Option<String>,
+        #[command(flatten)]
+        transfer: TransferArgs,
+    },
+}
+
+fn open_store(paths: &Paths) -> Result<Arc<Store>> {
+    let dir = paths.store_dir();
+    let store = Store::open(&dir, StoreOptions::default())
+        .with_context(|| format!("opening the layer store at {}", dir.display()))?;
+    Ok(Arc::new(store))
+}
+
+fn secs(d: std::time::Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
+    let store = open_store(paths)?;
+    let hub = Hub::open(&a.hub, hub::read_token(a.transfer.token_file.as_ref())?)?;
+    let opts = PushOptions {
+        hub_tag: a.as_tag,
+        jobs: a.transfer.jobs,
+        quiet: a.transfer.quiet,
+    };
+    let r = hub::push(store, &a.tag, &hub, &opts).await?;
+    println!(
+        "pushed {} to {}: {} of {} chunks sent ({} stored, {} on the wire), {} manifests, {} snapshot records in {:.1}s",
+        a.tag,
+        hub.describe(),
+        r.chunks,
+        r.chunks_total,
+        mib(r.stored_bytes),
+        mib(r.wire_bytes),
+        r.manifests,
+        r.snapshots,
+        secs(r.elapsed)
+    );
+    Ok(())
+}
+
+pub async fn pull(paths: &Paths, a: PullArgs) -> Result<()> {
+    let store = open_store(paths)?;
+    let hub = Hub::open(&a.hub, hub::read_token(a.transfer.token_file.as_ref())?)?;
+    let opts = PullOptions {
+        as_tag: a.as_tag,
+        force: a.force,
+        strict: a.strict,
+        jobs: a.transfer.jobs,
+        quiet: a.transfer.quiet,
+        on_chunks: None,
+    };
+    let r = hub::pull(store, &hub, &a.tag, &opts).await?;
+    print_pull(&a.tag, &hub, &r);
+    Ok(())
+}
+
+fn print_pull(what: &str, hub: &Hub, r: &hub::TransferReport) {
+    println!(
+        "pulled {what} (snapshot {}) from {}: {} of {} chunks fetched ({} raw, {} on the wire), {} manifests, {} snapshot records in {:.1}s",
+        r.snapshot,
+        hub.describe(),
+        r.chunks,
+        r.chunks_total,
+        mib(r.raw_bytes),
+        mib(r.wire_bytes),
+        r.manifests,
+        r.snapshots,
+        secs(r.elapsed)
+    );
+}
+
+pub async fn pack(paths: &Paths, a: PackArgs) -> Result<()> {
+    let store = open_store(paths)?;
+    let rec = store
+        .resolve(&a.tag)?
+        .with_context(|| format!("no snapshot or tag '{}' in the local store", a.tag))?;
+    let tag = store.tag(&a.tag)?.is_some().then(|| a.tag.clone());
+    let out = a.output.clone();
+    let quiet = a.quiet;
+    let summary = hub::blocking(move || {
+        let progress = hub::progress::Progress::new("pack", quiet);
+        let s = pack::write_pack(&store, &rec.id, tag.as_deref(), &out, &progress);
+        progress.finish();
+        s
+    })
+    .await?;
+    println!(
+        "packed {} into {}: {} snapshot records, {} manifests, {} chunks, {}",
+        a.tag,
+        a.output.display(),
+        summary.snapshots,
+        summary.manifests,
+        summary.chunks,
+        mib(summary.bytes)
+    );
+    Ok(())
+}
+
+pub async fn unpack(paths: &Paths, a: UnpackArgs) -> Result<()> {
+    let store = open_store(paths)?;
+    let hub = Hub::open_pack(&a.file)?;
+    let Hub::Pack(reader) = &hub else {
+        unreachable!("open_pack returns a pack")
+    };
+    let as_tag = a.as_tag.or_else(|| reader.tag.clone());
+    let head = reader.snapshot.to_string();
+    let opts = PullOptions {
+        as_tag,
+        force: a.force,
+        strict: a.strict,
+        jobs: None,
+        quiet: a.quiet,
+        on_chunks: None,
+    };
+    let r = hub::pull(store, &hub, &head, &opts).await?;
+    print_pull(&a.file.display().to_string(), &hub, &r);
+    Ok(())
+}
+
+pub async fn run(paths: &Paths, cmd: HubCmd) -> Result<()> {
+    match cmd {
+        HubCmd::Serve {
+            dir,
+            bind,
+            token_file,
+            read_only,
+        } => {
+            let token = match &token_file {
+                Some(f) => {
+                    warn_if_readable(f);
+                    hub::read_token(Some(f))?
+                }
+                None => None,
+            };
+            let dir = std::path::absolute(&dir)
+                .with_context(|| format!("resolving {}", dir.display()))?;
+            let shown = dir.clone();
+            let opts = server::ServeOptions {
+                dir,
+                bind,
+                token,
+                read_only,
+            };
+            server::serve(opts, |addr| {
+                println!(
+                    "forkd hub: serving {} on http://{addr}{}",
+                    shown.display(),
+                    if read_only { " (read-only)" } else { "" }
+                );
+            })
+            .await
+        }
+        HubCmd::Bench {
+            base,
+            head,
+            hub,
+            transfer,
+        } => {
+            let store = open_store(paths)?;
+            let opts = bench::BenchOptions {
+                base,
+                head,
+                hub,
+                token: hub::read_token(transfer.token_file.as_ref())?,
+                jobs: transfer.jobs,
+                work_dir: paths.staging_dir(),
+            };
+            let result = bench::run(store, &opts).await?;
+            print!("{}", result.render());
+            Ok(())
+        }
+    }
+}
+
+/// Tokens belong in files only their owner can read.
+fn warn_if_readable(f: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = std::fs::metadata(f) {
+        if m.permissions().mode() & 0o077 != 0 {
+            eprintln!(
+                "warning: token file {} is readable by other users; chmod 600 it",
+                f.display()
+            );
+        }
+    }
+}
