@@ -8,6 +8,7 @@
 # Steps:
 #   1. host packages: QEMU >= 10 (from bookworm-backports on Debian 12, derived
 #      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build tools
+#      (and s3s-fs from crates.io, the S3 server the hub tests start)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)
 #   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
 #   4. the guest initramfs (scripts/build-guest.sh)
@@ -115,6 +116,19 @@ install_packages() {
   note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed"
 }
 
+# The S3-compatible server the snapshot hub tests run against (docs/hub.md):
+# s3s-fs from crates.io, pinned (newer releases need a newer Rust). Needs cargo.
+S3S_FS_VERSION=0.14.1
+install_test_s3_server() {
+  if /usr/local/bin/s3s-fs --version 2>/dev/null | grep -q "$S3S_FS_VERSION"; then
+    note "s3s-fs $S3S_FS_VERSION already installed (hub tests)"
+    return
+  fi
+  say "Installing s3s-fs $S3S_FS_VERSION (S3 server for the hub tests)"
+  cargo install --quiet --locked s3s-fs --version "$S3S_FS_VERSION" --features binary --root /usr/local
+  note "installed /usr/local/bin/s3s-fs"
+}
+
 check_rust() {
   command -v cargo >/dev/null || die "cargo not found: install Rust >= 1.85 with rustup (https://rustup.rs), then re-run"
   local v; v=$(rustc --version | awk '{print $2}')
@@ -146,6 +160,7 @@ build_images() {
 say "forkd setup (data dir: $FORKD_HOME)"
 install_packages
 check_rust
+install_test_s3_server
 mkdir -p "$FORKD_HOME"
 "$REPO_ROOT/scripts/fetch-kernel.sh"
 build_workspace

@@ -1,0 +1,701 @@
+//! Snapshot hub tests against real hubs: a `file://` directory, a real
+//! `forkd hub serve` process on 127.0.0.1, and a real S3-compatible server
+//! (s3s-fs) on 127.0.0.1. Snapshots are synthetic (no VMs): a guest-memory
+//! -like `memory.bin`, a `vmstate` and a `rootfs.img`, and a chain head that
+//! shares most chunks with its base.
+
+use forkd_layers::{synth, IngestOptions, NewSnapshot, SnapshotId, Store, StoreOptions};
+use poold::hub::pack::{PackIndex, PackReader, FOOTER_LEN, FOOTER_MAGIC};
+use poold::hub::{layout::Key, pull, push, Hub, PullOptions, PushOptions};
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const MEM: u64 = 16 << 20;
+
+fn open(dir: &Path) -> Arc<Store> {
+    Arc::new(Store::open(dir, StoreOptions::default()).unwrap())
+}
+
+/// A store holding `base` and `head` (a child of base with dirty memory
+/// pages, a new vmstate and the same rootfs).
+struct Fixture {
+    _dir: tempfile::TempDir,
+    store: Arc<Store>,
+    base: SnapshotId,
+    head: SnapshotId,
+}
+
+fn fixture(chunk_size: u32) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(
+        Store::open(
+            &dir.path().join("store"),
+            StoreOptions {
+                chunk_size,
+                ..Default::default()
+            },
+        )
+        .unwrap(),
+    );
+    let mem = dir.path().join("memory.bin");
+    let f = std::fs::File::create(&mem).unwrap();
+    f.set_len(MEM).unwrap();
+    synth::guest_memory(11, MEM, |off, page| {
+        std::os::unix::fs::FileExt::write_all_at(&f, page, off).unwrap()
+    });
+    let config = serde_json::json!({"qemu_version": "10.0.2", "machine_signature": "test"});
+    let rootfs = synth::mixed_file(5, 3 << 20, 65536);
+    let ing = |r: &[u8]| store.ingest_reader(r, &IngestOptions::default()).unwrap();
+    let base_mem = store.ingest_file(&mem, &IngestOptions::default()).unwrap();
+    let files = BTreeMap::from([
+        ("memory.bin".to_string(), base_mem.file_ref()),
+        (
+            "vmstate".to_string(),
+            ing(&synth::mixed_file(6, 70_000, 4096)).file_ref(),
+        ),
+        ("rootfs.img".to_string(), ing(&rootfs).file_ref()),
+    ]);
+    let base = store
+        .commit_snapshot(NewSnapshot {
+            files: files.clone(),
+            config: config.clone(),
+            tag: Some("base".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    // The head: 48 scattered pages rewritten.
+    let mut dirty = Vec::new();
+    let mut rng = synth::SplitMix64(99);
+    for _ in 0..48 {
+        let off = rng.below(MEM / 4096) * 4096;
+        let mut page = vec![0u8; 4096];
+        synth::fill_page(&mut rng, synth::PageKind::Code, &mut page);
+        std::os::unix::fs::FileExt::write_all_at(&f, &page, off).unwrap();
+        dirty.push(off..off + 4096);
+    }
+    let head_mem = store
+        .ingest_file(
+            &mem,
+            &IngestOptions {
+                base: Some(base_mem.manifest),
+                dirty: Some(dirty),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+    let mut files = files;
+    files.insert("memory.bin".into(), head_mem.file_ref());
+    files.insert(
+        "vmstate".into(),
+        ing(&synth::mixed_file(7, 70_000, 4096)).file_ref(),
+    );
+    let head = store
+        .commit_snapshot(NewSnapshot {
+            parent: Some(base.id),
+            files,
+            config,
+            tag: Some("head".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    Fixture {
+        _dir: dir,
+        store,
+        base: base.id,
+        head: head.id,
+    }
+}
+
+fn read_all(store: &Store, id: &SnapshotId, name: &str) -> Vec<u8> {
+    let f = store.open_file(id, name).unwrap();
+    let mut buf = vec![0u8; f.size() as usize];
+    f.read_exact_at(&mut buf, 0).unwrap();
+    buf
+}
+
+/// `dst` has snapshot `id` with the same record and byte-identical files.
+fn assert_same(src: &Store, dst: &Store, id: &SnapshotId) {
+    let rec = src.snapshot(id).unwrap().unwrap();
+    assert_eq!(dst.snapshot(id).unwrap().as_ref(), Some(&rec));
+    for name in rec.files.keys() {
+        assert!(
+            read_all(src, id, name) == read_all(dst, id, name),
+            "{name} differs"
+        );
+    }
+}
+
+fn quiet_push() -> PushOptions {
+    PushOptions {
+        quiet: true,
+        ..Default::default()
+    }
+}
+
+fn quiet_pull() -> PullOptions {
+    PullOptions {
+        quiet: true,
+        ..Default::default()
+    }
+}
+
+/// The issue's scenario on any hub: push base, push head (only the head's
+/// unique chunks move), pull into an empty store (byte-exact), pull the head
+/// into a store that has the base (only unique chunks move).
+async fn scenario(hub: &Hub, fx: &Fixture) {
+    let src = &fx.store;
+    let base_rec = src.snapshot(&fx.base).unwrap().unwrap();
+    let base_chunks = src.snapshot_chunks(&base_rec).unwrap().len() as u64;
+    let r = push(src.clone(), "base", hub, &quiet_push()).await.unwrap();
+    assert_eq!((r.chunks, r.snapshots), (base_chunks, 1));
+    let diff = src.diff(&fx.base, &fx.head).unwrap();
+    assert!(diff.new_chunks > 0 && diff.new_chunks < base_chunks / 4);
+    let r = push(src.clone(), "head", hub, &quiet_push()).await.unwrap();
+    assert_eq!(
+        r.chunks, diff.new_chunks,
+        "second push moves only the head's chunks"
+    );
+    assert_eq!(r.stored_bytes, diff.new_stored_bytes);
+    assert_eq!(r.raw_bytes, diff.new_raw_bytes);
+    assert_eq!(r.snapshots, 1);
+    // Pushing again moves nothing.
+    let r = push(src.clone(), "head", hub, &quiet_push()).await.unwrap();
+    assert_eq!((r.chunks, r.snapshots, r.manifests), (0, 0, 0));
+
+    // Pull the head into an empty store: the whole chain arrives, ids kept.
+    let d1 = tempfile::tempdir().unwrap();
+    let s1 = open(d1.path());
+    let r = pull(s1.clone(), hub, "head", &quiet_pull()).await.unwrap();
+    assert_eq!(r.snapshots, 2);
+    assert_eq!(r.stored_bytes, src.stats().unwrap().live_stored_bytes);
+    assert_same(src, &s1, &fx.head);
+    assert_same(src, &s1, &fx.base);
+    assert_eq!(s1.tag("head").unwrap(), Some(fx.head));
+    assert_eq!(s1.ancestors(&fx.head).unwrap(), vec![fx.base]);
+    assert!(s1.verify().unwrap().is_ok());
+    // Pulling again moves nothing.
+    let r = pull(s1.clone(), hub, "head", &quiet_pull()).await.unwrap();
+    assert_eq!((r.chunks, r.snapshots), (0, 0));
+
+    // A store that has the base fetches only the head's unique chunks.
+    let d2 = tempfile::tempdir().unwrap();
+    let s2 = open(d2.path());
+    pull(s2.clone(), hub, "base", &quiet_pull()).await.unwrap();
+    let opts = PullOptions {
+        as_tag: Some("renamed".into()),
+        ..quiet_pull()
+    };
+    let r = pull(s2.clone(), hub, "head", &opts).await.unwrap();
+    assert_eq!(
+        r.chunks, diff.new_chunks,
+        "only the head's unique chunks move"
+    );
+    assert_eq!(r.stored_bytes, diff.new_stored_bytes);
+    assert_eq!(r.snapshots, 1);
+    assert_same(src, &s2, &fx.head);
+    assert_eq!(s2.tag("renamed").unwrap(), Some(fx.head));
+    assert!(s2.verify().unwrap().is_ok());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_hub_moves_only_missing_chunks() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
+    scenario(&hub, &fx).await;
+    // Layout: records and tags by name, chunks fanned out by id.
+    assert!(dir
+        .path()
+        .join(format!("snapshots/{}.json", fx.head))
+        .is_file());
+    assert!(dir.path().join("tags/head").is_file());
+    assert!(Hub::open("file://relative", None).is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flipped_byte_in_hub_chunk_fails_cleanly() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
+    push(fx.store.clone(), "head", &hub, &quiet_push())
+        .await
+        .unwrap();
+    // Corrupt one chunk of the head that is not in the base.
+    let head = fx.store.snapshot(&fx.head).unwrap().unwrap();
+    let base = fx.store.snapshot(&fx.base).unwrap().unwrap();
+    let in_base = fx.store.snapshot_chunks(&base).unwrap();
+    let victim = fx
+        .store
+        .snapshot_chunks(&head)
+        .unwrap()
+        .into_iter()
+        .find(|c| !in_base.contains(c))
+        .unwrap();
+    let path = dir.path().join(Key::Chunk(victim).path());
+    let mut b = std::fs::read(&path).unwrap();
+    let n = b.len();
+    b[n - 7] ^= 0x40;
+    std::fs::write(&path, b).unwrap();
+
+    for have_base in [false, true] {
+        let d = tempfile::tempdir().unwrap();
+        let s = open(d.path());
+        if have_base {
+            pull(s.clone(), &hub, &fx.base.to_string(), &quiet_pull())
+                .await
+                .unwrap();
+        }
+        let before = s.stats().unwrap();
+        let snaps = s.list_snapshots().unwrap();
+        let e = pull(s.clone(), &hub, "head", &quiet_pull())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&victim.to_string()), "{e}");
+        assert!(e.contains("failed verification"), "{e}");
+        let after = s.stats().unwrap();
+        assert_eq!(s.list_snapshots().unwrap(), snaps, "no snapshot committed");
+        assert_eq!(
+            (after.chunks, after.manifests),
+            (before.chunks, before.manifests)
+        );
+        assert_eq!(s.tag("head").unwrap(), None);
+        assert!(s.verify().unwrap().is_ok());
+    }
+}
+
+/// Runs in a child process (see `killed_pull_resumes`): pulls and SIGKILLs
+/// itself right after the first durable import batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "helper run by killed_pull_resumes in a child process"]
+async fn kill_child() {
+    let (Ok(hub), Ok(store)) = (
+        std::env::var("HUB_KILL_HUB"),
+        std::env::var("HUB_KILL_STORE"),
+    ) else {
+        return;
+    };
+    let hub = Hub::open(&hub, None).unwrap();
+    let opts = PullOptions {
+        on_chunks: Some(Arc::new(|n| {
+            if n > 0 {
+                unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
+            }
+        })),
+        jobs: Some(2),
+        ..quiet_pull()
+    };
+    pull(open(Path::new(&store)), &hub, "head", &opts)
+        .await
+        .unwrap();
+    panic!("the pull should have been killed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_pull_resumes() {
+    // 16 KiB chunks: ~600 chunks, several durable import batches.
+    let fx = fixture(16384);
+    let dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", dir.path().display());
+    let hub = Hub::open(&url, None).unwrap();
+    let pushed = push(fx.store.clone(), "head", &hub, &quiet_push())
+        .await
+        .unwrap();
+    assert!(pushed.chunks > 400, "{}", pushed.chunks);
+
+    let dst = tempfile::tempdir().unwrap();
+    let status = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "kill_child", "--ignored", "--nocapture"])
+        .env("HUB_KILL_HUB", &url)
+        .env("HUB_KILL_STORE", dst.path())
+        .status()
+        .unwrap();
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+
+    let s = open(dst.path());
+    assert!(s.verify().unwrap().is_ok(), "consistent after kill -9");
+    assert!(s.list_snapshots().unwrap().is_empty(), "nothing committed");
+    let kept = s.stats().unwrap().chunks;
+    assert!(kept > 0 && kept < pushed.chunks, "{kept}");
+    let r = pull(s.clone(), &hub, "head", &quiet_pull()).await.unwrap();
+    assert_eq!(r.chunks, pushed.chunks - kept, "the re-run resumes");
+    assert_same(&fx.store, &s, &fx.head);
+    assert!(s.verify().unwrap().is_ok());
+}
+
+/// A child process killed when dropped.
+struct Proc(Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn forkd() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_forkd"))
+}
+
+/// Starts `forkd hub serve DIR --bind 127.0.0.1:0 --token-file F`; returns
+/// the process and its URL.
+fn start_hub_server(dir: &Path, token_file: &Path) -> (Proc, String) {
+    let mut child = forkd()
+        .args(["hub", "serve"])
+        .arg(dir)
+        .args(["--bind", "127.0.0.1:0", "--token-file"])
+        .arg(token_file)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no URL in {line:?}"))
+        .to_string();
+    (Proc(child), url)
+}
+
+const TOKEN: &str = "b7Qx9-Lm2Pz4Rt8Vw1Ny6Kc3Hd5Jf0Gs_T";
+
+fn token_file(dir: &Path) -> PathBuf {
+    let p = dir.join("token");
+    std::fs::write(&p, format!("{TOKEN}\n")).unwrap();
+    std::fs::set_permissions(&p, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    p
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_hub_served_by_forkd_hub_serve() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let tf = token_file(dir.path());
+    let (_server, url) = start_hub_server(&dir.path().join("hub"), &tf);
+    let hub = Hub::open(&url, Some(TOKEN.into())).unwrap();
+    scenario(&hub, &fx).await;
+
+    // Without the token, or with a wrong one: refused.
+    for tok in [None, Some("x".repeat(40))] {
+        let bad = Hub::open(&url, tok).unwrap();
+        let e = pull(
+            open(tempfile::tempdir().unwrap().path()),
+            &bad,
+            "head",
+            &quiet_pull(),
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("401"), "{e}");
+    }
+    // The server verifies what it is sent.
+    let client = reqwest::Client::new();
+    let put = |path: String, body: Vec<u8>| {
+        client
+            .put(format!("{url}/v1/objects/{path}"))
+            .bearer_auth(TOKEN)
+            .body(body)
+            .send()
+    };
+    let id = forkd_layers::ChunkId::of(b"hello");
+    let mut obj = b"FKHC\0\0\0\0".to_vec();
+    obj.extend_from_slice(&5u32.to_le_bytes());
+    obj.extend_from_slice(b"hellO");
+    let r = put(Key::Chunk(id).path(), obj).await.unwrap();
+    assert_eq!(r.status(), 422, "{:?}", r.text().await);
+    let m = forkd_layers::FileManifest::new(
+        5,
+        4096,
+        &[forkd_layers::ChunkRef::Chunk(forkd_layers::ChunkId::of(
+            b"absent",
+        ))],
+    )
+    .unwrap();
+    let r = put(Key::Manifest(m.id()).path(), m.encode()).await.unwrap();
+    assert_eq!(r.status(), 409);
+    let r = put("tags/..%2F..%2Fx".into(), b"{}".to_vec())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 400);
+    // A non-loopback bind without a token is refused.
+    let out = forkd()
+        .args([
+            "hub",
+            "serve",
+            "/tmp/forkd-hub-never",
+            "--bind",
+            "0.0.0.0:0",
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("without a token"));
+}
+
+/// Re-writes a pack's index (and footer) through `f`.
+fn rewrite_index(path: &Path, f: impl FnOnce(&mut PackIndex)) {
+    let mut b = std::fs::read(path).unwrap();
+    let n = b.len();
+    let footer = &b[n - FOOTER_LEN as usize..];
+    let off = u64::from_le_bytes(footer[0..8].try_into().unwrap()) as usize;
+    let mut index: PackIndex = serde_json::from_slice(&b[off..n - FOOTER_LEN as usize]).unwrap();
+    f(&mut index);
+    let json = serde_json::to_vec(&index).unwrap();
+    b.truncate(off);
+    b.extend_from_slice(&json);
+    b.extend_from_slice(&(off as u64).to_le_bytes());
+    b.extend_from_slice(&(json.len() as u64).to_le_bytes());
+    b.extend_from_slice(blake3::hash(&json).as_bytes());
+    b.extend_from_slice(FOOTER_MAGIC);
+    std::fs::write(path, b).unwrap();
+}
+
+#[test]
+fn pack_and_unpack_with_the_cli() {
+    let fx = fixture(65536);
+    let home = tempfile::tempdir().unwrap();
+    // The CLI opens $FORKD_HOME/store: give it a copy of the fixture via a pack.
+    let pack = home.path().join("head.fkpack");
+    let progress = poold::hub::progress::Progress::quiet();
+    poold::hub::pack::write_pack(&fx.store, &fx.head, Some("head"), &pack, &progress).unwrap();
+
+    let unpack = |file: &Path, extra: &[&str]| {
+        forkd()
+            .arg("--home")
+            .arg(home.path())
+            .arg("unpack")
+            .arg(file)
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let out = unpack(&pack, &["--as", "copy", "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let store_dir = home.path().join("store");
+    {
+        let s = Store::open(&store_dir, StoreOptions::default()).unwrap();
+        assert_same(&fx.store, &s, &fx.head);
+        assert_eq!(s.tag("copy").unwrap(), Some(fx.head));
+    }
+    // Pack it again with the CLI and compare the bytes it holds.
+    let pack2 = home.path().join("again.fkpack");
+    let out = forkd()
+        .arg("--home")
+        .arg(home.path())
+        .args(["pack", "copy", "-q", "-o"])
+        .arg(&pack2)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let r = PackReader::open(&pack2).unwrap();
+    assert_eq!((r.snapshot, r.tag.as_deref()), (fx.head, Some("copy")));
+
+    // Refused packs: traversal, bad ids, bad tags, corrupt bytes.
+    type Edit = Box<dyn Fn(&mut PackIndex)>;
+    let cases: Vec<(&str, Edit)> = vec![
+        (
+            "traversal",
+            Box::new(|i| i.objects[0].0 = "../../etc/passwd".into()),
+        ),
+        (
+            "absolute",
+            Box::new(|i| i.objects[0].0 = "/etc/passwd".into()),
+        ),
+        (
+            "dotdot inside",
+            Box::new(|i| {
+                let p = i.objects[0].0.clone();
+                i.objects[0].0 = p.replacen("chunks/", "chunks/../", 1);
+            }),
+        ),
+        (
+            "bad id",
+            Box::new(|i| i.objects[0].0 = "chunks/ab/abXYZ".into()),
+        ),
+        ("bad tag", Box::new(|i| i.tag = Some("../evil".into()))),
+        (
+            "bad tag object",
+            Box::new(|i| {
+                let last = i.objects.len() - 1;
+                i.objects[last].0 = "tags/no way".into()
+            }),
+        ),
+        ("out of range", Box::new(|i| i.objects[0].2 = 1 << 40)),
+    ];
+    for (what, f) in cases {
+        let p = home
+            .path()
+            .join(format!("bad-{}.fkpack", what.replace(' ', "-")));
+        std::fs::copy(&pack, &p).unwrap();
+        rewrite_index(&p, f);
+        let e = PackReader::open(&p)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: accepted"));
+        assert!(e.to_string().contains("refused"), "{what}: {e}");
+        let out = unpack(&p, &["--as", "bad"]);
+        assert!(!out.status.success(), "{what}");
+    }
+    // A flipped byte inside a chunk: refused before anything is committed.
+    let bad = home.path().join("flipped.fkpack");
+    let mut b = std::fs::read(&pack).unwrap();
+    b[40] ^= 1; // inside the first chunk object's payload
+    std::fs::write(&bad, b).unwrap();
+    let fresh = tempfile::tempdir().unwrap();
+    let out = forkd()
+        .arg("--home")
+        .arg(fresh.path())
+        .args(["unpack", "--quiet"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("failed verification"), "{err}");
+    let s = Store::open(&fresh.path().join("store"), StoreOptions::default()).unwrap();
+    assert!(s.list_snapshots().unwrap().is_empty());
+    assert_eq!(s.stats().unwrap().chunks, 0);
+}
+
+#[test]
+fn cli_push_and_pull_through_a_file_hub() {
+    let fx = fixture(65536);
+    let src_home = tempfile::tempdir().unwrap();
+    let hub_dir = tempfile::tempdir().unwrap();
+    let url = format!("file://{}", hub_dir.path().display());
+    // Seed the CLI's store from the fixture through the library.
+    let hub = Hub::open(&url, None).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(push(fx.store.clone(), "head", &hub, &quiet_push()))
+        .unwrap();
+    let dst_home = tempfile::tempdir().unwrap();
+    let run = |home: &Path, args: &[&str]| {
+        let out = forkd().arg("--home").arg(home).args(args).output().unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (ok, out) = run(dst_home.path(), &["pull", &url, "head", "--as", "mine"]);
+    assert!(ok, "{out}");
+    assert!(out.contains("pulled head"), "{out}");
+    // Not a terminal: plain progress lines, and the QEMU warning came first.
+    assert!(out.contains("warning:"), "{out}");
+    let (ok, out) = run(
+        dst_home.path(),
+        &["pull", &url, "head", "--as", "mine", "--strict"],
+    );
+    assert!(!ok && out.contains("--strict"), "{out}");
+    // Push back under another hub tag, from the pulled copy.
+    let (ok, out) = run(
+        dst_home.path(),
+        &["push", "mine", &url, "--as", "again", "-q"],
+    );
+    assert!(ok, "{out}");
+    assert!(out.contains("0 of"), "nothing new to send: {out}");
+    let _ = src_home;
+    let s = Store::open(&dst_home.path().join("store"), StoreOptions::default()).unwrap();
+    assert_same(&fx.store, &s, &fx.head);
+    assert!(hub_dir.path().join("tags/again").is_file());
+}
+
+/// The s3s-fs binary: $FORKD_TEST_S3S_FS, else on PATH, else where
+/// `cargo install` puts it.
+fn s3s_fs() -> PathBuf {
+    if let Some(p) = std::env::var_os("FORKD_TEST_S3S_FS") {
+        return PathBuf::from(p);
+    }
+    let mut dirs: Vec<PathBuf> =
+        std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()).collect();
+    dirs.push("/usr/local/bin".into());
+    if let Some(h) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(h).join(".cargo/bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("s3s-fs"))
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "s3s-fs (the S3-compatible test server) is not installed: run scripts/setup.sh, or \
+                 cargo install s3s-fs --version 0.14.1 --features binary --locked --root /usr/local"
+            )
+        })
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_hub_on_a_real_s3_server() {
+    let fx = fixture(65536);
+    let root = tempfile::tempdir().unwrap();
+    std::fs::create_dir(root.path().join("forkd-test")).unwrap(); // the bucket
+    let (key, secret) = ("forkdtestkey", "forkd-test-secret-0123456789");
+    let port = free_port();
+    let child = Command::new(s3s_fs())
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .args(["--access-key", key, "--secret-key", secret])
+        .arg(root.path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting s3s-fs");
+    let _server = Proc(child);
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "s3s-fs did not start"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // The usual AWS environment, as a user would set it. Only this test
+    // reads these variables.
+    std::env::set_var("AWS_ACCESS_KEY_ID", key);
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", secret);
+    std::env::set_var("AWS_REGION", "us-east-1");
+    std::env::set_var("AWS_ENDPOINT_URL", format!("http://127.0.0.1:{port}"));
+    let hub = Hub::open("s3://forkd-test/hubs/one", None).unwrap();
+    scenario(&hub, &fx).await;
+    // The objects are in the bucket under the prefix, named as on any hub.
+    let tag = root.path().join("forkd-test/hubs/one/tags/head");
+    assert!(tag.is_file(), "{}", tag.display());
+    // Big have/want batches list fan-out directories instead of HEADing.
+    let all: Vec<Key> = fx
+        .store
+        .snapshot_chunks(&fx.store.snapshot(&fx.head).unwrap().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(Key::Chunk)
+        .chain((0..600).map(|i| Key::Chunk(forkd_layers::ChunkId::of(&[i as u8, 1]))))
+        .collect();
+    let have = hub.has(&all).await.unwrap();
+    let n = have.len();
+    assert!(have[..n - 600].iter().all(|h| *h) && have[n - 600..].iter().all(|h| !h));
+    // Wrong credentials: refused by the server.
+    std::env::set_var("AWS_SECRET_ACCESS_KEY", "wrong-secret-wrong-secret");
+    let bad = Hub::open("s3://forkd-test/hubs/one", None).unwrap();
+    assert!(bad.get(&Key::tag("head").unwrap()).await.is_err());
+}
