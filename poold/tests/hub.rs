@@ -31,9 +31,20 @@ struct Fixture {
 
 fn fixture(chunk_size: u32) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
+    let (store, base, head) = build_chain(dir.path(), chunk_size, MEM);
+    Fixture {
+        _dir: dir,
+        store,
+        base,
+        head,
+    }
+}
+
+/// Builds `<dir>/store` with tags `base` and `head` (`mem` bytes of memory).
+fn build_chain(dir: &Path, chunk_size: u32, mem_len: u64) -> (Arc<Store>, SnapshotId, SnapshotId) {
     let store = Arc::new(
         Store::open(
-            &dir.path().join("store"),
+            &dir.join("store"),
             StoreOptions {
                 chunk_size,
                 ..Default::default()
@@ -41,14 +52,14 @@ fn fixture(chunk_size: u32) -> Fixture {
         )
         .unwrap(),
     );
-    let mem = dir.path().join("memory.bin");
+    let mem = dir.join("memory.bin");
     let f = std::fs::File::create(&mem).unwrap();
-    f.set_len(MEM).unwrap();
-    synth::guest_memory(11, MEM, |off, page| {
+    f.set_len(mem_len).unwrap();
+    synth::guest_memory(11, mem_len, |off, page| {
         std::os::unix::fs::FileExt::write_all_at(&f, page, off).unwrap()
     });
     let config = serde_json::json!({"qemu_version": "10.0.2", "machine_signature": "test"});
-    let rootfs = synth::mixed_file(5, 3 << 20, 65536);
+    let rootfs = synth::mixed_file(5, (mem_len / 5) as usize, 65536);
     let ing = |r: &[u8]| store.ingest_reader(r, &IngestOptions::default()).unwrap();
     let base_mem = store.ingest_file(&mem, &IngestOptions::default()).unwrap();
     let files = BTreeMap::from([
@@ -71,7 +82,7 @@ fn fixture(chunk_size: u32) -> Fixture {
     let mut dirty = Vec::new();
     let mut rng = synth::SplitMix64(99);
     for _ in 0..48 {
-        let off = rng.below(MEM / 4096) * 4096;
+        let off = rng.below(mem_len / 4096) * 4096;
         let mut page = vec![0u8; 4096];
         synth::fill_page(&mut rng, synth::PageKind::Code, &mut page);
         std::os::unix::fs::FileExt::write_all_at(&f, &page, off).unwrap();
@@ -102,12 +113,8 @@ fn fixture(chunk_size: u32) -> Fixture {
             ..Default::default()
         })
         .unwrap();
-    Fixture {
-        _dir: dir,
-        store,
-        base: base.id,
-        head: head.id,
-    }
+    std::fs::remove_file(&mem).unwrap();
+    (store, base.id, head.id)
 }
 
 fn read_all(store: &Store, id: &SnapshotId, name: &str) -> Vec<u8> {
@@ -698,4 +705,45 @@ async fn s3_hub_on_a_real_s3_server() {
     std::env::set_var("AWS_SECRET_ACCESS_KEY", "wrong-secret-wrong-secret");
     let bad = Hub::open("s3://forkd-test/hubs/one", None).unwrap();
     assert!(bad.get(&Key::tag("head").unwrap()).await.is_err());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_reports_the_unique_bytes() {
+    let fx = fixture(65536);
+    let work = tempfile::tempdir().unwrap();
+    for hub in [None, Some("serve".to_string())] {
+        let opts = poold::hub::bench::BenchOptions {
+            base: "base".into(),
+            head: "head".into(),
+            hub,
+            token: None,
+            jobs: None,
+            work_dir: work.path().to_path_buf(),
+        };
+        let r = poold::hub::bench::run(fx.store.clone(), &opts)
+            .await
+            .unwrap();
+        let text = r.render();
+        assert!(text.contains("exactly the unique chunks"), "{text}");
+        assert_eq!(r.steps.len(), 5);
+        assert_eq!(
+            r.steps[4].report.stored_bytes, r.unique_stored_bytes,
+            "{text}"
+        );
+    }
+    // Scratch space is removed.
+    assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);
+}
+
+/// Builds a FORKD_HOME with a larger synthetic chain for `forkd hub bench`:
+/// `HUB_BENCH_HOME=/tmp/h HUB_BENCH_MIB=512 cargo test --release --test hub -- --ignored make_bench_home`.
+#[test]
+#[ignore = "builds benchmark input on request"]
+fn make_bench_home() {
+    let Ok(home) = std::env::var("HUB_BENCH_HOME") else {
+        return;
+    };
+    let mib: u64 = std::env::var("HUB_BENCH_MIB").map_or(256, |v| v.parse().unwrap());
+    let (_, base, head) = build_chain(Path::new(&home), 65536, mib << 20);
+    println!("built base {base} and head {head} in {home}/store");
 }
