@@ -60,3 +60,86 @@ mod tests {
         assert!(!stale.is_alive());
     }
 }
+
+/// A process started through [`spawn`], watched with a pidfd so its exit can
+/// be awaited from any runtime.
+pub struct Spawned {
+    child: std::process::Child,
+    pidfd: tokio::io::unix::AsyncFd<std::os::fd::OwnedFd>,
+}
+
+impl Spawned {
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits for the process to exit and reaps it.
+    pub async fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
+        loop {
+            if let Some(status) = self.child.try_wait()? {
+                return Ok(status);
+            }
+            let mut guard = self.pidfd.readable().await?;
+            guard.clear_ready();
+        }
+    }
+
+    /// Sends SIGKILL (no-op if it already exited).
+    pub fn start_kill(&mut self) {
+        let _ = self.child.kill();
+    }
+}
+
+type SpawnJob = (
+    std::process::Command,
+    tokio::sync::oneshot::Sender<std::io::Result<std::process::Child>>,
+);
+
+/// Starts `cmd` from a dedicated thread that lives as long as this process.
+///
+/// Why: `PR_SET_PDEATHSIG` fires when the *thread* that forked the child
+/// exits, not the process. Forking from a caller's thread (a test thread, a
+/// runtime's blocking thread) would kill an ephemeral VM as soon as that
+/// thread ends; forking from one immortal thread ties it to the process.
+pub async fn spawn(cmd: std::process::Command) -> std::io::Result<Spawned> {
+    use std::sync::{mpsc, Mutex, OnceLock};
+    static SPAWNER: OnceLock<Mutex<mpsc::Sender<SpawnJob>>> = OnceLock::new();
+    let tx = SPAWNER
+        .get_or_init(|| {
+            let (tx, rx) = mpsc::channel::<SpawnJob>();
+            std::thread::Builder::new()
+                .name("forkd-spawner".into())
+                .spawn(move || {
+                    for (mut cmd, reply) in rx {
+                        let _ = reply.send(cmd.spawn());
+                    }
+                })
+                .expect("spawning the process-spawner thread");
+            Mutex::new(tx)
+        })
+        .lock()
+        .unwrap()
+        .clone();
+    let (reply_tx, reply_rx) = tokio::sync::oneshot::channel();
+    tx.send((cmd, reply_tx))
+        .map_err(|_| std::io::Error::other("process spawner thread is gone"))?;
+    let child = reply_rx
+        .await
+        .map_err(|_| std::io::Error::other("process spawner thread dropped the request"))??;
+    let pidfd = pidfd_open(child.id())?;
+    // SAFETY: the OwnedFd is moved into the AsyncFd and owned by it until it
+    // drops, so the descriptor stays open and unchanged while registered.
+    let pidfd = unsafe { tokio::io::unix::AsyncFd::register(pidfd) }?;
+    Ok(Spawned { child, pidfd })
+}
+
+fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: pidfd_open returns a new fd or -1; the fd is owned at once.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}

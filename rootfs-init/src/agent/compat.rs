@@ -99,7 +99,7 @@ async fn compat_exec(agent: &Agent, req: &Value) -> Value {
         ..Default::default()
     };
     let (outbox, _rx) = Outbox::new();
-    match exec::run(0, spec, Bytes::new(), outbox, agent.exec.clone()).await {
+    match exec::run(0, spec, Bytes::new(), None, outbox, agent.exec.clone()).await {
         Ok(f) if f.result.timed_out => error_reply(format!(
             "TimeoutExpired: Command timed out after {timeout} seconds"
         )),

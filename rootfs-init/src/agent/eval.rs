@@ -136,7 +136,7 @@ impl Interpreter {
                 if r < 0 || w < 0 || libc::dup2(r, 3) < 0 || libc::dup2(w, 4) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
+                crate::unblock_all_signals()
             });
         }
         let child = cmd.spawn().map_err(|e| format!("spawning {python}: {e}"))?;

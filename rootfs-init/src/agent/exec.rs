@@ -45,10 +45,20 @@ enum StdinChunk {
     Eof,
 }
 
+/// Stdin sent by later `stdin` ops for a streaming exec, queued from the
+/// moment the exec request was decoded (see [`ExecRegistry::reserve`]).
+pub struct StdinQueue(mpsc::Receiver<StdinChunk>);
+
 impl ExecRegistry {
     /// Sends `signal` to the process group of exec `target`.
     pub fn signal(&self, target: u64, signal: i32) -> Result<(), AgentError> {
         let pgid = self.lookup(target)?.0;
+        if pgid <= 0 {
+            return Err(AgentError::new(
+                ErrorKind::NotReady,
+                format!("exec {target} has not started its process yet; retry"),
+            ));
+        }
         let sig = nix::sys::signal::Signal::try_from(signal).map_err(|_| {
             AgentError::new(
                 ErrorKind::BadRequest,
@@ -101,11 +111,31 @@ impl ExecRegistry {
         Ok((r.pgid, r.stdin.clone()))
     }
 
-    fn insert(&self, id: u64, r: Running) {
-        self.running.lock().unwrap().insert(id, r);
+    /// Registers exec `id` as soon as its request is decoded, before any
+    /// later request is: a `stdin` op that follows it on the channel then
+    /// always finds it (requests run concurrently, so the process itself
+    /// may start later). Returns the receiving end of its stdin queue.
+    pub fn reserve(&self, id: u64, stdin_open: bool) -> Option<StdinQueue> {
+        let (tx, rx) = if stdin_open {
+            let (tx, rx) = mpsc::channel::<StdinChunk>(16);
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        self.running
+            .lock()
+            .unwrap()
+            .insert(id, Running { pgid: 0, stdin: tx });
+        rx.map(StdinQueue)
     }
 
-    fn remove(&self, id: u64) {
+    fn started(&self, id: u64, pgid: i32) {
+        if let Some(r) = self.running.lock().unwrap().get_mut(&id) {
+            r.pgid = pgid;
+        }
+    }
+
+    pub fn remove(&self, id: u64) {
         self.running.lock().unwrap().remove(&id);
     }
 }
@@ -128,26 +158,29 @@ pub struct Finished {
 
 /// Runs `spec` for request `id`. In streaming mode `started` and output events
 /// go to `outbox` as they happen; the caller sends the final reply.
+/// The exec must have been [`ExecRegistry::reserve`]d; `queue` is what that
+/// returned.
 pub async fn run(
     id: u64,
     spec: ExecSpec,
     stdin: Bytes,
+    queue: Option<StdinQueue>,
     outbox: Outbox,
     registry: Arc<ExecRegistry>,
 ) -> Result<Finished, AgentError> {
     let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-    let mut child = spawn(&spec)?;
+    let mut child = match spawn(&spec) {
+        Ok(c) => c,
+        Err(e) => {
+            registry.remove(id);
+            return Err(e);
+        }
+    };
     let pid = child.id().unwrap_or(0);
     let started = Instant::now();
 
-    let stdin_tx = feed_stdin(child.stdin.take(), stdin, spec.stream && spec.stdin_open);
-    registry.insert(
-        id,
-        Running {
-            pgid: pid as i32,
-            stdin: stdin_tx,
-        },
-    );
+    feed_stdin(child.stdin.take(), stdin, queue);
+    registry.started(id, pid as i32);
     if spec.stream {
         outbox.send(id, Reply::Started { pid }, Bytes::new()).await;
     }
@@ -232,11 +265,11 @@ fn spawn(spec: &ExecSpec) -> Result<Child, AgentError> {
     cmd.stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: setsid is async-signal-safe and touches no parent state.
+    // SAFETY: setsid and sigprocmask are async-signal-safe.
     unsafe {
         cmd.pre_exec(|| {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
-            Ok(())
+            crate::unblock_all_signals()
         });
     }
     cmd.spawn().map_err(|e| match e.kind() {
@@ -250,20 +283,15 @@ fn spawn(spec: &ExecSpec) -> Result<Child, AgentError> {
 
 /// Writes the initial stdin, then either closes it or keeps a channel open
 /// for later `stdin` ops.
-fn feed_stdin(
-    pipe: Option<ChildStdin>,
-    initial: Bytes,
-    keep_open: bool,
-) -> Option<mpsc::Sender<StdinChunk>> {
-    let mut pipe = pipe?;
-    let (tx, mut rx) = mpsc::channel::<StdinChunk>(16);
+fn feed_stdin(pipe: Option<ChildStdin>, initial: Bytes, queue: Option<StdinQueue>) {
+    let Some(mut pipe) = pipe else { return };
     tokio::spawn(async move {
         if !initial.is_empty() && pipe.write_all(&initial).await.is_err() {
             return;
         }
-        if !keep_open {
+        let Some(StdinQueue(mut rx)) = queue else {
             return;
-        }
+        };
         while let Some(chunk) = rx.recv().await {
             match chunk {
                 StdinChunk::Data(d) => {
@@ -275,7 +303,6 @@ fn feed_stdin(
             }
         }
     });
-    keep_open.then_some(tx)
 }
 
 type Reader = (tokio::task::JoinHandle<()>, Arc<Mutex<Capture>>);

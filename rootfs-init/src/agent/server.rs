@@ -79,31 +79,45 @@ impl Agent {
         }
     }
 
+    /// Decodes a request and runs it on its own task. Execs are registered
+    /// here, in channel order, so a `stdin` or `signal` op sent after an
+    /// exec always finds it.
     fn start(self: &Arc<Self>, frame: Frame, outbox: Outbox) {
         let agent = self.clone();
-        tokio::spawn(async move {
-            let req: RequestHeader = match serde_json::from_slice(&frame.header) {
-                Ok(r) => r,
-                Err(e) => {
-                    let id = serde_json::from_slice::<serde_json::Value>(&frame.header)
-                        .ok()
-                        .and_then(|v| v.get("id").and_then(|i| i.as_u64()))
-                        .unwrap_or(0);
-                    let msg = format!("malformed request: {e}");
-                    return outbox
+        let req: RequestHeader = match serde_json::from_slice(&frame.header) {
+            Ok(r) => r,
+            Err(e) => {
+                let id = serde_json::from_slice::<serde_json::Value>(&frame.header)
+                    .ok()
+                    .and_then(|v| v.get("id").and_then(|i| i.as_u64()))
+                    .unwrap_or(0);
+                let msg = format!("malformed request: {e}");
+                tokio::spawn(async move {
+                    outbox
                         .err(id, AgentError::new(ErrorKind::BadRequest, msg))
-                        .await;
-                }
-            };
-            agent.handle(req, frame.payload, outbox).await;
-        });
+                        .await
+                });
+                return;
+            }
+        };
+        let queue = match &req.op {
+            Op::Exec(spec) => self.exec.reserve(req.id, spec.stream && spec.stdin_open),
+            _ => None,
+        };
+        tokio::spawn(async move { agent.handle(req, frame.payload, queue, outbox).await });
     }
 
-    async fn handle(self: Arc<Self>, req: RequestHeader, payload: Bytes, outbox: Outbox) {
+    async fn handle(
+        self: Arc<Self>,
+        req: RequestHeader,
+        payload: Bytes,
+        queue: Option<exec::StdinQueue>,
+        outbox: Outbox,
+    ) {
         let id = req.id;
         match req.op {
             Op::Ping => outbox.ok(id, &self.ping(), Bytes::new()).await,
-            Op::Exec(spec) => self.exec(id, spec, payload, &outbox).await,
+            Op::Exec(spec) => self.exec(id, spec, payload, queue, &outbox).await,
             Op::Stdin { target, eof } => match self.exec.stdin(target, payload, eof).await {
                 Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
                 Err(e) => outbox.err(id, e).await,
@@ -141,8 +155,16 @@ impl Agent {
         }
     }
 
-    async fn exec(&self, id: u64, spec: ExecSpec, stdin: Bytes, outbox: &Outbox) {
+    async fn exec(
+        &self,
+        id: u64,
+        spec: ExecSpec,
+        stdin: Bytes,
+        queue: Option<exec::StdinQueue>,
+        outbox: &Outbox,
+    ) {
         if !spec.stream && spec.output_limit.unwrap_or(0) > MAX_BUFFERED_OUTPUT_LIMIT {
+            self.exec.remove(id);
             let msg = format!(
                 "output_limit above {MAX_BUFFERED_OUTPUT_LIMIT} bytes needs a streaming exec"
             );
@@ -150,7 +172,7 @@ impl Agent {
                 .err(id, AgentError::new(ErrorKind::BadRequest, msg))
                 .await;
         }
-        match exec::run(id, spec, stdin, outbox.clone(), self.exec.clone()).await {
+        match exec::run(id, spec, stdin, queue, outbox.clone(), self.exec.clone()).await {
             Ok(f) => {
                 let mut payload = f.stdout;
                 payload.extend_from_slice(&f.stderr);

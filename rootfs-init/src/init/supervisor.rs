@@ -56,13 +56,16 @@ pub fn run() -> Ending {
 }
 
 fn start_agent() -> Option<Pid> {
-    match Command::new(AGENT_PATH)
-        .env(
-            "PATH",
-            "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        )
-        .spawn()
-    {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(AGENT_PATH);
+    cmd.env(
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    );
+    // SAFETY: unblock_all_signals only calls async-signal-safe functions.
+    // PID 1 blocks signals for sigtimedwait; the agent must not inherit that.
+    unsafe { cmd.pre_exec(crate::unblock_all_signals) };
+    match cmd.spawn() {
         Ok(child) => Some(Pid::from_raw(child.id() as i32)),
         Err(e) => {
             eprintln!("forkd-init: cannot start {AGENT_PATH}: {e}");
