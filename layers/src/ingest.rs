@@ -105,6 +105,55 @@ impl IngestedFile {
     }
 }
 
+/// A random-access byte source to ingest ([`Store::ingest_source`]).
+pub trait IngestSource: Sync {
+    /// Total size in bytes.
+    fn size(&self) -> u64;
+    /// Sorted, non-overlapping ranges that may hold non-zero bytes; all
+    /// other bytes are zero and are never read.
+    fn data_extents(&self) -> std::io::Result<Vec<Range<u64>>>;
+    /// Fills `buf` from `offset`.
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()>;
+    /// What this source is, for error messages (a path).
+    fn describe(&self) -> String;
+}
+
+/// A plain file as an [`IngestSource`]: holes (SEEK_DATA/SEEK_HOLE) are
+/// never read.
+pub struct FileSource {
+    file: File,
+    size: u64,
+    path: std::path::PathBuf,
+}
+
+impl FileSource {
+    /// Opens `path` for ingest.
+    pub fn open(path: &Path) -> Result<FileSource> {
+        let file = File::open(path).map_err(|e| Error::io(path, e))?;
+        let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        Ok(FileSource {
+            file,
+            size,
+            path: path.to_path_buf(),
+        })
+    }
+}
+
+impl IngestSource for FileSource {
+    fn size(&self) -> u64 {
+        self.size
+    }
+    fn data_extents(&self) -> std::io::Result<Vec<Range<u64>>> {
+        data_extents(&self.file, self.size)
+    }
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+        self.file.read_exact_at(buf, offset)
+    }
+    fn describe(&self) -> String {
+        self.path.display().to_string()
+    }
+}
+
 /// One slot as the producer sees it.
 enum Slot {
     Known(ChunkRef),
@@ -142,8 +191,19 @@ impl Store {
     /// (SEEK_DATA/SEEK_HOLE) are never read. With `opts.base` and
     /// `opts.dirty`, only dirty chunks are read.
     pub fn ingest_file(&self, path: &Path, opts: &IngestOptions) -> Result<IngestedFile> {
-        let file = File::open(path).map_err(|e| Error::io(path, e))?;
-        let size = file.metadata().map_err(|e| Error::io(path, e))?.len();
+        self.ingest_source(&FileSource::open(path)?, opts)
+    }
+
+    /// Ingests a random-access source (a file, or a view composed of several
+    /// files such as a disk overlay over its base). Only the source's data
+    /// extents are read; with `opts.base` and `opts.dirty`, only dirty chunks.
+    pub fn ingest_source(
+        &self,
+        src: &dyn IngestSource,
+        opts: &IngestOptions,
+    ) -> Result<IngestedFile> {
+        let size = src.size();
+        let what = src.describe();
         let _gc = self.gc_lock.read().unwrap();
         let (chunk_size, base) = self.ingest_params(opts)?;
         let n_slots = size.div_ceil(u64::from(chunk_size)) as usize;
@@ -156,7 +216,7 @@ impl Store {
             }
             _ => None,
         };
-        let extents = data_extents(&file, size).map_err(|e| Error::io(path, e))?;
+        let extents = src.data_extents().map_err(|e| Error::io(&what, e))?;
         let cs = u64::from(chunk_size);
         let produce = |emit: &mut dyn FnMut(usize, Slot) -> bool| -> Result<u64> {
             let mut ext = extents.iter().peekable();
@@ -174,8 +234,8 @@ impl Store {
                         Slot::Known(ChunkRef::Zero)
                     } else {
                         let mut buf = vec![0u8; len as usize];
-                        file.read_exact_at(&mut buf, start)
-                            .map_err(|e| Error::io(path, e))?;
+                        src.read_exact_at(&mut buf, start)
+                            .map_err(|e| Error::io(&what, e))?;
                         bytes_read += len;
                         Slot::Data(buf)
                     }

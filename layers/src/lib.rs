@@ -52,7 +52,7 @@ pub use db::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use gc::GcReport;
 pub use ids::{ChunkId, ManifestId, SnapshotId};
-pub use ingest::{IngestOptions, IngestedFile, ProgressFn};
+pub use ingest::{FileSource, IngestOptions, IngestSource, IngestedFile, ProgressFn};
 pub use manifest::{ChunkRef, FileManifest};
 pub use reader::FileReader;
 pub use secondary::{StoreReader, DEFAULT_READER_CACHE_BYTES};

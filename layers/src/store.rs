@@ -355,11 +355,23 @@ impl Store {
     /// Refuses while other snapshots name it as parent (the error lists
     /// them). Space is reclaimed by the next [`Store::gc`].
     pub fn delete_snapshot(&self, id: &SnapshotId) -> Result<DeleteReport> {
+        self.delete_inner(id, false)
+    }
+
+    /// Deletes a snapshot even if others name it as parent: those become
+    /// roots (their `parent` is cleared and `lineage.orphaned_from` records
+    /// the deleted id) in the same atomic batch. They stay fully readable:
+    /// manifests are flattened and hold their own chunk references.
+    pub fn delete_snapshot_orphaning(&self, id: &SnapshotId) -> Result<DeleteReport> {
+        self.delete_inner(id, true)
+    }
+
+    fn delete_inner(&self, id: &SnapshotId, orphan: bool) -> Result<DeleteReport> {
         let _c = self.commit_lock.lock().unwrap();
         let db = self.view.db();
         let rec = db.snapshot(id)?.ok_or(Error::NoSuchSnapshot(*id))?;
         let children = self.view.dependents(id)?;
-        if !children.is_empty() {
+        if !children.is_empty() && !orphan {
             return Err(Error::HasDependents { id: *id, children });
         }
         let mut uses: BTreeMap<ManifestId, i64> = BTreeMap::new();
@@ -385,6 +397,16 @@ impl Store {
         batch.delete_cf(db.cf(CF_SNAPSHOTS), id.as_bytes());
         if let Some(p) = &rec.parent {
             batch.delete_cf(db.cf(CF_CHILDREN), child_key(p, id));
+        }
+        for c in &children {
+            let mut child = db.snapshot(c)?.ok_or(Error::NoSuchSnapshot(*c))?;
+            child.parent = None;
+            child
+                .lineage
+                .insert("orphaned_from".into(), serde_json::json!(id.to_string()));
+            let json = serde_json::to_vec(&child).expect("snapshot record serializes");
+            batch.put_cf(db.cf(CF_SNAPSHOTS), c.as_bytes(), json);
+            batch.delete_cf(db.cf(CF_CHILDREN), child_key(id, c));
         }
         db.write_small(batch, "deleting snapshot")?;
         Ok(report)
