@@ -1,5 +1,5 @@
-//! Transfer progress: an indicatif bar (bytes, rate, ETA) when stderr is a
-//! terminal, otherwise a plain line every few seconds (logs, CI), or
+//! Progress of long byte-counted work (transfers, ingests): an indicatif bar
+//! (bytes, rate, ETA) when stderr is a terminal, otherwise a plain line every few seconds (logs, CI), or
 //! nothing at all.
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};

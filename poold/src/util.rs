@@ -16,3 +16,9 @@ pub fn random_hex(bytes: usize) -> String {
     rand::rngs::OsRng.fill(&mut b[..]);
     hex::encode(b)
 }
+
+/// A Unix time as RFC 3339 UTC (`2026-11-23T05:01:02Z`).
+pub fn format_unix(secs: u64) -> String {
+    let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs);
+    humantime::format_rfc3339_seconds(t).to_string()
+}

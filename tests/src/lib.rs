@@ -62,7 +62,8 @@ pub async fn boot(image_name: &str, mem_mib: u64) -> Vm {
         &paths(),
         BootSpec {
             id: format!("test-{image_name}-{}", poold::util::random_hex(4)),
-            image: &img,
+            rootfs: img.rootfs(),
+            kernel: None,
             machine: machine(mem_mib),
             memory: Memory::Anonymous,
             hostname: "forkd-test".into(),
@@ -102,4 +103,63 @@ pub fn bin(name: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// A snapshot taken once per test binary from `image_name` (with the warm
+/// interpreter's imports done), shared by its tests. Returns its tag.
+pub fn shared_snapshot(image_name: &str, mem_mib: u64, eval_warmup: Option<&str>) -> String {
+    static SNAPS: OnceLock<Mutex<HashMap<String, String>>> = OnceLock::new();
+    let map = SNAPS.get_or_init(Default::default);
+    let mut guard = map.lock().unwrap();
+    if let Some(tag) = guard.get(image_name) {
+        return tag.clone();
+    }
+    let tag = format!("t-{image_name}-{}", poold::util::random_hex(4));
+    block_on(create_snapshot(&tag, image_name, mem_mib, eval_warmup));
+    guard.insert(image_name.to_string(), tag.clone());
+    tag
+}
+
+/// Takes a snapshot of a fresh `image_name` guest under `tag`.
+pub async fn create_snapshot(
+    tag: &str,
+    image_name: &str,
+    mem_mib: u64,
+    eval_warmup: Option<&str>,
+) -> poold::snapshot::create::Created {
+    use poold::snapshot::create::{create, CreateSpec, ImageSource};
+    let m = machine(mem_mib);
+    create(
+        &paths(),
+        CreateSpec {
+            tag: tag.to_string(),
+            image: ImageSource::Named(image_name.to_string()),
+            mem_mib,
+            vcpus: 1,
+            accel: m.accel,
+            warmup_cmd: None,
+            eval_warmup: eval_warmup.map(String::from),
+            replace_tag: false,
+            lifetime: Lifetime::Ephemeral,
+            verbose: false,
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("snapshot of {image_name}: {e:#}"))
+}
+
+/// The snapshot `tag` as children see it (mounting forkd-fs if needed).
+pub async fn source(tag: &str) -> poold::snapshot::restore::Source {
+    let mount = poold::snapshot::ensure_mount_async(&paths()).await.unwrap();
+    poold::snapshot::restore::Source::resolve(&mount.mountpoint, tag)
+        .unwrap_or_else(|e| panic!("{tag}: {e:#}"))
+}
+
+/// Forks `n` ephemeral children of `tag`.
+pub async fn fork(tag: &str, n: usize) -> Vec<poold::snapshot::fork::Child> {
+    let src = source(tag).await;
+    poold::snapshot::fork::fork(&paths(), &src, n, 4, Lifetime::Ephemeral)
+        .await
+        .unwrap_or_else(|e| panic!("forking {n} of {tag}: {e:#}"))
+        .children
 }

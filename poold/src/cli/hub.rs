@@ -1,8 +1,9 @@
 //! `forkd push|pull|pack|unpack` and `forkd hub serve|bench`: the snapshot
 //! hub from the command line (see docs/hub.md).
 
-use crate::hub::{self, bench, pack, progress::mib, server, Hub, PullOptions, PushOptions};
+use crate::hub::{self, bench, pack, server, Hub, PullOptions, PushOptions};
 use crate::paths::Paths;
+use crate::progress::mib;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use forkd_layers::{Store, StoreOptions};
@@ -194,7 +195,7 @@ pub async fn pack(paths: &Paths, a: PackArgs) -> Result<()> {
     let out = a.output.clone();
     let quiet = a.quiet;
     let summary = hub::blocking(move || {
-        let progress = hub::progress::Progress::new("pack", quiet);
+        let progress = crate::progress::Progress::new("pack", quiet);
         let s = pack::write_pack(&store, &rec.id, tag.as_deref(), &out, &progress);
         progress.finish();
         s

@@ -1,9 +1,12 @@
 //! The `forkd` command line. Each subcommand lives in its own module; errors
 //! print as one line (`error: what: why`) without a backtrace.
 
+pub mod fork;
 pub mod hub;
 pub mod image;
 pub mod run;
+pub mod snapshot;
+pub mod store;
 
 use crate::paths::Paths;
 use clap::{Parser, Subcommand};
@@ -31,6 +34,11 @@ pub enum Command {
     /// Build and list guest images.
     #[command(subcommand)]
     Image(image::ImageCmd),
+    /// Create, list, inspect and delete warm snapshots.
+    #[command(subcommand)]
+    Snapshot(snapshot::SnapshotCmd),
+    /// Restore N copy-on-write children from a snapshot and report per-phase timings.
+    Fork(fork::ForkArgs),
     /// Upload a snapshot, and whatever of its parent chain the hub lacks, to a hub.
     Push(hub::PushArgs),
     /// Download a snapshot, and whatever of its parent chain is missing, from a hub.
@@ -42,6 +50,9 @@ pub enum Command {
     /// Serve a snapshot hub over HTTP, or benchmark hub transfers.
     #[command(subcommand)]
     Hub(hub::HubCmd),
+    /// Inspect and maintain the layer store (stats, verify, gc, ls).
+    #[command(subcommand)]
+    Store(store::StoreCmd),
 }
 
 impl Cli {
@@ -66,11 +77,14 @@ pub fn main() -> ExitCode {
         match cli.cmd {
             Command::Run(a) => run::run(&paths, a).await,
             Command::Image(c) => image::run(&paths, c).await.map(|()| 0),
+            Command::Snapshot(c) => snapshot::run(&paths, c).await,
+            Command::Fork(a) => fork::run(&paths, a).await,
             Command::Push(a) => hub::push(&paths, a).await.map(|()| 0),
             Command::Pull(a) => hub::pull(&paths, a).await.map(|()| 0),
             Command::Pack(a) => hub::pack(&paths, a).await.map(|()| 0),
             Command::Unpack(a) => hub::unpack(&paths, a).await.map(|()| 0),
             Command::Hub(c) => hub::run(&paths, c).await.map(|()| 0),
+            Command::Store(c) => store::run(&paths, c).await,
         }
     });
     match result {

@@ -60,7 +60,8 @@ pub async fn run(paths: &Paths, a: RunArgs) -> Result<i32> {
         paths,
         BootSpec {
             id: id.clone(),
-            image: &image,
+            rootfs: image.rootfs(),
+            kernel: None,
             machine,
             memory: Memory::Anonymous,
             hostname: "forkd".into(),

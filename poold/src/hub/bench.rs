@@ -7,10 +7,10 @@
 //! head into an empty store, pull base into another empty store and then
 //! head on top (again only the unique chunks).
 
-use super::progress::mib;
 use super::server::{serve, ServeOptions};
 use super::transfer::{pull, push, PullOptions, PushOptions, TransferReport};
 use super::Hub;
+use crate::progress::mib;
 use anyhow::{anyhow, bail, Context, Result};
 use forkd_layers::{Store, StoreOptions};
 use std::path::PathBuf;

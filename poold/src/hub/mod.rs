@@ -15,7 +15,6 @@ pub mod file;
 pub mod http;
 pub mod layout;
 pub mod pack;
-pub mod progress;
 pub mod s3;
 pub mod server;
 pub mod transfer;
@@ -155,13 +154,7 @@ pub(crate) async fn blocking<T: Send + 'static>(
 /// Reads a bearer token: the first line of `file`, else `$FORKD_HUB_TOKEN`.
 pub fn read_token(file: Option<&PathBuf>) -> Result<Option<String>> {
     if let Some(f) = file {
-        let s = std::fs::read_to_string(f)
-            .with_context(|| format!("reading token file {}", f.display()))?;
-        let t = s.lines().next().unwrap_or("").trim().to_string();
-        if t.is_empty() {
-            bail!("token file {} is empty", f.display());
-        }
-        return Ok(Some(t));
+        return crate::auth::read_token_file(f).map(Some);
     }
     Ok(std::env::var("FORKD_HUB_TOKEN")
         .ok()

@@ -19,7 +19,7 @@
 //! verified against its id before the snapshot is committed.
 
 use super::layout::{encode_chunk, Key, TagObject};
-use super::progress::Progress;
+use crate::progress::Progress;
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use forkd_layers::{validate_tag, SnapshotId, StoreView};
 use serde::{Deserialize, Serialize};

@@ -15,6 +15,7 @@
 use super::file::FileHub;
 use super::http::{HasRequest, HasResponse, MAX_HAS_KEYS};
 use super::layout::{decode_chunk, Key, TagObject};
+use crate::auth::check_token;
 use anyhow::{bail, Context, Result};
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -27,10 +28,6 @@ use forkd_layers::{decode_manifest, decode_record, MAX_MANIFEST_BYTES};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
-use subtle::ConstantTimeEq;
-
-/// Shortest token accepted.
-pub const MIN_TOKEN_LEN: usize = 32;
 
 /// How to run the server.
 #[derive(Debug, Clone)]
@@ -52,37 +49,6 @@ struct AppState {
 }
 
 type Shared = Arc<AppState>;
-
-/// Refuses tokens that are short, repetitive or placeholders.
-pub fn check_token(token: &str) -> Result<()> {
-    let lower = token.to_ascii_lowercase();
-    let distinct = token
-        .bytes()
-        .collect::<std::collections::HashSet<_>>()
-        .len();
-    let placeholder = [
-        "changeme",
-        "change-me",
-        "password",
-        "secret",
-        "token",
-        "example",
-        "xxxx",
-        "placeholder",
-        "your",
-    ]
-    .iter()
-    .any(|p| lower.contains(p));
-    if token.len() < MIN_TOKEN_LEN || distinct < 10 || placeholder {
-        bail!(
-            "the hub token is too weak (at least {MIN_TOKEN_LEN} characters of real randomness, no placeholder); make one with: head -c 32 /dev/urandom | base64 > TOKEN_FILE"
-        );
-    }
-    if token.bytes().any(|b| !b.is_ascii_graphic()) {
-        bail!("the hub token may hold only printable ASCII characters without spaces");
-    }
-    Ok(())
-}
 
 /// Serves until SIGINT/SIGTERM. `on_ready` gets the bound address.
 pub async fn serve(opts: ServeOptions, on_ready: impl FnOnce(SocketAddr)) -> Result<()> {
@@ -143,11 +109,8 @@ async fn auth(State(st): State<Shared>, req: Request, next: Next) -> Response {
         let got = req
             .headers()
             .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        let ok = got.len() == want.len() && bool::from(got.as_bytes().ct_eq(want.as_bytes()));
-        if !ok {
+            .and_then(|v| v.to_str().ok());
+        if !crate::auth::bearer_matches(got, want) {
             return err(StatusCode::UNAUTHORIZED, "missing or wrong bearer token");
         }
     }
@@ -284,18 +247,4 @@ fn store_verified(hub: &FileHub, key: &Key, body: &[u8]) -> Result<(), Refusal> 
         hub.flush().map_err(internal)?;
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_rules() {
-        assert!(check_token("short").is_err());
-        assert!(check_token(&"a".repeat(64)).is_err());
-        assert!(check_token("changeme-changeme-changeme-changeme").is_err());
-        assert!(check_token("Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sA").is_ok());
-        assert!(check_token("Zq3v9LkP0xW7rT2m B8nC4dF6gH1jK5sA").is_err());
-    }
 }

@@ -20,8 +20,8 @@
 
 use super::compat;
 use super::layout::{decode_chunk, encode_chunk, Key, TagObject};
-use super::progress::Progress;
 use super::{blocking, Hub};
+use crate::progress::Progress;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use forkd_layers::{

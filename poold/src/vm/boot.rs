@@ -2,18 +2,21 @@
 //! the QEMU launch, and the wait for the agent.
 
 use super::{Boot, Launch, Lifetime, Machine, Memory, Vm, VmDir};
-use crate::images::Image;
 use crate::paths::Paths;
 use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// How long a cold boot may take before it is declared failed (TCG is slow).
 pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to boot.
-pub struct BootSpec<'a> {
+pub struct BootSpec {
     pub id: String,
-    pub image: &'a Image,
+    /// The root disk image (raw ext4); never written (the VM gets an overlay).
+    pub rootfs: PathBuf,
+    /// Boot this kernel instead of the data dir's.
+    pub kernel: Option<PathBuf>,
     pub machine: Machine,
     pub memory: Memory,
     pub hostname: String,
@@ -21,8 +24,8 @@ pub struct BootSpec<'a> {
 }
 
 /// Boots `spec` and returns once its agent answers.
-pub async fn cold_boot(paths: &Paths, spec: BootSpec<'_>) -> Result<Vm> {
-    let kernel = paths.vmlinuz();
+pub async fn cold_boot(paths: &Paths, spec: BootSpec) -> Result<Vm> {
+    let kernel = spec.kernel.clone().unwrap_or_else(|| paths.vmlinuz());
     let initrd = paths.initramfs();
     for (what, p) in [("kernel", &kernel), ("initramfs", &initrd)] {
         if !p.exists() {
@@ -33,7 +36,7 @@ pub async fn cold_boot(paths: &Paths, spec: BootSpec<'_>) -> Result<Vm> {
     std::fs::create_dir_all(&dir.path)
         .with_context(|| format!("creating {}", dir.path.display()))?;
     let result = async {
-        super::disk::create_overlay(&spec.image.rootfs(), &dir.disk()).await?;
+        super::disk::create_overlay(&spec.rootfs, &dir.disk()).await?;
         let launch = Launch {
             name: spec.id.clone(),
             machine: spec.machine.clone(),

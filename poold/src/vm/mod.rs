@@ -10,6 +10,7 @@ pub mod accel;
 pub mod agent;
 pub mod boot;
 pub mod disk;
+pub mod migrate;
 pub mod process;
 pub mod qemu;
 pub mod qmp;
@@ -92,6 +93,11 @@ impl VmDir {
     pub fn console_tail(&self, lines: usize) -> String {
         tail(&self.console(), lines)
     }
+
+    /// The last `lines` lines of QEMU's own log, for error messages.
+    pub fn qemu_log_tail(&self, lines: usize) -> String {
+        tail(&self.qemu_log(), lines)
+    }
 }
 
 fn tail(path: &Path, lines: usize) -> String {
@@ -108,7 +114,7 @@ pub struct Vm {
     pub record: VmRecord,
     pub qmp: Qmp,
     pub agent: AgentClient,
-    child: Option<tokio::process::Child>,
+    child: Option<process::Spawned>,
 }
 
 impl Vm {
@@ -121,15 +127,15 @@ impl Vm {
             let _ = std::fs::remove_file(s);
         }
         let log = std::fs::File::create(dir.qemu_log())?;
-        let mut cmd = tokio::process::Command::new(qemu::qemu_binary());
+        let mut cmd = std::process::Command::new(qemu::qemu_binary());
         cmd.args(launch.args())
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(false);
+            .stderr(log);
         let ephemeral = lifetime == Lifetime::Ephemeral;
         // SAFETY: setsid and prctl are async-signal-safe.
         unsafe {
+            use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || {
                 nix::unistd::setsid().map_err(std::io::Error::from)?;
                 if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
@@ -138,15 +144,13 @@ impl Vm {
                 Ok(())
             });
         }
-        let mut child = cmd.spawn().with_context(|| {
+        let mut child = process::spawn(cmd).await.with_context(|| {
             format!(
                 "starting {:?} (is QEMU >= 10 installed? run scripts/setup.sh)",
                 qemu::qemu_binary()
             )
         })?;
-        let pid = child
-            .id()
-            .ok_or_else(|| anyhow!("QEMU exited immediately"))?;
+        let pid = child.id();
         let record = VmRecord {
             id: id.to_string(),
             qemu: ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 }),
@@ -165,7 +169,7 @@ impl Vm {
             status = child.wait() => Err(anyhow!("QEMU exited during start-up ({})", status.map(|s| s.to_string()).unwrap_or_default())),
         }
         .map_err(|e| {
-            let _ = child.start_kill();
+            child.start_kill();
             e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20)))
         })?;
         Ok(Vm {
@@ -180,13 +184,16 @@ impl Vm {
 
     /// Re-attaches to a VM started by an earlier process (after a daemon
     /// restart): reconnects QMP and the agent socket.
+    /// The record then names this process as the owner.
     pub async fn adopt(dir: VmDir) -> Result<Vm> {
-        let record = dir.read_record()?;
+        let mut record = dir.read_record()?;
         if !record.qemu.is_alive() {
             bail!("VM {}: QEMU pid {} is gone", record.id, record.qemu.pid);
         }
         let qmp = Qmp::connect(&dir.qmp(), Duration::from_secs(5)).await?;
         let agent = AgentClient::connect(&dir.agent(), Duration::from_secs(5)).await?;
+        record.owner = ProcId::current();
+        dir.write_record(&record)?;
         Ok(Vm {
             id: record.id.clone(),
             dir,
@@ -231,10 +238,11 @@ impl Vm {
         let _ = std::fs::remove_dir_all(&self.dir.path);
     }
 
-    async fn kill_now(&mut self) {
+    /// Stops QEMU at once (SIGKILL) and waits for it; the VM directory stays.
+    pub async fn kill_now(&mut self) {
         match self.child.as_mut() {
             Some(c) => {
-                let _ = c.start_kill();
+                c.start_kill();
                 let _ = c.wait().await;
             }
             None => kill_proc(&self.record.qemu).await,

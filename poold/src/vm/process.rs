@@ -45,22 +45,6 @@ fn is_zombie(pid: u32) -> bool {
     stat_fields(pid).and_then(|f| f.first().cloned()).as_deref() == Some("Z")
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn current_is_alive_and_stale_is_not() {
-        let me = ProcId::current();
-        assert!(me.is_alive());
-        let stale = ProcId {
-            start_time: me.start_time + 1,
-            ..me
-        };
-        assert!(!stale.is_alive());
-    }
-}
-
 /// A process started through [`spawn`], watched with a pidfd so its exit can
 /// be awaited from any runtime.
 pub struct Spawned {
@@ -142,4 +126,20 @@ fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     }
     // SAFETY: fd is a fresh, valid descriptor.
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn current_is_alive_and_stale_is_not() {
+        let me = ProcId::current();
+        assert!(me.is_alive());
+        let stale = ProcId {
+            start_time: me.start_time + 1,
+            ..me
+        };
+        assert!(!stale.is_alive());
+    }
 }

@@ -203,7 +203,9 @@ impl Launch {
                 ]);
                 push(&["-append", cmdline]);
             }
-            Boot::Incoming => push(&["-incoming", "defer"]),
+            // -S: stay paused after the state arrives, whatever the source
+            // was doing (a live migration source is running).
+            Boot::Incoming => push(&["-incoming", "defer", "-S"]),
         }
         push(&[
             "-chardev",

@@ -1,0 +1,248 @@
+//! `forkd snapshot create|ls|info|rm`.
+
+use crate::paths::Paths;
+use crate::progress::mib;
+use crate::snapshot::create::{create, CreateSpec, ImageSource};
+use crate::snapshot::delete::{delete, Dependents};
+use crate::snapshot::info::detail;
+use crate::vm::accel::AccelChoice;
+use crate::vm::Lifetime;
+use anyhow::{anyhow, bail, Result};
+use clap::{Args, Subcommand};
+
+#[derive(Subcommand, Debug)]
+pub enum SnapshotCmd {
+    /// Boot a parent from an image, warm it up, and snapshot it into the store.
+    Create(CreateArgs),
+    /// List tagged snapshots.
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show a snapshot's chain, files, per-link stored bytes and VM config.
+    Info {
+        /// Tag or snapshot id.
+        tag: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot (refused while running children map it).
+    Rm {
+        /// Tag or snapshot id.
+        tag: String,
+        /// Also delete every snapshot derived from it.
+        #[arg(long, conflicts_with = "force")]
+        cascade: bool,
+        /// Delete it even though snapshots derive from it (they stay usable).
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct CreateArgs {
+    /// Tag for the new snapshot (1-64 of A-Z a-z 0-9 _ -).
+    #[arg(long)]
+    pub tag: String,
+    /// Image to boot (see `forkd image ls`).
+    #[arg(long)]
+    pub image: String,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 512)]
+    pub mem: u64,
+    #[arg(long, default_value_t = 1)]
+    pub vcpus: u32,
+    /// auto picks KVM only where it can run a Linux guest.
+    #[arg(long, env = "FORKD_ACCEL", default_value = "auto")]
+    pub accel: AccelChoice,
+    /// Shell command to run in the parent before the snapshot (must exit 0).
+    #[arg(long)]
+    pub warmup: Option<String>,
+    /// Python to run in the warm interpreter before the snapshot (e.g. "import numpy").
+    #[arg(long)]
+    pub eval_warmup: Option<String>,
+    /// Move the tag if it already names a snapshot.
+    #[arg(long)]
+    pub force: bool,
+    /// No progress output.
+    #[arg(long, short)]
+    pub quiet: bool,
+}
+
+pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
+    match cmd {
+        SnapshotCmd::Create(a) => create_cmd(paths, a).await,
+        SnapshotCmd::Ls { json } => ls(paths, json).await,
+        SnapshotCmd::Info { tag, json } => info(paths, tag, json).await,
+        SnapshotCmd::Rm {
+            tag,
+            cascade,
+            force,
+        } => {
+            let deps = if cascade {
+                Dependents::Cascade
+            } else if force {
+                Dependents::Orphan
+            } else {
+                Dependents::Refuse
+            };
+            let p = paths.clone();
+            let reports =
+                crate::store::with_rw(paths, move |store| delete(&p, store, &tag, deps)).await?;
+            for r in reports {
+                println!(
+                    "deleted snapshot {}{} ({} of chunks released; `forkd store gc` reclaims them)",
+                    r.id,
+                    if r.tags_removed.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" [{}]", r.tags_removed.join(", "))
+                    },
+                    mib(r.stored_bytes_released)
+                );
+            }
+            Ok(0)
+        }
+    }
+}
+
+async fn create_cmd(paths: &Paths, a: CreateArgs) -> Result<i32> {
+    let spec = CreateSpec {
+        tag: a.tag,
+        image: ImageSource::Named(a.image),
+        mem_mib: a.mem,
+        vcpus: a.vcpus,
+        accel: a.accel.resolve()?,
+        warmup_cmd: a.warmup,
+        eval_warmup: a.eval_warmup,
+        replace_tag: a.force,
+        lifetime: Lifetime::Ephemeral,
+        verbose: !a.quiet,
+    };
+    let tag = spec.tag.clone();
+    let c = tokio::select! {
+        r = create(paths, spec) => r?,
+        _ = tokio::signal::ctrl_c() => bail!("interrupted; nothing was committed"),
+    };
+    let t = &c.timings;
+    println!(
+        "snapshot {tag} = {} (memory {}, disk {}; {} new in the store)",
+        c.record.id,
+        mib(c.record.files["memory.bin"].size),
+        mib(c.record.files["rootfs.img"].size),
+        mib(c.new_stored_bytes)
+    );
+    println!(
+        "boot {} ms, warm-up {} ms, pause+save {} ms, ingest {} ms, total {} ms",
+        t.boot_ms, t.warmup_ms, t.save_ms, t.ingest_ms, t.total_ms
+    );
+    Ok(0)
+}
+
+async fn ls(paths: &Paths, json: bool) -> Result<i32> {
+    let rows = crate::store::with_rw(paths, |store| {
+        let mut rows = Vec::new();
+        for (tag, id) in store.tags()? {
+            let rec = store
+                .snapshot(&id)?
+                .ok_or_else(|| anyhow!("tag {tag} names missing snapshot {id}"))?;
+            let parent = rec.parent.map(|p| crate::snapshot::info::label(store, &p));
+            rows.push((tag, rec, parent));
+        }
+        Ok(rows)
+    })
+    .await?;
+    if json {
+        let v: Vec<_> = rows
+            .iter()
+            .map(|(tag, rec, parent)| {
+                serde_json::json!({
+                    "tag": tag, "id": rec.id.to_string(), "parent": parent,
+                    "created_at_unix": rec.created_at_unix,
+                    "image": rec.config.get("image"),
+                    "memory_bytes": rec.files.get("memory.bin").map(|f| f.size),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<24} {:<32}  {:<24} {:<14} {:>9}  CREATED",
+        "TAG", "ID", "PARENT", "IMAGE", "MEMORY"
+    );
+    for (tag, rec, parent) in &rows {
+        println!(
+            "{:<24} {:<32}  {:<24} {:<14} {:>9}  {}",
+            tag,
+            rec.id.to_string(),
+            parent.as_deref().unwrap_or("-"),
+            rec.config
+                .get("image")
+                .and_then(|v| v.as_str())
+                .unwrap_or("-"),
+            rec.files
+                .get("memory.bin")
+                .map_or("-".into(), |f| format!("{}M", f.size >> 20)),
+            crate::util::format_unix(rec.created_at_unix)
+        );
+    }
+    Ok(0)
+}
+
+async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
+    let d = crate::store::with_rw(paths, move |store| {
+        let rec = store
+            .resolve(&tag)?
+            .ok_or_else(|| anyhow!("no snapshot {tag:?} (see `forkd snapshot ls`)"))?;
+        detail(store, &rec)
+    })
+    .await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&d)?);
+        return Ok(0);
+    }
+    println!("id:          {}", d.id);
+    println!("tags:        {}", d.tags.join(", "));
+    println!(
+        "created:     {}",
+        crate::util::format_unix(d.created_at_unix)
+    );
+    println!("chain depth: {}", d.chain_depth);
+    for (i, l) in d
+        .ancestors
+        .iter()
+        .chain(std::iter::once(&d.this))
+        .enumerate()
+    {
+        println!(
+            "  {i:>3}  {:<32}  {:<20} stores {} ({} raw)",
+            l.id,
+            l.tags.join(","),
+            mib(l.unique_stored_bytes),
+            mib(l.unique_raw_bytes)
+        );
+    }
+    println!(
+        "dependents:  {}",
+        if d.dependents.is_empty() {
+            "-".into()
+        } else {
+            d.dependents.join(", ")
+        }
+    );
+    for (name, f) in &d.files {
+        println!(
+            "file {name:<11} {} ({} zero)",
+            mib(f.size),
+            mib(f.zero_bytes)
+        );
+    }
+    println!("config:      {}", d.config);
+    if !d.lineage.is_empty() {
+        println!("lineage:     {}", serde_json::to_string(&d.lineage)?);
+    }
+    Ok(0)
+}

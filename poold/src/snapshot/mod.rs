@@ -1,0 +1,46 @@
+//! Warm snapshots and copy-on-write children (DESIGN.md, "The VMM").
+//!
+//! - [`create`]: boot a parent, warm it up, pause, save, ingest into the
+//!   layer store as one snapshot;
+//! - [`restore`]: start one child paused from a snapshot served by forkd-fs,
+//!   then hand it out (resume + identity);
+//! - [`fork`]: N children at once, with per-phase timings;
+//! - [`config`]: what a snapshot records about its VM, and the check that
+//!   refuses a restore this host cannot do;
+//! - [`staging`]: scratch directories that never outlive their owner.
+
+pub mod config;
+pub mod create;
+pub mod delete;
+pub mod fork;
+pub mod info;
+pub mod restore;
+pub mod staging;
+
+use crate::paths::Paths;
+use anyhow::{Context, Result};
+
+/// The forkd-fs mount of this data dir, started (or recovered) if needed.
+/// Blocking: call from a blocking context.
+pub fn ensure_mount(paths: &Paths) -> Result<forkd_fs::MountConfig> {
+    let cfg = forkd_fs::MountConfig::new(paths.mount_dir(), paths.store_dir());
+    if !paths.store_dir().join("db").is_dir() {
+        // forkd-fs reads a secondary view, which needs an existing store.
+        drop(crate::store::open_rw(paths)?);
+    }
+    forkd_fs::ensure_mounted(&cfg).with_context(|| {
+        format!(
+            "mounting the layer store at {} (forkd-fs)",
+            paths.mount_dir().display()
+        )
+    })?;
+    Ok(cfg)
+}
+
+/// [`ensure_mount`] from async code.
+pub async fn ensure_mount_async(paths: &Paths) -> Result<forkd_fs::MountConfig> {
+    let p = paths.clone();
+    tokio::task::spawn_blocking(move || ensure_mount(&p))
+        .await
+        .context("mount task panicked")?
+}

@@ -1,0 +1,182 @@
+//! Restoring children from a snapshot served by forkd-fs (DESIGN.md, "Child
+//! restore"): RAM is a private copy-on-write mapping of the snapshot's
+//! `memory.bin`, the disk a private qcow2 overlay over its `rootfs.img`, and
+//! the device state comes from its `vmstate`. A restored child is paused
+//! until [`hand_out`] resumes it and gives it its own identity.
+
+use super::config::VmConfig;
+use super::create::{ms, MEMORY, ROOTFS, VMSTATE};
+use crate::paths::Paths;
+use crate::vm::{Boot, Launch, Lifetime, Memory, Vm, VmDir};
+use anyhow::{anyhow, Context, Result};
+use forkd_layers::{SnapshotId, SnapshotRecord};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a resumed child may take to answer its first request.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A snapshot as children see it: its files on the forkd-fs mount.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub id: SnapshotId,
+    pub dir: PathBuf,
+    pub config: VmConfig,
+    pub rootfs_size: u64,
+}
+
+impl Source {
+    /// Resolves a tag or snapshot id through the mount (its `snapshot.json`),
+    /// so forking never needs the store's write lock.
+    pub fn resolve(mount: &std::path::Path, tag_or_id: &str) -> Result<Source> {
+        Source::new(mount, &read_record(mount, tag_or_id)?)
+    }
+
+    /// The snapshot `rec` served from the mount at `mount`. Checks that this
+    /// host can restore it and that its files are there.
+    pub fn new(mount: &std::path::Path, rec: &SnapshotRecord) -> Result<Source> {
+        let config = VmConfig::from_record(rec)?;
+        config.check_restorable()?;
+        let dir = forkd_fs::prefetch::file_path(mount, &rec.id, MEMORY)
+            .parent()
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow!("bad mount path"))?;
+        for f in [MEMORY, VMSTATE, ROOTFS] {
+            if !rec.files.contains_key(f) {
+                anyhow::bail!("snapshot {} has no {f}; it cannot be restored", rec.id);
+            }
+            let p = dir.join(f);
+            std::fs::metadata(&p).with_context(|| {
+                format!(
+                    "snapshot {} file {f} is not readable at {}",
+                    rec.id,
+                    p.display()
+                )
+            })?;
+        }
+        Ok(Source {
+            id: rec.id,
+            dir,
+            config,
+            rootfs_size: rec.files[ROOTFS].size,
+        })
+    }
+
+    pub fn memory(&self) -> PathBuf {
+        self.dir.join(MEMORY)
+    }
+    pub fn vmstate(&self) -> PathBuf {
+        self.dir.join(VMSTATE)
+    }
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join(ROOTFS)
+    }
+}
+
+/// Reads a snapshot record from the mount by tag or id. The name is
+/// validated before it touches a path.
+pub fn read_record(mount: &std::path::Path, tag_or_id: &str) -> Result<SnapshotRecord> {
+    let dir = match tag_or_id.parse::<SnapshotId>() {
+        Ok(id) => mount.join("by-id").join(id.to_string()),
+        Err(_) => {
+            forkd_layers::validate_tag(tag_or_id)?;
+            mount.join(tag_or_id)
+        }
+    };
+    let json = dir.join("snapshot.json");
+    let bytes = std::fs::read(&json).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::NotFound {
+            anyhow!("no snapshot {tag_or_id:?} (see `forkd snapshot ls`)")
+        } else {
+            anyhow!("reading {}: {e}", json.display())
+        }
+    })?;
+    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", json.display()))
+}
+
+/// When each phase of one child's start finished, in ms from its start.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChildTimings {
+    /// QEMU started and its QMP and agent sockets connected.
+    pub process_ms: u64,
+    /// Device state loaded (migration-in completed); still paused.
+    pub restored_ms: u64,
+    /// vCPUs running.
+    pub resumed_ms: u64,
+    /// The agent answered (identity applied).
+    pub ready_ms: u64,
+}
+
+/// Starts QEMU for one child of `src` and loads its state; the child is
+/// left paused. On failure nothing of it is left behind.
+pub async fn restore_paused(
+    paths: &Paths,
+    src: &Source,
+    id: &str,
+    lifetime: Lifetime,
+    timings: &mut ChildTimings,
+) -> Result<Vm> {
+    let t0 = Instant::now();
+    let dir = VmDir::new(paths.vm_dir(id));
+    std::fs::create_dir_all(&dir.path)
+        .with_context(|| format!("creating {}", dir.path.display()))?;
+    let result = async {
+        crate::vm::disk::create_overlay_unchecked(&src.rootfs(), src.rootfs_size, &dir.disk())
+            .await?;
+        let launch = Launch {
+            name: id.to_string(),
+            machine: src.config.machine.clone(),
+            memory: Memory::Private(src.memory()),
+            boot: Boot::Incoming,
+            disk: dir.disk(),
+            qmp_socket: dir.qmp(),
+            agent_socket: dir.agent(),
+            console_log: dir.console(),
+            nic: None,
+        };
+        let vm = Vm::spawn(id, dir.clone(), &launch, lifetime).await?;
+        timings.process_ms = ms(t0.elapsed());
+        if let Err(e) = vm.load_state(&src.vmstate()).await {
+            let log = vm.dir.qemu_log_tail(10);
+            vm.destroy().await;
+            return Err(e.context(format!("QEMU log:\n{log}")));
+        }
+        timings.restored_ms = ms(t0.elapsed());
+        Ok(vm)
+    }
+    .await;
+    if result.is_err() {
+        let _ = std::fs::remove_dir_all(&dir.path);
+    }
+    result
+}
+
+/// Resumes a restored child and gives it its own identity (fresh entropy,
+/// the host's wall clock, its hostname, a reseeded interpreter). Returns once
+/// the agent has answered. `t0` is when this child's start began.
+pub async fn hand_out(
+    vm: &mut Vm,
+    hostname: &str,
+    t0: Instant,
+    timings: &mut ChildTimings,
+) -> Result<()> {
+    vm.resume().await?;
+    timings.resumed_ms = ms(t0.elapsed());
+    let agent = vm.agent.clone();
+    let identity = async {
+        tokio::time::timeout(READY_TIMEOUT, agent.identity(Some(hostname)))
+            .await
+            .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
+            .map_err(anyhow::Error::from)
+    };
+    identity.await.map_err(|e| {
+        e.context(format!(
+            "child {} did not become ready; console tail:\n{}",
+            vm.id,
+            vm.dir.console_tail(20)
+        ))
+    })?;
+    timings.ready_ms = ms(t0.elapsed());
+    Ok(())
+}
