@@ -5,6 +5,8 @@
 //! Tests need a prepared data dir (kernel, initramfs, images); `scripts/test.sh`
 //! makes one and points `FORKD_HOME` at it.
 
+pub mod daemon;
+
 use poold::images::Image;
 use poold::paths::Paths;
 use poold::vm::boot::{cold_boot, BootSpec};

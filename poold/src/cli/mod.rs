@@ -1,10 +1,12 @@
 //! The `forkd` command line. Each subcommand lives in its own module; errors
 //! print as one line (`error: what: why`) without a backtrace.
 
+pub mod bench;
 pub mod fork;
 pub mod hub;
 pub mod image;
 pub mod run;
+pub mod sandbox;
 pub mod snapshot;
 pub mod store;
 
@@ -53,6 +55,30 @@ pub enum Command {
     /// Inspect and maintain the layer store (stats, verify, gc, ls).
     #[command(subcommand)]
     Store(store::StoreCmd),
+    /// Spawn sandboxes through poold ($FORKD_URL, $FORKD_TOKEN).
+    Spawn(sandbox::SpawnArgs),
+    /// List poold's sandboxes.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete sandboxes.
+    Kill {
+        ids: Vec<String>,
+        /// Every sandbox poold runs.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Run a command in a sandbox; exits with its status.
+    Exec(sandbox::ExecArgs),
+    /// Evaluate Python in a sandbox's warm interpreter.
+    Eval { id: String, code: String },
+    /// Show and size poold's warm pools.
+    #[command(subcommand)]
+    Pool(sandbox::PoolCmd),
+    /// Benchmarks (they print numbers; see docs/BENCHMARKS.md).
+    #[command(subcommand)]
+    Bench(bench::BenchCmd),
 }
 
 impl Cli {
@@ -85,6 +111,13 @@ pub fn main() -> ExitCode {
             Command::Unpack(a) => hub::unpack(&paths, a).await.map(|()| 0),
             Command::Hub(c) => hub::run(&paths, c).await.map(|()| 0),
             Command::Store(c) => store::run(&paths, c).await,
+            Command::Spawn(a) => sandbox::spawn(a).await,
+            Command::Ls { json } => sandbox::ls(json).await,
+            Command::Kill { ids, all } => sandbox::kill(ids, all).await,
+            Command::Exec(a) => sandbox::exec(a).await,
+            Command::Eval { id, code } => sandbox::eval(id, code).await,
+            Command::Pool(c) => sandbox::pool(c).await,
+            Command::Bench(c) => bench::run(&paths, c).await,
         }
     });
     match result {

@@ -1,0 +1,103 @@
+//! `forkd bench fork|spawn`: benchmarks that print medians and ratios.
+
+use crate::bench;
+use crate::paths::Paths;
+use crate::vm::accel::AccelChoice;
+use anyhow::{bail, Result};
+use clap::Subcommand;
+
+/// What every child evaluates to count as ready (DESIGN.md, "How to measure").
+const PROBE: &str = "numpy.zeros(5).tolist()";
+
+#[derive(Subcommand, Debug)]
+pub enum BenchCmd {
+    /// Cold boot + warm-up per child vs restore from a warm snapshot, for several N.
+    Fork {
+        #[arg(long, default_value = "python-numpy")]
+        image: String,
+        /// Comma-separated child counts.
+        #[arg(long, default_value = "1,10,100")]
+        n: String,
+        #[arg(long, default_value_t = 512)]
+        mem: u64,
+        #[arg(long, env = "FORKD_ACCEL", default_value = "auto")]
+        accel: AccelChoice,
+        /// Sequential cold boots to measure.
+        #[arg(long, default_value_t = 3)]
+        cold_samples: usize,
+        /// Children restored at once.
+        #[arg(long)]
+        parallel: Option<usize>,
+        /// Code every child evaluates to count as ready.
+        #[arg(long, default_value = PROBE)]
+        probe: String,
+    },
+    /// Spawn latency through a running poold: full pool, empty pool, cold boot.
+    Spawn {
+        #[arg(long)]
+        tag: String,
+        #[arg(short = 'n', long, default_value_t = 100)]
+        n: usize,
+        #[arg(long, default_value_t = 3)]
+        cold_samples: usize,
+        #[arg(long, default_value = PROBE)]
+        probe: String,
+    },
+}
+
+pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
+    match cmd {
+        BenchCmd::Fork {
+            image,
+            n,
+            mem,
+            accel,
+            cold_samples,
+            parallel,
+            probe,
+        } => {
+            let ns = n
+                .split(',')
+                .map(|x| x.trim().parse::<usize>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|_| anyhow::anyhow!("--n takes comma-separated counts, e.g. 1,10,100"))?;
+            if ns.iter().any(|&n| n == 0 || n > 1000) {
+                bail!("each N must be 1-1000");
+            }
+            bench::fork::run(
+                paths,
+                bench::fork::ForkBench {
+                    image,
+                    mem_mib: mem,
+                    accel: accel.resolve()?,
+                    ns,
+                    cold_samples,
+                    parallel: parallel.unwrap_or_else(crate::snapshot::fork::default_parallel),
+                    probe,
+                },
+            )
+            .await?;
+        }
+        BenchCmd::Spawn {
+            tag,
+            n,
+            cold_samples,
+            probe,
+        } => {
+            if n == 0 || n > 1000 {
+                bail!("-n must be 1-1000");
+            }
+            bench::spawn::run(
+                paths,
+                bench::spawn::SpawnBench {
+                    tag,
+                    n,
+                    cold_samples,
+                    probe,
+                },
+            )
+            .await?;
+        }
+    }
+    Ok(0)
+}

@@ -1,0 +1,224 @@
+//! The commands that drive a running poold: `forkd spawn|ls|kill|exec|eval`
+//! and `forkd pool get|set|rm` (`$FORKD_URL`, `$FORKD_TOKEN`).
+
+use crate::client::Client;
+use crate::daemon::api::types::{EvalReply, ExecReply, SandboxInfo};
+use crate::daemon::pool::PoolStatus;
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use serde_json::json;
+use std::io::Write;
+
+#[derive(Args, Debug)]
+pub struct SpawnArgs {
+    /// Snapshot tag.
+    #[arg(long)]
+    pub tag: String,
+    #[arg(short = 'n', long, default_value_t = 1)]
+    pub n: usize,
+    /// Memory limit per sandbox (cgroup), MiB.
+    #[arg(long)]
+    pub memory_limit_mib: Option<u64>,
+    /// Kill the sandboxes after this many seconds.
+    #[arg(long)]
+    pub ttl: Option<u64>,
+    /// Print the JSON answer.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Seconds before the command's process group is killed.
+    #[arg(long, default_value_t = 30.0)]
+    pub timeout: f64,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum PoolCmd {
+    /// Show one pool, or all.
+    Get { tag: Option<String> },
+    /// Keep MIN paused children of TAG ready (at most MAX).
+    Set {
+        tag: String,
+        #[arg(long)]
+        min: usize,
+        #[arg(long)]
+        max: Option<usize>,
+        /// Park children without the warm-up round trip.
+        #[arg(long)]
+        no_warm: bool,
+    },
+    /// Remove a pool and destroy its children.
+    Rm { tag: String },
+}
+
+pub async fn spawn(a: SpawnArgs) -> Result<i32> {
+    let c = Client::from_env()?;
+    let mut body = json!({"snapshot_tag": a.tag, "n": a.n});
+    if let Some(m) = a.memory_limit_mib {
+        body["memory_limit_mib"] = json!(m);
+    }
+    if let Some(t) = a.ttl {
+        body["ttl_secs"] = json!(t);
+    }
+    let t0 = std::time::Instant::now();
+    let made: Vec<SandboxInfo> = c.post("/v1/sandboxes", body).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&made)?);
+    } else {
+        for s in &made {
+            println!("{}", s.id);
+        }
+        let hits = made.iter().filter(|s| s.pool_hit).count();
+        eprintln!(
+            "{} sandboxes of {} ready in {} ms ({hits} from the pool)",
+            made.len(),
+            a.tag,
+            t0.elapsed().as_millis()
+        );
+    }
+    Ok(0)
+}
+
+pub async fn ls(json_out: bool) -> Result<i32> {
+    let c = Client::from_env()?;
+    let all: Vec<SandboxInfo> = c.get("/v1/sandboxes").await?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&all)?);
+        return Ok(0);
+    }
+    println!(
+        "{:<28} {:<20} {:>8} {:>9}  CREATED",
+        "ID", "SNAPSHOT", "PID", "MEM LIMIT"
+    );
+    for s in &all {
+        println!(
+            "{:<28} {:<20} {:>8} {:>9}  {}",
+            s.id,
+            s.snapshot_tag,
+            s.pid.map_or("-".into(), |p| p.to_string()),
+            s.memory_limit_mib.map_or("-".into(), |m| format!("{m}M")),
+            crate::util::format_unix(s.created_at_unix)
+        );
+    }
+    Ok(0)
+}
+
+pub async fn kill(ids: Vec<String>, all: bool) -> Result<i32> {
+    let c = Client::from_env()?;
+    let ids = if all {
+        let l: Vec<SandboxInfo> = c.get("/v1/sandboxes").await?;
+        l.into_iter().map(|s| s.id).collect()
+    } else if ids.is_empty() {
+        bail!("name the sandboxes to kill, or --all");
+    } else {
+        ids
+    };
+    for id in &ids {
+        c.delete(&format!("/v1/sandboxes/{}", path_part(id)?))
+            .await?;
+        println!("killed {id}");
+    }
+    Ok(0)
+}
+
+pub async fn exec(a: ExecArgs) -> Result<i32> {
+    let c = Client::from_env()?;
+    let r: ExecReply = c
+        .post(
+            &format!("/v1/sandboxes/{}/exec", path_part(&a.id)?),
+            json!({"args": a.cmd, "timeout_secs": a.timeout}),
+        )
+        .await?;
+    std::io::stdout().write_all(r.stdout.as_bytes())?;
+    std::io::stderr().write_all(r.stderr.as_bytes())?;
+    if r.timed_out {
+        eprintln!("forkd: command timed out and was killed");
+    }
+    Ok(r.exit_code.clamp(0, 255) as i32)
+}
+
+pub async fn eval(id: String, code: String) -> Result<i32> {
+    let c = Client::from_env()?;
+    let r: EvalReply = c
+        .post(
+            &format!("/v1/sandboxes/{}/eval", path_part(&id)?),
+            json!({ "code": code }),
+        )
+        .await?;
+    print!("{}", r.stdout);
+    eprint!("{}", r.stderr);
+    if let Some(e) = r.error {
+        eprintln!("{}", r.traceback.unwrap_or(e));
+        return Ok(1);
+    }
+    if let Some(v) = r.result {
+        println!("{v}");
+    }
+    Ok(0)
+}
+
+pub async fn pool(cmd: PoolCmd) -> Result<i32> {
+    let c = Client::from_env()?;
+    let show = |p: &PoolStatus| {
+        println!(
+            "{:<24} ready {:>3}/{:<3} (max {:>3}) in flight {:>2}  hits {:>5} misses {:>5}{}",
+            p.tag,
+            p.ready,
+            p.min_ready,
+            p.max_ready,
+            p.in_flight,
+            p.hits,
+            p.misses,
+            if p.warm { "" } else { "  (no warm-up)" }
+        )
+    };
+    match cmd {
+        PoolCmd::Get { tag: None } => {
+            let all: Vec<PoolStatus> = c.get("/v1/pools").await?;
+            all.iter().for_each(show);
+        }
+        PoolCmd::Get { tag: Some(t) } => {
+            show(&c.get(&format!("/v1/pools/{}", path_part(&t)?)).await?)
+        }
+        PoolCmd::Set {
+            tag,
+            min,
+            max,
+            no_warm,
+        } => {
+            let p: PoolStatus = c
+                .put(
+                    &format!("/v1/pools/{}", path_part(&tag)?),
+                    json!({"min_ready": min, "max_ready": max, "warm": !no_warm}),
+                )
+                .await?;
+            show(&p);
+        }
+        PoolCmd::Rm { tag } => {
+            c.delete(&format!("/v1/pools/{}", path_part(&tag)?)).await?;
+            println!("removed pool {tag}");
+        }
+    }
+    Ok(0)
+}
+
+/// A tag or id as one URL path segment: refuses anything that is not
+/// `[A-Za-z0-9_-]`, so it cannot change the path.
+fn path_part(s: &str) -> Result<&str> {
+    if s.is_empty()
+        || s.len() > 64
+        || !s
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+    {
+        bail!("{s:?} is not a valid id or tag (1-64 of A-Z a-z 0-9 _ -)");
+    }
+    Ok(s)
+}

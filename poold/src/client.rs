@@ -1,0 +1,139 @@
+//! A small client of poold's REST API, for the CLI and benchmarks:
+//! `$FORKD_URL` (default `http://127.0.0.1:8889`) and `$FORKD_TOKEN`.
+
+use anyhow::{anyhow, bail, Context, Result};
+pub use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use std::time::Duration;
+
+/// Where poold listens unless `$FORKD_URL` says otherwise.
+pub const DEFAULT_URL: &str = "http://127.0.0.1:8889";
+
+/// A connection to one poold.
+#[derive(Clone)]
+pub struct Client {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Client {
+    /// From `$FORKD_URL` / `$FORKD_TOKEN`.
+    pub fn from_env() -> Result<Client> {
+        let url = std::env::var("FORKD_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| DEFAULT_URL.into());
+        let token = std::env::var("FORKD_TOKEN")
+            .ok()
+            .map(|t| t.trim().to_string())
+            .filter(|t| !t.is_empty());
+        Client::new(&url, token)
+    }
+
+    pub fn new(url: &str, token: Option<String>) -> Result<Client> {
+        if !(url.starts_with("http://") || url.starts_with("https://")) {
+            bail!("FORKD_URL {url:?} must start with http:// or https://");
+        }
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(3600))
+            .build()?;
+        Ok(Client {
+            base: url.trim_end_matches('/').to_string(),
+            token,
+            http,
+        })
+    }
+
+    /// Sends a request and returns the status and the body.
+    pub async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(StatusCode, bytes::Bytes)> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method.clone(), &url);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        let resp = req.send().await.with_context(|| {
+            format!("{method} {url}: is poold running? (start it with `poold`, or set FORKD_URL)")
+        })?;
+        let status = resp.status();
+        let bytes = resp.bytes().await?;
+        Ok((status, bytes))
+    }
+
+    /// Sends raw bytes (a file upload) and returns the status and the body.
+    pub async fn send_bytes(
+        &self,
+        method: Method,
+        path: &str,
+        body: Vec<u8>,
+    ) -> Result<(StatusCode, bytes::Bytes)> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.request(method.clone(), &url).body(body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {url}"))?;
+        let status = resp.status();
+        Ok((status, resp.bytes().await?))
+    }
+
+    /// Sends a request and decodes a 2xx JSON answer; an error answer
+    /// becomes an error carrying poold's message.
+    pub async fn call<T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<T> {
+        let (status, bytes) = self.send(method.clone(), path, body).await?;
+        if !status.is_success() {
+            return Err(api_error(status, &bytes));
+        }
+        let bytes = if bytes.is_empty() {
+            bytes::Bytes::from_static(b"null")
+        } else {
+            bytes
+        };
+        serde_json::from_slice(&bytes)
+            .with_context(|| format!("decoding the answer to {method} {path}"))
+    }
+
+    pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
+        self.call(Method::GET, path, None).await
+    }
+
+    pub async fn post<T: DeserializeOwned>(&self, path: &str, body: Value) -> Result<T> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+
+    pub async fn put<T: DeserializeOwned>(&self, path: &str, body: Value) -> Result<T> {
+        self.call(Method::PUT, path, Some(body)).await
+    }
+
+    pub async fn delete(&self, path: &str) -> Result<()> {
+        self.call::<Value>(Method::DELETE, path, None)
+            .await
+            .map(|_| ())
+    }
+}
+
+/// poold's `{"error": "..."}` as an error.
+fn api_error(status: StatusCode, body: &[u8]) -> anyhow::Error {
+    let msg = serde_json::from_slice::<Value>(body)
+        .ok()
+        .and_then(|v| v.get("error").and_then(Value::as_str).map(String::from))
+        .unwrap_or_else(|| String::from_utf8_lossy(body).trim().to_string());
+    anyhow!("poold answered {}: {msg}", status.as_u16())
+}

@@ -1,0 +1,81 @@
+//! The HTTP routes. forkd's `/v1` API (same paths, JSON fields, status
+//! codes and `{"error": "..."}` bodies) plus our own pools, files,
+//! streaming exec, logs and TTLs. Reference: docs/api.md.
+
+pub mod files;
+pub mod pools;
+pub mod sandboxes;
+pub mod snapshots;
+pub mod types;
+
+use super::Daemon;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use std::sync::Arc;
+
+/// Every route but `/healthz` (which needs no auth; see `server`).
+pub fn routes(d: Arc<Daemon>) -> Router {
+    Router::new()
+        .route("/version", get(version))
+        .route("/metrics", get(metrics))
+        .route(
+            "/v1/snapshots",
+            get(snapshots::list).post(snapshots::create_snapshot),
+        )
+        .route(
+            "/v1/snapshots/{tag}",
+            axum::routing::delete(snapshots::delete_snapshot),
+        )
+        .route("/v1/snapshots/{tag}/info", get(snapshots::info))
+        .route("/v1/snapshots/{tag}/compact", post(snapshots::compact))
+        .route("/v1/sandboxes", get(sandboxes::list).post(sandboxes::spawn))
+        .route(
+            "/v1/sandboxes/{id}",
+            get(sandboxes::get).delete(sandboxes::delete),
+        )
+        .route("/v1/sandboxes/{id}/ping", post(sandboxes::ping))
+        .route("/v1/sandboxes/{id}/exec", post(sandboxes::exec))
+        .route(
+            "/v1/sandboxes/{id}/exec/stream",
+            post(sandboxes::exec_stream),
+        )
+        .route("/v1/sandboxes/{id}/eval", post(sandboxes::eval))
+        .route("/v1/sandboxes/{id}/logs", get(sandboxes::logs))
+        .route("/v1/sandboxes/{id}/ttl", post(sandboxes::set_ttl))
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(files::read).put(files::write).delete(files::remove),
+        )
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/pools", get(pools::list))
+        .route(
+            "/v1/pools/{tag}",
+            get(pools::get).put(pools::put).delete(pools::delete),
+        )
+        .layer(DefaultBodyLimit::max(files::MAX_FILE_BYTES + 4096))
+        .with_state(d)
+}
+
+async fn version() -> Json<serde_json::Value> {
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "api": "v1",
+        "compat": "forkd 0.5.3",
+    }))
+}
+
+async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
+    d.metrics.snapshots.set(
+        d.with_reader(|v| Ok(v.tags()?.len() as i64))
+            .unwrap_or_default(),
+    );
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        d.metrics.render(),
+    )
+}

@@ -1,0 +1,71 @@
+//! `/v1/pools` (ours): see and size the warm pools.
+//!
+//! - `GET /v1/pools` → every pool's status
+//! - `GET /v1/pools/:tag` → one pool's status (zeros if it has none)
+//! - `PUT /v1/pools/:tag {min_ready, max_ready?, warm?}` → status; persisted
+//! - `DELETE /v1/pools/:tag` → the pool's children are destroyed (persisted)
+
+use crate::daemon::config::PoolSpec;
+use crate::daemon::error::{check_tag, ApiError, ApiResult};
+use crate::daemon::lifecycle::discard_pooled;
+use crate::daemon::pool::PoolStatus;
+use crate::daemon::Daemon;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use std::sync::Arc;
+
+type D = State<Arc<Daemon>>;
+
+pub async fn list(State(d): D) -> Json<Vec<PoolStatus>> {
+    Json(d.pools.status())
+}
+
+pub async fn get(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<PoolStatus>> {
+    check_tag(&tag)?;
+    Ok(Json(d.pools.status_of(&tag)))
+}
+
+pub async fn put(
+    State(d): D,
+    Path(tag): Path<String>,
+    Json(spec): Json<PoolSpec>,
+) -> ApiResult<Json<PoolStatus>> {
+    check_tag(&tag)?;
+    spec.validate()
+        .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+    // A pool for a snapshot that does not exist would only log refill errors.
+    super::snapshots::resolve(&d, &tag)?;
+    let t = tag.clone();
+    d.state
+        .commit(move |s| {
+            s.pools.insert(t, spec);
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    let extra = d.pools.set(&tag, Some(spec));
+    discard_pooled(&d, extra);
+    d.refill_wake.notify_one();
+    Ok(Json(d.pools.status_of(&tag)))
+}
+
+pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCode> {
+    check_tag(&tag)?;
+    // Recorded as an empty pool, so a pool from the config file stays
+    // deleted across restarts too.
+    let off = PoolSpec {
+        min_ready: 0,
+        max_ready: Some(0),
+        warm: false,
+    };
+    let t = tag.clone();
+    d.state
+        .commit(move |s| {
+            s.pools.insert(t, off);
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    let extra = d.pools.set(&tag, None);
+    discard_pooled(&d, extra);
+    Ok(StatusCode::NO_CONTENT)
+}

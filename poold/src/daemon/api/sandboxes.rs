@@ -1,0 +1,282 @@
+//! `/v1/sandboxes`: spawn, list, get, delete, and the agent calls forkd
+//! has (ping, exec, eval), plus ours: streaming exec, console logs, TTL.
+
+use super::types::{EvalBody, EvalReply, ExecBody, ExecReply, SandboxInfo, SpawnBody};
+use crate::daemon::error::{agent_error, ApiError, ApiResult};
+use crate::daemon::lifecycle::{self, SpawnRequest};
+use crate::daemon::sandbox::Sandbox;
+use crate::daemon::Daemon;
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use rootfs_init::protocol::{ExecSpec, Reply};
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+
+type D = State<Arc<Daemon>>;
+
+/// The sandbox `id`, or 404.
+pub fn get_sandbox(d: &Daemon, id: &str) -> ApiResult<Arc<Sandbox>> {
+    d.sandboxes
+        .get(id)
+        .ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))
+}
+
+/// `POST /v1/sandboxes`.
+pub async fn spawn(
+    State(d): D,
+    Json(b): Json<SpawnBody>,
+) -> ApiResult<(StatusCode, Json<Vec<SandboxInfo>>)> {
+    crate::daemon::error::check_tag(&b.snapshot_tag)?;
+    if b.per_child_netns {
+        return Err(ApiError::bad_request(
+            "per_child_netns: this snapshot's guest has no network device, so there is no network to isolate; reach sandboxes through exec, eval and files",
+        ));
+    }
+    if b.hugepages && !b.live_fork {
+        return Err(ApiError::bad_request(
+            "hugepages is only meaningful with live_fork",
+        ));
+    }
+    let recs = lifecycle::spawn(
+        &d,
+        SpawnRequest {
+            tag: b.snapshot_tag,
+            n: b.n,
+            memory_limit_mib: b.memory_limit_mib,
+            ttl_secs: b.ttl_secs,
+        },
+    )
+    .await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(recs.into_iter().map(SandboxInfo::from).collect()),
+    ))
+}
+
+/// `GET /v1/sandboxes`.
+pub async fn list(State(d): D) -> Json<Vec<SandboxInfo>> {
+    Json(
+        d.sandboxes
+            .all()
+            .into_iter()
+            .map(|s| SandboxInfo::from(s.record()))
+            .collect(),
+    )
+}
+
+/// `GET /v1/sandboxes/:id`.
+pub async fn get(State(d): D, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
+    Ok(Json(get_sandbox(&d, &id)?.record().into()))
+}
+
+/// `DELETE /v1/sandboxes/:id`.
+pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    if lifecycle::destroy(&d, &id).await {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::not_found(format!("sandbox {id:?} not found")))
+    }
+}
+
+/// `POST /v1/sandboxes/:id/ping`: forkd's pong fields plus the agent's.
+pub async fn ping(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Value>> {
+    let sb = get_sandbox(&d, &id)?;
+    let p = sb
+        .agent
+        .ping(Duration::from_secs(5))
+        .await
+        .map_err(agent_error)?;
+    let mut v = serde_json::to_value(&p).map_err(ApiError::internal)?;
+    let extra = json!({
+        "pong": true,
+        "numpy_version": p.numpy_version.clone().unwrap_or_else(|| "not-installed".into()),
+        "pid": 1,
+        "agent_lang": "python",
+        "warmup_ready": p.warm_ready,
+    });
+    if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
+        o.extend(e.clone());
+    }
+    Ok(Json(v))
+}
+
+/// Builds the agent's exec spec from a request body.
+fn exec_spec(b: &ExecBody) -> ApiResult<ExecSpec> {
+    if !(b.timeout_secs > 0.0 && b.timeout_secs <= 86_400.0) {
+        return Err(ApiError::bad_request("timeout_secs must be in (0, 86400]"));
+    }
+    let (argv, shell) = match (&b.cmd, b.args.is_empty()) {
+        (Some(c), true) => (None, Some(c.clone())),
+        (None, false) => (Some(b.args.clone()), None),
+        (Some(_), false) => return Err(ApiError::bad_request("give args or cmd, not both")),
+        (None, true) => return Err(ApiError::bad_request("args must be a non-empty list")),
+    };
+    Ok(ExecSpec {
+        argv,
+        shell,
+        env: b.env.clone(),
+        cwd: b.cwd.clone(),
+        timeout_ms: Some((b.timeout_secs * 1000.0) as u64),
+        ..Default::default()
+    })
+}
+
+/// `POST /v1/sandboxes/:id/exec`.
+pub async fn exec(
+    State(d): D,
+    Path(id): Path<String>,
+    Json(b): Json<ExecBody>,
+) -> ApiResult<Json<ExecReply>> {
+    let sb = get_sandbox(&d, &id)?;
+    let spec = exec_spec(&b)?;
+    let stdin = b.stdin.clone().unwrap_or_default();
+    let out = sb
+        .agent
+        .exec(spec, stdin.as_bytes())
+        .await
+        .map_err(agent_error)?;
+    Ok(Json(ExecReply {
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        exit_code: i64::from(out.result.status_code()),
+        signal: out.result.signal,
+        timed_out: out.result.timed_out,
+        duration_ms: out.result.duration_ms,
+    }))
+}
+
+/// `POST /v1/sandboxes/:id/exec/stream`: NDJSON, one object per line:
+/// `{"type":"started","pid"}`, `{"type":"stdout"|"stderr","data"}` as
+/// output arrives, then `{"type":"exit","exit_code","signal","timed_out",
+/// "duration_ms"}` or `{"type":"error","error"}`.
+pub async fn exec_stream(
+    State(d): D,
+    Path(id): Path<String>,
+    Json(b): Json<ExecBody>,
+) -> ApiResult<Response> {
+    let sb = get_sandbox(&d, &id)?;
+    let spec = exec_spec(&b)?;
+    let stdin = b.stdin.clone().unwrap_or_default();
+    let (_, rx) = sb
+        .agent
+        .exec_stream(spec, stdin.as_bytes())
+        .map_err(agent_error)?;
+    let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
+        if done {
+            return None;
+        }
+        let (line, last) = match rx.recv().await {
+            Some((reply, payload)) => stream_line(reply, &payload),
+            None => (
+                json!({"type": "error", "error": "the agent channel closed"}),
+                true,
+            ),
+        };
+        let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+        bytes.push(b'\n');
+        Some((Ok::<_, std::convert::Infallible>(bytes), (rx, last)))
+    });
+    Ok((
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(stream),
+    )
+        .into_response())
+}
+
+/// One NDJSON line for a streaming-exec frame, and whether it is the last.
+fn stream_line(reply: Reply, payload: &[u8]) -> (Value, bool) {
+    match reply {
+        Reply::Started { pid } => (json!({"type": "started", "pid": pid}), false),
+        Reply::Stdout => (
+            json!({"type": "stdout", "data": String::from_utf8_lossy(payload)}),
+            false,
+        ),
+        Reply::Stderr => (
+            json!({"type": "stderr", "data": String::from_utf8_lossy(payload)}),
+            false,
+        ),
+        Reply::Ok { result } => {
+            let r: rootfs_init::protocol::ExecResult =
+                serde_json::from_value(result).unwrap_or_default();
+            (
+                json!({"type": "exit", "exit_code": r.status_code(), "signal": r.signal,
+                       "timed_out": r.timed_out, "duration_ms": r.duration_ms}),
+                true,
+            )
+        }
+        Reply::Error { error } => (json!({"type": "error", "error": error.to_string()}), true),
+    }
+}
+
+/// `POST /v1/sandboxes/:id/eval`.
+pub async fn eval(
+    State(d): D,
+    Path(id): Path<String>,
+    Json(b): Json<EvalBody>,
+) -> ApiResult<Json<EvalReply>> {
+    let sb = get_sandbox(&d, &id)?;
+    let timeout_ms = match b.timeout_secs {
+        Some(s) if !(s > 0.0 && s <= 86_400.0) => {
+            return Err(ApiError::bad_request("timeout_secs must be in (0, 86400]"))
+        }
+        Some(s) => Some((s * 1000.0) as u64),
+        None => Some(300_000),
+    };
+    let r = sb
+        .agent
+        .eval(&b.code, timeout_ms)
+        .await
+        .map_err(agent_error)?;
+    Ok(Json(EvalReply {
+        exit_code: if r.error.is_some() { 1 } else { 0 },
+        result: r.result,
+        error: r.error,
+        traceback: r.traceback,
+        stdout: r.stdout,
+        stderr: r.stderr,
+    }))
+}
+
+/// `GET /v1/sandboxes/:id/logs`: the guest console since the sandbox
+/// started (text).
+pub async fn logs(State(d): D, Path(id): Path<String>) -> ApiResult<Response> {
+    let sb = get_sandbox(&d, &id)?;
+    let text = std::fs::read(sb.dir.console()).unwrap_or_default();
+    Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TtlBody {
+    /// Seconds from now; 0 clears the TTL.
+    ttl_secs: u64,
+}
+
+/// `POST /v1/sandboxes/:id/ttl {ttl_secs}`: sets (or with 0 clears) when
+/// the sandbox is killed automatically.
+pub async fn set_ttl(
+    State(d): D,
+    Path(id): Path<String>,
+    Json(b): Json<TtlBody>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let sb = get_sandbox(&d, &id)?;
+    let expires = if b.ttl_secs == 0 {
+        0
+    } else {
+        crate::util::unix_now() + b.ttl_secs
+    };
+    sb.record.lock().unwrap().expires_at_unix = expires;
+    let rec = sb.record();
+    let r2 = rec.clone();
+    d.state
+        .commit(move |s| {
+            s.sandboxes.insert(r2.id.clone(), r2);
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    Ok(Json(rec.into()))
+}

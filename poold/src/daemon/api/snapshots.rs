@@ -1,0 +1,383 @@
+//! `/v1/snapshots`: list, create (a warm snapshot of an image), delete
+//! (forkd's 409 / cascade / force rules), info and compact.
+
+use super::types::{CreateSnapshotBody, SnapshotInfo};
+use crate::daemon::error::{check_tag, ApiError, ApiResult};
+use crate::daemon::Daemon;
+use crate::snapshot::create::{create, CreateSpec, ImageSource};
+use crate::snapshot::delete::{delete, DeleteError, Dependents};
+use crate::vm::Lifetime;
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::Json;
+use forkd_layers::{SnapshotRecord, StoreView};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+type D = State<Arc<Daemon>>;
+
+/// The files a restorable snapshot must have.
+const REQUIRED: [&str; 3] = ["memory.bin", "vmstate", "rootfs.img"];
+
+/// forkd's `SnapshotInfo` for a committed snapshot.
+pub fn info_of(d: &Daemon, view: &StoreView, tag: &str, rec: &SnapshotRecord) -> SnapshotInfo {
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .filter(|f| !rec.files.contains_key(*f))
+        .collect();
+    let lin = |k: &str| rec.lineage.get(k);
+    SnapshotInfo {
+        tag: tag.to_string(),
+        dir: d
+            .mount
+            .join("by-id")
+            .join(rec.id.to_string())
+            .display()
+            .to_string(),
+        created_at_unix: rec.created_at_unix,
+        branched_from: lin("branched_from")
+            .and_then(Value::as_str)
+            .map(String::from),
+        pause_ms: lin("pause_ms").and_then(Value::as_f64),
+        diff_ms: lin("diff_ms").and_then(Value::as_f64),
+        diff_physical_bytes: lin("diff_physical_bytes").and_then(Value::as_u64),
+        diff_logical_bytes: lin("diff_logical_bytes").and_then(Value::as_u64),
+        warning: (!missing.is_empty())
+            .then(|| format!("snapshot is not bootable: missing {}", missing.join(", "))),
+        status: if missing.is_empty() {
+            "ready"
+        } else {
+            "failed"
+        }
+        .into(),
+        bootable: missing.is_empty(),
+        id: Some(rec.id.to_string()),
+        parent_tag: rec.parent.map(|p| crate::snapshot::info::label(view, &p)),
+        image: rec
+            .config
+            .get("image")
+            .and_then(Value::as_str)
+            .map(String::from),
+    }
+}
+
+/// `GET /v1/snapshots`.
+pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
+    let mut out = d
+        .with_reader(|v| {
+            let mut out = Vec::new();
+            for (tag, id) in v.tags()? {
+                if let Some(rec) = v.snapshot(&id)? {
+                    out.push(info_of(&d, v, &tag, &rec));
+                }
+            }
+            Ok(out)
+        })
+        .map_err(ApiError::from_anyhow)?;
+    let writing: Vec<String> = d.writing.lock().unwrap().iter().cloned().collect();
+    for tag in writing {
+        if out.iter().all(|s| s.tag != tag) {
+            out.push(SnapshotInfo {
+                dir: String::new(),
+                created_at_unix: crate::util::unix_now(),
+                status: "writing".into(),
+                bootable: false,
+                ..empty_info(&tag)
+            });
+        }
+    }
+    Ok(Json(out))
+}
+
+fn empty_info(tag: &str) -> SnapshotInfo {
+    SnapshotInfo {
+        tag: tag.to_string(),
+        dir: String::new(),
+        created_at_unix: 0,
+        branched_from: None,
+        pause_ms: None,
+        diff_ms: None,
+        diff_physical_bytes: None,
+        diff_logical_bytes: None,
+        warning: None,
+        status: "ready".into(),
+        bootable: true,
+        id: None,
+        parent_tag: None,
+        image: None,
+    }
+}
+
+/// Resolves a tag through the read view; 404 when unknown.
+pub fn resolve(d: &Daemon, tag: &str) -> ApiResult<SnapshotRecord> {
+    check_tag(tag)?;
+    d.with_reader(|v| Ok(v.resolve(tag)?))
+        .map_err(ApiError::from_anyhow)?
+        .ok_or_else(|| ApiError::not_found(format!("snapshot {tag:?} not found")))
+}
+
+/// A path an API caller named: it must exist and lie inside the data dir or
+/// a configured `allowed_paths` entry, after resolving symlinks and `..`.
+fn allowed_path(d: &Daemon, what: &str, p: &str) -> ApiResult<std::path::PathBuf> {
+    let real = std::fs::canonicalize(p)
+        .map_err(|e| ApiError::bad_request(format!("{what} path {p:?}: {e}")))?;
+    let roots = std::iter::once(d.paths.home.clone()).chain(d.cfg.allowed_paths.iter().cloned());
+    let inside = roots
+        .filter_map(|r| std::fs::canonicalize(r).ok())
+        .any(|r| real.starts_with(&r));
+    if !inside {
+        return Err(ApiError::bad_request(format!(
+            "{what} path {p:?} is outside the data dir and allowed_paths; poold reads only files it is configured to"
+        )));
+    }
+    if !real.is_file() {
+        return Err(ApiError::bad_request(format!(
+            "{what} path {p:?} is not a file"
+        )));
+    }
+    Ok(real)
+}
+
+/// `POST /v1/snapshots`: boots a parent, warms it up, snapshots it.
+pub async fn create_snapshot(
+    State(d): D,
+    Json(b): Json<CreateSnapshotBody>,
+) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
+    check_tag(&b.tag)?;
+    if b.boot_wait_secs.is_some_and(|s| s > 60) {
+        return Err(ApiError::bad_request("boot_wait_secs must be ≤ 60"));
+    }
+    if b.tap.is_some() {
+        return Err(ApiError::bad_request(
+            "tap networking is not supported: children talk to the host over virtio-serial (exec, eval, files)",
+        ));
+    }
+    let image = match (&b.image, &b.rootfs, &b.kernel) {
+        (Some(name), None, None) => ImageSource::Named(name.clone()),
+        (None, Some(rootfs), kernel) => ImageSource::Files {
+            rootfs: allowed_path(&d, "rootfs", rootfs)?,
+            kernel: kernel
+                .as_deref()
+                .map(|k| allowed_path(&d, "kernel", k))
+                .transpose()?,
+        },
+        (Some(_), _, _) => {
+            return Err(ApiError::bad_request(
+                "give either image or rootfs (+ kernel), not both",
+            ))
+        }
+        (None, None, _) => {
+            return Err(ApiError::bad_request(
+                "missing image (a name from `forkd image ls`) or rootfs path",
+            ))
+        }
+    };
+    if d.with_reader(|v| Ok(v.tag(&b.tag)?))
+        .map_err(ApiError::from_anyhow)?
+        .is_some()
+    {
+        return Err(ApiError::bad_request(format!(
+            "snapshot {:?} already exists; DELETE first",
+            b.tag
+        )));
+    }
+    let _claim = d
+        .claim_tag(&b.tag)
+        .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} is being written", b.tag)))?;
+    let spec = CreateSpec {
+        tag: b.tag.clone(),
+        image,
+        mem_mib: b.mem_mib.unwrap_or(512),
+        vcpus: b.vcpus.unwrap_or(1),
+        accel: crate::vm::accel::AccelChoice::from_env()
+            .and_then(|a| a.resolve())
+            .map_err(ApiError::from_anyhow)?,
+        warmup_cmd: b.warmup.clone(),
+        eval_warmup: b.eval_warmup.clone(),
+        replace_tag: false,
+        lifetime: Lifetime::Ephemeral,
+        verbose: false,
+    };
+    let made = create(&d.paths, spec).await.map_err(|e| {
+        let msg = format!("{e:#}");
+        if msg.contains("is not built") || msg.contains("must be at least") {
+            ApiError::bad_request(msg)
+        } else {
+            ApiError::internal(msg)
+        }
+    })?;
+    let info = d
+        .with_reader(|v| Ok(info_of(&d, v, &b.tag, &made.record)))
+        .map_err(ApiError::from_anyhow)?;
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct DeleteQuery {
+    #[serde(default)]
+    cascade: Option<String>,
+    #[serde(default)]
+    force: Option<String>,
+}
+
+/// A query flag: present and not `false`/`0`.
+fn flag(v: &Option<String>) -> bool {
+    v.as_deref().is_some_and(|s| !matches!(s, "false" | "0"))
+}
+
+/// `DELETE /v1/snapshots/:tag?cascade=&force=`.
+pub async fn delete_snapshot(
+    State(d): D,
+    Path(tag): Path<String>,
+    Query(q): Query<DeleteQuery>,
+) -> ApiResult<StatusCode> {
+    check_tag(&tag)?;
+    let (cascade, force) = (flag(&q.cascade), flag(&q.force));
+    if cascade && force {
+        return Err(ApiError::bad_request("use cascade or force, not both"));
+    }
+    let deps = if cascade {
+        Dependents::Cascade
+    } else if force {
+        Dependents::Orphan
+    } else {
+        Dependents::Refuse
+    };
+    let rec = resolve(&d, &tag)?;
+    // Pooled children map the snapshot: drain the pools of every tag that
+    // names a snapshot about to go.
+    let doomed = d
+        .with_reader(|v| {
+            let mut ids = vec![rec.id];
+            if cascade {
+                let mut i = 0;
+                while i < ids.len() {
+                    ids.extend(v.dependents(&ids[i])?);
+                    i += 1;
+                }
+            }
+            let mut tags = Vec::new();
+            for id in &ids {
+                tags.extend(v.tags_of(id)?);
+            }
+            Ok(tags)
+        })
+        .map_err(ApiError::from_anyhow)?;
+    for t in &doomed {
+        let vms = d.pools.drain(t);
+        let ids: Vec<String> = vms.iter().map(|v| v.record.vm_id.clone()).collect();
+        futures::future::join_all(vms.into_iter().map(|v| v.vm.destroy())).await;
+        d.state
+            .commit(|s| {
+                ids.iter().for_each(|id| {
+                    s.pooled.remove(id);
+                })
+            })
+            .await
+            .map_err(ApiError::from_anyhow)?;
+    }
+    let p = d.paths.clone();
+    let t = tag.clone();
+    crate::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
+        .await
+        .map_err(|e| match e.downcast_ref::<DeleteError>() {
+            Some(DeleteError::NotFound(_)) => ApiError::not_found(e.to_string()),
+            Some(_) => ApiError::conflict(e.to_string()),
+            None => ApiError::from_anyhow(e),
+        })?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /v1/snapshots/:tag/info`: forkd's fields, plus the chain with the
+/// bytes each link really stores.
+pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>> {
+    let rec = resolve(&d, &tag)?;
+    let v = d
+        .with_reader(|v| {
+            let det = crate::snapshot::info::detail(v, &rec)?;
+            let mem = rec.files.get("memory.bin");
+            let mem_zero = det.files.get("memory.bin").map_or(0, |f| f.zero_bytes);
+            let parent_tag = rec.parent.map(|p| crate::snapshot::info::label(v, &p));
+            let ancestors: Vec<String> = det
+                .ancestors
+                .iter()
+                .map(|l| l.tags.first().cloned().unwrap_or_else(|| l.id.clone()))
+                .collect();
+            Ok(json!({
+                "tag": tag,
+                "dir": d.mount.join("by-id").join(rec.id.to_string()),
+                "created_at_unix": rec.created_at_unix,
+                "memory_logical_bytes": mem.map_or(0, |f| f.size),
+                "memory_physical_bytes": mem.map_or(0, |f| f.size.saturating_sub(mem_zero)),
+                "vmstate_bytes": rec.files.get("vmstate").map_or(0, |f| f.size),
+                "parent_tag": parent_tag,
+                "parent_content_hash": rec.parent.map(|p| p.to_string()),
+                "chain_depth": det.chain_depth,
+                "dependents": det.dependents,
+                "ancestors": ancestors,
+                "id": det.id,
+                "chain": det.ancestors.iter().chain(std::iter::once(&det.this)).collect::<Vec<_>>(),
+                "stored_unique_bytes": det.this.unique_stored_bytes,
+                "files": det.files,
+                "config": det.config,
+                "lineage": det.lineage,
+            }))
+        })
+        .map_err(ApiError::from_anyhow)?;
+    Ok(Json(v))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactBody {
+    to: String,
+}
+
+/// `POST /v1/snapshots/:tag/compact {to}`: a standalone copy of a chain
+/// head. Here it moves no data: every manifest is already flattened, so the
+/// copy is a new record naming the same manifests, without a parent.
+pub async fn compact(
+    State(d): D,
+    Path(tag): Path<String>,
+    Json(b): Json<CompactBody>,
+) -> ApiResult<Json<SnapshotInfo>> {
+    check_tag(&tag)?;
+    check_tag(&b.to)?;
+    if b.to == tag {
+        return Err(ApiError::bad_request(
+            "to must differ from the snapshot's tag",
+        ));
+    }
+    let rec = resolve(&d, &tag)?;
+    let _claim = d
+        .claim_tag(&b.to)
+        .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} is being written", b.to)))?;
+    let to = b.to.clone();
+    let from = tag.clone();
+    let new = crate::store::with_rw(&d.paths, move |store| {
+        if store.tag(&to)?.is_some() {
+            return Ok(None);
+        }
+        let mut lineage: BTreeMap<String, Value> = rec.lineage.clone();
+        lineage.insert("branched_from".into(), json!(format!("compact:{from}")));
+        lineage.insert("compacted_from".into(), json!(rec.id.to_string()));
+        Ok(Some(store.commit_snapshot(forkd_layers::NewSnapshot {
+            parent: None,
+            files: rec.files.clone(),
+            config: rec.config.clone(),
+            lineage,
+            tag: Some(to),
+            replace_tag: false,
+        })?))
+    })
+    .await
+    .map_err(ApiError::from_anyhow)?
+    .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} already exists", b.to)))?;
+    let info = d
+        .with_reader(|v| Ok(info_of(&d, v, &b.to, &new)))
+        .map_err(ApiError::from_anyhow)?;
+    Ok(Json(info))
+}

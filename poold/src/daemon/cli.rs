@@ -1,0 +1,141 @@
+//! poold's command line: every config setting can be given as a flag, which
+//! overrides the config file.
+
+use super::config::Config;
+use crate::paths::Paths;
+use clap::Parser;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "poold",
+    version,
+    about = "forkd's daemon: the /v1 REST API, warm pools, sandboxes that survive restarts"
+)]
+pub struct Args {
+    /// Data dir (default /var/lib/forkd).
+    #[arg(long, env = "FORKD_HOME")]
+    pub home: Option<PathBuf>,
+    /// TOML config file.
+    #[arg(long, env = "POOLD_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// TCP address (default 127.0.0.1:8889).
+    #[arg(long)]
+    pub bind: Option<String>,
+    /// Serve on a unix socket instead of TCP.
+    #[arg(long)]
+    pub unix: Option<PathBuf>,
+    /// Bearer token file; required for a non-loopback bind.
+    #[arg(long)]
+    pub token_file: Option<PathBuf>,
+    /// Audit log (JSON lines).
+    #[arg(long)]
+    pub audit_log: Option<PathBuf>,
+    #[arg(long)]
+    pub max_sandboxes: Option<usize>,
+    /// Pool children restored at once in the background.
+    #[arg(long)]
+    pub refill_concurrency: Option<usize>,
+    /// Children restored at once for one spawn request.
+    #[arg(long)]
+    pub spawn_parallel: Option<usize>,
+    /// Kill sandboxes after this many seconds by default (0: never).
+    #[arg(long)]
+    pub default_ttl_secs: Option<u64>,
+    /// Extra directory POST /v1/snapshots may read kernel/rootfs from (repeatable).
+    #[arg(long = "allow-path")]
+    pub allowed_paths: Vec<PathBuf>,
+    #[arg(long)]
+    pub branch_concurrency: Option<usize>,
+    /// A pool: TAG=MIN[:MAX] (repeatable).
+    #[arg(long = "pool", value_name = "TAG=MIN[:MAX]")]
+    pub pools: Vec<String>,
+}
+
+impl Args {
+    /// The config file with the flags applied.
+    pub fn config(&self) -> anyhow::Result<Config> {
+        let mut c = Config::load(self.config.as_deref())?;
+        if let Some(v) = &self.bind {
+            c.bind = v.clone();
+        }
+        if let Some(v) = &self.unix {
+            c.unix = Some(v.clone());
+        }
+        if let Some(v) = &self.token_file {
+            c.token_file = Some(v.clone());
+        }
+        if let Some(v) = &self.audit_log {
+            c.audit_log = Some(v.clone());
+        }
+        if let Some(v) = self.max_sandboxes {
+            c.max_sandboxes = v;
+        }
+        if let Some(v) = self.refill_concurrency {
+            c.refill_concurrency = v;
+        }
+        if let Some(v) = self.spawn_parallel {
+            c.spawn_parallel = v;
+        }
+        if let Some(v) = self.default_ttl_secs {
+            c.default_ttl_secs = v;
+        }
+        if let Some(v) = self.branch_concurrency {
+            c.branch_concurrency = v;
+        }
+        c.allowed_paths.extend(self.allowed_paths.iter().cloned());
+        for p in &self.pools {
+            let (tag, spec) = parse_pool(p)?;
+            c.pools.insert(tag, spec);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+}
+
+/// `TAG=MIN[:MAX]`.
+fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
+    let bad = || anyhow::anyhow!("bad --pool {s:?}: expected TAG=MIN or TAG=MIN:MAX");
+    let (tag, n) = s.split_once('=').ok_or_else(bad)?;
+    let (min, max) = match n.split_once(':') {
+        Some((a, b)) => (
+            a.parse().map_err(|_| bad())?,
+            Some(b.parse().map_err(|_| bad())?),
+        ),
+        None => (n.parse().map_err(|_| bad())?, None),
+    };
+    Ok((
+        tag.to_string(),
+        super::config::PoolSpec {
+            min_ready: min,
+            max_ready: max,
+            warm: true,
+        },
+    ))
+}
+
+/// Entry point of the poold binary.
+pub fn main() -> ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_env("POOLD_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+    let paths = match &args.home {
+        Some(h) => Paths::new(h),
+        None => Paths::from_env(),
+    };
+    let result = args
+        .config()
+        .and_then(|cfg| tokio::runtime::Runtime::new()?.block_on(super::run(paths, cfg)));
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("poold: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! poold's settings: a TOML file (path by `--config` or `$POOLD_CONFIG`),
+//! every setting overridable by a flag. Unknown keys are an error, so a typo
+//! does not silently fall back to a default.
+//!
+//! ```toml
+//! bind = "127.0.0.1:8889"          # or unix = "/run/forkd/poold.sock"
+//! token_file = "/etc/forkd/token"  # required for a non-loopback bind
+//! audit_log = "/var/log/forkd/audit.jsonl"
+//! max_sandboxes = 1000
+//! refill_concurrency = 1
+//! spawn_parallel = 4
+//! default_ttl_secs = 0             # 0: sandboxes live until deleted
+//! allowed_paths = ["/srv/images"]  # where POST /v1/snapshots may read kernel/rootfs
+//!
+//! [pools.py]                       # a pool for snapshot tag "py"
+//! min_ready = 4
+//! max_ready = 8
+//! ```
+
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+/// Default TCP address (forkd's).
+pub const DEFAULT_BIND: &str = "127.0.0.1:8889";
+
+/// One pool's sizing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolSpec {
+    /// Paused children kept ready.
+    pub min_ready: usize,
+    /// Upper bound on ready children (a refill never exceeds it).
+    #[serde(default)]
+    pub max_ready: Option<usize>,
+    /// Resume each new child once for a cheap request and pause it again
+    /// before parking it, so its first real request does not pay the
+    /// (TCG) translation of the agent's hot paths.
+    #[serde(default = "yes")]
+    pub warm: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl PoolSpec {
+    /// The effective upper bound.
+    pub fn max(&self) -> usize {
+        self.max_ready.unwrap_or(self.min_ready).max(self.min_ready)
+    }
+
+    /// Checks the numbers.
+    pub fn validate(&self) -> Result<()> {
+        if self.min_ready > 1000 {
+            bail!("min_ready {} is over the cap of 1000", self.min_ready);
+        }
+        if let Some(m) = self.max_ready {
+            if m < self.min_ready {
+                bail!("max_ready {m} is below min_ready {}", self.min_ready);
+            }
+            if m > 1000 {
+                bail!("max_ready {m} is over the cap of 1000");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Everything poold can be told.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct Config {
+    /// TCP address to serve on.
+    pub bind: String,
+    /// Serve on this unix socket instead of TCP.
+    pub unix: Option<PathBuf>,
+    /// Bearer token file (first line); required for a non-loopback bind.
+    pub token_file: Option<PathBuf>,
+    /// JSON-lines audit log; default `$FORKD_HOME/poold/audit.jsonl`.
+    pub audit_log: Option<PathBuf>,
+    /// Live sandboxes at most (pooled children not counted).
+    pub max_sandboxes: usize,
+    /// Pool children restored at once in the background.
+    pub refill_concurrency: usize,
+    /// Children restored at once for one spawn request (pool misses).
+    pub spawn_parallel: usize,
+    /// Sandboxes are killed after this many seconds unless the request sets
+    /// its own `ttl_secs`; 0 disables.
+    pub default_ttl_secs: u64,
+    /// Extra directories `POST /v1/snapshots` may read `kernel`/`rootfs`
+    /// from (besides the data dir).
+    pub allowed_paths: Vec<PathBuf>,
+    /// Concurrent branches (forkd's cap); more get 503.
+    pub branch_concurrency: usize,
+    /// Pools by snapshot tag.
+    pub pools: BTreeMap<String, PoolSpec>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            bind: DEFAULT_BIND.into(),
+            unix: None,
+            token_file: None,
+            audit_log: None,
+            max_sandboxes: 1000,
+            refill_concurrency: 1,
+            spawn_parallel: 4,
+            default_ttl_secs: 0,
+            allowed_paths: Vec::new(),
+            branch_concurrency: 4,
+            pools: BTreeMap::new(),
+        }
+    }
+}
+
+impl Config {
+    /// Loads `path`, or the defaults when `path` is `None`.
+    pub fn load(path: Option<&Path>) -> Result<Config> {
+        let Some(path) = path else {
+            return Ok(Config::default());
+        };
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading config {}", path.display()))?;
+        let cfg: Config =
+            toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
+        Ok(cfg)
+    }
+
+    /// The TCP address, parsed.
+    pub fn bind_addr(&self) -> Result<SocketAddr> {
+        self.bind
+            .parse()
+            .with_context(|| format!("bad bind address {:?} (want IP:PORT)", self.bind))
+    }
+
+    /// Checks every value; called once flags are applied.
+    pub fn validate(&self) -> Result<()> {
+        if self.unix.is_none() {
+            self.bind_addr()?;
+        }
+        if self.max_sandboxes == 0 {
+            bail!("max_sandboxes must be at least 1");
+        }
+        if self.refill_concurrency == 0 || self.spawn_parallel == 0 {
+            bail!("refill_concurrency and spawn_parallel must be at least 1");
+        }
+        if self.branch_concurrency == 0 {
+            bail!("branch_concurrency must be at least 1");
+        }
+        for (tag, p) in &self.pools {
+            forkd_layers::validate_tag(tag).with_context(|| format!("pool {tag:?}"))?;
+            p.validate().with_context(|| format!("pool {tag:?}"))?;
+        }
+        for p in &self.allowed_paths {
+            if !p.is_absolute() {
+                bail!("allowed_paths entry {} must be absolute", p.display());
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_pools_and_refuses_typos() {
+        let c: Config =
+            toml::from_str("bind = \"127.0.0.1:9000\"\n[pools.py]\nmin_ready = 4\nmax_ready = 8\n")
+                .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.pools["py"].min_ready, 4);
+        assert_eq!(c.pools["py"].max(), 8);
+        assert!(c.pools["py"].warm);
+        assert!(toml::from_str::<Config>("bnid = \"x\"").is_err());
+        let bad: Config = toml::from_str("[pools.\"../x\"]\nmin_ready = 1\n").unwrap();
+        assert!(bad.validate().is_err());
+        let bad: Config = toml::from_str("[pools.a]\nmin_ready = 4\nmax_ready = 2\n").unwrap();
+        assert!(bad.validate().is_err());
+    }
+}

@@ -1,0 +1,448 @@
+//! Sandbox lifecycle: spawning (pool hits first, restores for the rest),
+//! destroying, background pool refills, TTL expiry, and re-adopting
+//! everything after a restart.
+
+use super::error::{ApiError, ApiResult};
+use super::pool::{PooledVm, RefillTicket};
+use super::sandbox::Sandbox;
+use super::state::{PooledRecord, SandboxRecord, State};
+use super::Daemon;
+use crate::snapshot::restore::{hand_out, restore_paused, ChildTimings, Source};
+use crate::util::unix_now;
+use crate::vm::{Lifetime, Vm, VmDir};
+use futures::stream::{self, StreamExt};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// A new sandbox or VM id: `sb-` + 24 random hex digits (unguessable).
+pub fn new_id() -> String {
+    format!("sb-{}", crate::util::random_hex(12))
+}
+
+/// What a spawn asks for.
+#[derive(Debug, Clone)]
+pub struct SpawnRequest {
+    pub tag: String,
+    pub n: usize,
+    pub memory_limit_mib: Option<u64>,
+    pub ttl_secs: Option<u64>,
+}
+
+/// Resolves a tag to a restorable snapshot: 404 when unknown, 409 when it
+/// cannot be restored here (mismatched QEMU, missing files).
+pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
+    super::error::check_tag(tag)?;
+    let rec = crate::snapshot::restore::read_record(&d.mount, tag).map_err(|e| {
+        let msg = format!("{e:#}");
+        if msg.contains("no snapshot") {
+            ApiError::not_found(format!("snapshot {tag:?} not found"))
+        } else {
+            ApiError::internal(msg)
+        }
+    })?;
+    Source::new(&d.mount, &rec).map_err(|e| ApiError::conflict(format!("{e:#}")))
+}
+
+/// Spawns `req.n` sandboxes: ready pool children are resumed first, the
+/// rest restored on demand; returns once every child's agent answered. On
+/// any failure every child of this request is destroyed.
+pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
+    let t0 = Instant::now();
+    if req.n == 0 {
+        return Err(ApiError::bad_request("n must be ≥ 1"));
+    }
+    if req.n > 1000 {
+        return Err(ApiError::bad_request("n must be ≤ 1000 (sanity cap)"));
+    }
+    if req.memory_limit_mib == Some(0) {
+        return Err(ApiError::bad_request("memory_limit_mib must be ≥ 1"));
+    }
+    if req.memory_limit_mib.is_some() && d.cgroups.is_none() {
+        return Err(ApiError::bad_request(
+            "memory_limit_mib needs a cgroup memory controller, and this host has none",
+        ));
+    }
+    let src = source(d, &req.tag)?;
+    if d.sandboxes.len() + req.n > d.cfg.max_sandboxes {
+        return Err(ApiError::unavailable(format!(
+            "at capacity: {} sandboxes live, max_sandboxes is {}",
+            d.sandboxes.len(),
+            d.cfg.max_sandboxes
+        )));
+    }
+    let sid = src.id.to_string();
+    let (hits, stale) = d.pools.take(&req.tag, &sid, req.n);
+    let n_hits = hits.len();
+    d.metrics
+        .pool_hits
+        .with_label_values(&[&req.tag])
+        .inc_by(n_hits as u64);
+    d.metrics
+        .pool_misses
+        .with_label_values(&[&req.tag])
+        .inc_by((req.n - n_hits) as u64);
+    discard_pooled(d, stale);
+    d.refill_wake.notify_one();
+
+    let hit_ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
+    let handed = futures::future::join_all(hits.into_iter().map(|h| async move {
+        let mut t = ChildTimings::default();
+        let mut vm = h.vm;
+        let id = vm.id.clone();
+        match hand_out(&mut vm, &id, t0, &mut t).await {
+            Ok(()) => Ok((vm, t, true)),
+            Err(e) => {
+                vm.destroy().await;
+                Err(e)
+            }
+        }
+    }));
+    let src2 = src.clone();
+    let restored = stream::iter(0..req.n - n_hits)
+        .map(|_| {
+            let src = src2.clone();
+            async move {
+                let id = new_id();
+                let mut t = ChildTimings::default();
+                let mut vm =
+                    restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut t).await?;
+                match hand_out(&mut vm, &id, t0, &mut t).await {
+                    Ok(()) => Ok((vm, t, false)),
+                    Err(e) => {
+                        vm.destroy().await;
+                        Err(e)
+                    }
+                }
+            }
+        })
+        .buffer_unordered(d.cfg.spawn_parallel)
+        .collect::<Vec<_>>();
+    let (handed, restored) = futures::join!(handed, restored);
+
+    let mut vms = Vec::new();
+    let mut first_err = None;
+    for r in handed.into_iter().chain(restored) {
+        match r {
+            Ok(x) => vms.push(x),
+            Err(e) => {
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    if let Some(e) = first_err {
+        // The hits are consumed either way.
+        let _ = d
+            .state
+            .commit(|s| {
+                hit_ids.iter().for_each(|id| {
+                    s.pooled.remove(id);
+                })
+            })
+            .await;
+        futures::future::join_all(vms.into_iter().map(|(vm, _, _)| vm.destroy())).await;
+        return Err(ApiError::from_anyhow(e.context("spawning sandboxes")));
+    }
+
+    let now = unix_now();
+    let ttl = req.ttl_secs.unwrap_or(d.cfg.default_ttl_secs);
+    let mut out = Vec::new();
+    let mut made = Vec::new();
+    for (vm, t, hit) in vms {
+        let rec = SandboxRecord {
+            id: vm.id.clone(),
+            snapshot_tag: req.tag.clone(),
+            snapshot_id: sid.clone(),
+            created_at_unix: now,
+            pid: vm.pid(),
+            memory_limit_mib: req.memory_limit_mib,
+            expires_at_unix: if ttl > 0 { now + ttl } else { 0 },
+            hostname: vm.id.clone(),
+            branch_count: 0,
+            pool_hit: hit,
+            spawn_ms: t.ready_ms,
+        };
+        let source = if hit { "pool" } else { "restore" };
+        d.metrics
+            .spawn_latency
+            .with_label_values(&[source])
+            .observe(t.ready_ms as f64 / 1e3);
+        made.push(Arc::new(Sandbox::new(vm, rec.clone())));
+        out.push(rec);
+    }
+    let limit_err = apply_limits(d, &made);
+    let records = out.clone();
+    let committed = d
+        .state
+        .commit(move |s| {
+            for id in &hit_ids {
+                s.pooled.remove(id);
+            }
+            for r in records {
+                s.sandboxes.insert(r.id.clone(), r);
+            }
+        })
+        .await;
+    for sb in &made {
+        d.sandboxes.insert(sb.clone());
+    }
+    d.metrics.sandboxes.set(d.sandboxes.len() as i64);
+    if let Err(e) = limit_err.and(committed) {
+        for sb in made {
+            destroy(d, &sb.id).await;
+        }
+        return Err(ApiError::from_anyhow(e));
+    }
+    Ok(out)
+}
+
+/// Puts each sandbox with a memory limit into its own cgroup.
+fn apply_limits(d: &Daemon, made: &[Arc<Sandbox>]) -> anyhow::Result<()> {
+    for sb in made {
+        let r = sb.record();
+        if let (Some(mib), Some(h)) = (r.memory_limit_mib, &d.cgroups) {
+            h.limit(&r.id, r.pid, mib)?;
+        }
+    }
+    Ok(())
+}
+
+/// Destroys sandbox `id`: kills QEMU, removes its directory, cgroup and
+/// record. Returns false when there is no such sandbox.
+pub async fn destroy(d: &Arc<Daemon>, id: &str) -> bool {
+    let Some(sb) = d.sandboxes.remove(id) else {
+        return false;
+    };
+    sb.destroy().await;
+    if let Some(h) = &d.cgroups {
+        if sb.record().memory_limit_mib.is_some() {
+            h.remove(id);
+        }
+    }
+    let id = id.to_string();
+    if let Err(e) = d
+        .state
+        .commit(move |s| {
+            s.sandboxes.remove(&id);
+        })
+        .await
+    {
+        tracing::error!("{e:#}");
+    }
+    d.metrics.sandboxes.set(d.sandboxes.len() as i64);
+    true
+}
+
+/// Destroys pooled children in the background and forgets their records.
+pub fn discard_pooled(d: &Arc<Daemon>, vms: Vec<PooledVm>) {
+    if vms.is_empty() {
+        return;
+    }
+    let d = d.clone();
+    tokio::spawn(async move {
+        let ids: Vec<String> = vms.iter().map(|v| v.record.vm_id.clone()).collect();
+        futures::future::join_all(vms.into_iter().map(|v| v.vm.destroy())).await;
+        if let Err(e) = d
+            .state
+            .commit(|s| {
+                ids.iter().for_each(|id| {
+                    s.pooled.remove(id);
+                })
+            })
+            .await
+        {
+            tracing::error!("{e:#}");
+        }
+        update_pool_gauges(&d);
+    });
+}
+
+/// Starts the refill loop and the TTL reaper.
+pub fn start_background(d: &Arc<Daemon>) {
+    tokio::spawn(refill_loop(d.clone()));
+    tokio::spawn(reaper_loop(d.clone()));
+}
+
+async fn refill_loop(d: Arc<Daemon>) {
+    loop {
+        let budget = d.refill_slots.available_permits();
+        for ticket in d.pools.plan_refills(budget) {
+            let Ok(permit) = d.refill_slots.clone().try_acquire_owned() else {
+                d.pools.finish_refill(&ticket, None);
+                continue;
+            };
+            let d = d.clone();
+            tokio::spawn(async move {
+                let vm = match refill_one(&d, &ticket).await {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        tracing::warn!("refilling pool {}: {e:#}", ticket.tag);
+                        // Back off so a broken snapshot does not spin.
+                        tokio::time::sleep(Duration::from_secs(2)).await;
+                        None
+                    }
+                };
+                drop(permit);
+                if let Some(extra) = d.pools.finish_refill(&ticket, vm) {
+                    discard_pooled(&d, vec![extra]);
+                }
+                update_pool_gauges(&d);
+                d.refill_wake.notify_one();
+            });
+        }
+        update_pool_gauges(&d);
+        tokio::select! {
+            _ = d.refill_wake.notified() => {}
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+        }
+    }
+}
+
+/// Restores one paused child for a pool, warms it once, records it.
+async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledVm> {
+    let src = source(d, &t.tag).map_err(|e| anyhow::anyhow!(e.message))?;
+    let id = new_id();
+    let mut timings = ChildTimings::default();
+    let vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;
+    if t.warm {
+        if let Err(e) = warm_once(&vm).await {
+            vm.destroy().await;
+            return Err(e);
+        }
+    }
+    let record = PooledRecord {
+        vm_id: id.clone(),
+        tag: t.tag.clone(),
+        snapshot_id: src.id.to_string(),
+        created_at_unix: unix_now(),
+    };
+    let r2 = record.clone();
+    if let Err(e) = d
+        .state
+        .commit(move |s| {
+            s.pooled.insert(r2.vm_id.clone(), r2);
+        })
+        .await
+    {
+        vm.destroy().await;
+        return Err(e);
+    }
+    Ok(PooledVm { vm, record })
+}
+
+/// Runs the child briefly (one agent round trip) and pauses it again, so
+/// the code paths of its first real request are already translated.
+async fn warm_once(vm: &Vm) -> anyhow::Result<()> {
+    vm.resume().await?;
+    vm.agent.ping(Duration::from_secs(30)).await?;
+    vm.pause().await
+}
+
+fn update_pool_gauges(d: &Daemon) {
+    for p in d.pools.status() {
+        d.metrics
+            .pool_ready
+            .with_label_values(&[&p.tag])
+            .set(p.ready as i64);
+        d.metrics
+            .pool_in_flight
+            .with_label_values(&[&p.tag])
+            .set(p.in_flight as i64);
+    }
+}
+
+async fn reaper_loop(d: Arc<Daemon>) {
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = unix_now();
+        for sb in d.sandboxes.all() {
+            let r = sb.record();
+            let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
+            let dead = !sb.dir.read_record().is_ok_and(|v| v.qemu.is_alive());
+            if expired || dead {
+                tracing::info!(
+                    "sandbox {}: {}",
+                    r.id,
+                    if expired {
+                        "TTL expired"
+                    } else {
+                        "QEMU exited"
+                    }
+                );
+                destroy(&d, &r.id).await;
+            }
+        }
+    }
+}
+
+/// Re-adopts every sandbox and pooled child of the saved state whose QEMU
+/// still runs; forgets the dead; kills detached VMs an earlier poold started
+/// but never recorded.
+pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
+    let mut alive_ids = std::collections::HashSet::new();
+    let mut dead_sb = Vec::new();
+    for (id, rec) in &saved.sandboxes {
+        match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+            Ok(vm) => {
+                let mut rec = rec.clone();
+                rec.pid = vm.pid();
+                d.sandboxes.insert(Arc::new(Sandbox::new(vm, rec)));
+                alive_ids.insert(id.clone());
+            }
+            Err(e) => {
+                tracing::warn!("sandbox {id} is gone ({e:#}); forgetting it");
+                let _ = std::fs::remove_dir_all(d.paths.vm_dir(id));
+                dead_sb.push(id.clone());
+            }
+        }
+    }
+    let mut dead_pooled = Vec::new();
+    for (id, rec) in &saved.pooled {
+        match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+            Ok(vm) => {
+                d.pools.adopt(PooledVm {
+                    vm,
+                    record: rec.clone(),
+                });
+                alive_ids.insert(id.clone());
+            }
+            Err(e) => {
+                tracing::warn!("pooled child {id} is gone ({e:#})");
+                let _ = std::fs::remove_dir_all(d.paths.vm_dir(id));
+                dead_pooled.push(id.clone());
+            }
+        }
+    }
+    kill_unrecorded(d, &alive_ids).await;
+    d.state
+        .commit(move |s| {
+            for id in dead_sb {
+                s.sandboxes.remove(&id);
+            }
+            for id in dead_pooled {
+                s.pooled.remove(&id);
+            }
+        })
+        .await?;
+    d.metrics.sandboxes.set(d.sandboxes.len() as i64);
+    Ok(())
+}
+
+/// Kills detached VMs whose owner is gone and that the state does not name.
+async fn kill_unrecorded(d: &Daemon, known: &std::collections::HashSet<String>) {
+    let Ok(rd) = std::fs::read_dir(d.paths.vms_dir()) else {
+        return;
+    };
+    for ent in rd.flatten() {
+        let name = ent.file_name().to_string_lossy().into_owned();
+        if known.contains(&name) {
+            continue;
+        }
+        let dir = VmDir::new(ent.path());
+        let Ok(r) = dir.read_record() else { continue };
+        if r.lifetime == Lifetime::Detached && !r.owner.is_alive() {
+            tracing::warn!("killing unrecorded VM {name} (pid {})", r.qemu.pid);
+            crate::vm::kill_proc(&r.qemu).await;
+            let _ = std::fs::remove_dir_all(ent.path());
+        }
+    }
+}

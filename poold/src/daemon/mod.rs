@@ -1,0 +1,189 @@
+//! poold, the daemon: forkd's `/v1` REST API over snapshots and sandboxes,
+//! warm pools of paused children, auth/audit/metrics, and state that
+//! survives a restart (docs/poold.md).
+//!
+//! - [`config`]: the TOML config and its defaults;
+//! - [`state`]: the durable record of sandboxes, pooled children and pools;
+//! - [`sandbox`], [`pool`]: live handles;
+//! - [`lifecycle`]: spawn, destroy, refill, adopt after a restart, TTLs;
+//! - [`api`]: the HTTP routes; [`server`]: listeners, auth and audit;
+//! - [`cgroup`]: memory limits; [`metrics`]: Prometheus.
+
+pub mod api;
+pub mod audit;
+pub mod cgroup;
+pub mod cli;
+pub mod config;
+pub mod error;
+pub mod lifecycle;
+pub mod metrics;
+pub mod pool;
+pub mod sandbox;
+pub mod server;
+pub mod state;
+
+use crate::paths::Paths;
+use anyhow::{Context, Result};
+use config::Config;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use tokio::sync::{Notify, Semaphore};
+
+/// Everything the daemon shares across requests and background tasks.
+pub struct Daemon {
+    pub paths: Paths,
+    pub cfg: Config,
+    /// The forkd-fs mount point.
+    pub mount: PathBuf,
+    pub state: Arc<state::Persisted>,
+    pub sandboxes: sandbox::Sandboxes,
+    pub pools: pool::Pools,
+    pub metrics: metrics::Metrics,
+    /// A read view of the store (catch up before reads).
+    reader: Mutex<forkd_layers::StoreReader>,
+    /// Wakes the refill loop.
+    pub refill_wake: Notify,
+    pub refill_slots: Arc<Semaphore>,
+    pub branch_slots: Arc<Semaphore>,
+    /// Tags being written (snapshot creates and branches), for 409s.
+    pub writing: Mutex<HashSet<String>>,
+    /// cgroup memory controller, when one exists.
+    pub cgroups: Option<cgroup::Hierarchy>,
+    pub audit: audit::AuditLog,
+    /// Bearer token, when auth is on.
+    pub token: Option<String>,
+}
+
+impl Daemon {
+    /// Runs `f` on the store's read view after catching up with writers.
+    pub fn with_reader<T>(
+        &self,
+        f: impl FnOnce(&forkd_layers::StoreView) -> Result<T>,
+    ) -> Result<T> {
+        let r = self.reader.lock().unwrap();
+        r.catch_up().context("catching up with the layer store")?;
+        f(&r)
+    }
+
+    /// Claims `tag` for a write (create or branch); `None` if it is taken.
+    pub fn claim_tag(self: &Arc<Self>, tag: &str) -> Option<TagClaim> {
+        let mut w = self.writing.lock().unwrap();
+        if !w.insert(tag.to_string()) {
+            return None;
+        }
+        Some(TagClaim {
+            d: self.clone(),
+            tag: tag.to_string(),
+        })
+    }
+}
+
+/// A tag being written; released on drop.
+pub struct TagClaim {
+    d: Arc<Daemon>,
+    tag: String,
+}
+
+impl Drop for TagClaim {
+    fn drop(&mut self) {
+        self.d.writing.lock().unwrap().remove(&self.tag);
+    }
+}
+
+/// Holds the daemon's lock file for its lifetime: one poold per data dir.
+pub struct InstanceLock {
+    _flock: nix::fcntl::Flock<std::fs::File>,
+}
+
+impl InstanceLock {
+    pub fn acquire(paths: &Paths) -> Result<InstanceLock> {
+        let dir = paths.poold_dir();
+        std::fs::create_dir_all(&dir)?;
+        let p = dir.join("poold.lock");
+        let f = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&p)
+            .with_context(|| format!("opening {}", p.display()))?;
+        let flock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
+            .map_err(|(_, e)| {
+                anyhow::anyhow!(
+                    "another poold already runs on {} ({}: {e}); stop it first",
+                    paths.home.display(),
+                    p.display()
+                )
+            })?;
+        Ok(InstanceLock { _flock: flock })
+    }
+}
+
+/// Builds the daemon: checks the host, mounts the store, loads and adopts
+/// the saved state. Background tasks are not started yet.
+pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
+    cfg.validate()?;
+    crate::vm::qemu::check_qemu()?;
+    let token = match &cfg.token_file {
+        Some(f) => {
+            let t = crate::auth::read_token_file(f)?;
+            crate::auth::check_token(&t)?;
+            Some(t)
+        }
+        None => None,
+    };
+    if token.is_none() && cfg.unix.is_none() && !cfg.bind_addr()?.ip().is_loopback() {
+        anyhow::bail!(
+            "refusing to listen on non-loopback address {} without a token: set token_file (--token-file) or bind 127.0.0.1",
+            cfg.bind
+        );
+    }
+    let mount = crate::snapshot::ensure_mount_async(&paths)
+        .await?
+        .mountpoint;
+    let reader = {
+        let p = paths.clone();
+        tokio::task::spawn_blocking(move || {
+            crate::store::open_reader(&p, p.poold_dir().join("store.secondary"))
+        })
+        .await??
+    };
+    let file = state::StateFile::new(&paths.poold_dir());
+    let saved = file.load()?;
+    let audit_path = cfg
+        .audit_log
+        .clone()
+        .unwrap_or_else(|| paths.poold_dir().join("audit.jsonl"));
+    let d = Arc::new(Daemon {
+        metrics: metrics::Metrics::new(cfg.branch_concurrency),
+        refill_slots: Arc::new(Semaphore::new(cfg.refill_concurrency)),
+        branch_slots: Arc::new(Semaphore::new(cfg.branch_concurrency)),
+        cgroups: cgroup::Hierarchy::detect().ok(),
+        audit: audit::AuditLog::open(&audit_path)?,
+        state: state::Persisted::start(file, saved.clone()),
+        paths,
+        mount,
+        sandboxes: Default::default(),
+        pools: Default::default(),
+        reader: Mutex::new(reader),
+        refill_wake: Notify::new(),
+        writing: Mutex::new(HashSet::new()),
+        token,
+        cfg,
+    });
+    // Pools set through the API override the config file's.
+    for (tag, spec) in d.cfg.pools.iter().chain(saved.pools.iter()) {
+        d.pools.set(tag, (spec.max() > 0).then_some(*spec));
+    }
+    lifecycle::adopt_all(&d, saved).await?;
+    Ok(d)
+}
+
+/// Runs poold until SIGINT/SIGTERM. Sandboxes keep running after it exits;
+/// the next start re-adopts them.
+pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
+    let _lock = InstanceLock::acquire(&paths)?;
+    let d = open(paths, cfg).await?;
+    lifecycle::start_background(&d);
+    server::serve(d).await
+}

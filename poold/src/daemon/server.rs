@@ -1,0 +1,176 @@
+//! The HTTP server: a TCP listener (127.0.0.1:8889 by default) or a unix
+//! socket, bearer-token auth on everything but `/healthz`, an audit line per
+//! request (the outermost layer, so 401s are logged too), and errors always
+//! as `{"error": "..."}`.
+
+use super::audit::Entry;
+use super::Daemon;
+use anyhow::{Context, Result};
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// The whole application: routes, auth, error shaping, audit.
+pub fn app(d: Arc<Daemon>) -> Router {
+    let api = super::api::routes(d.clone()).layer(middleware::from_fn_with_state(d.clone(), auth));
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/healthz/", get(healthz))
+        .merge(api)
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(d, audit))
+}
+
+async fn healthz() -> Json<serde_json::Value> {
+    Json(serde_json::json!({"ok": true}))
+}
+
+/// What the auth layer decided, for the audit line.
+#[derive(Clone, Copy)]
+struct AuthOutcome(&'static str);
+
+async fn auth(State(d): State<Arc<Daemon>>, mut req: Request, next: Next) -> Response {
+    let outcome = match &d.token {
+        None => "none",
+        Some(want) => {
+            let got = req
+                .headers()
+                .get(header::AUTHORIZATION)
+                .and_then(|v| v.to_str().ok());
+            if crate::auth::bearer_matches(got, want) {
+                "ok"
+            } else if got.is_none() {
+                "missing"
+            } else {
+                "bad"
+            }
+        }
+    };
+    req.extensions_mut().insert(AuthOutcome(outcome));
+    if matches!(outcome, "missing" | "bad") {
+        let mut r = (
+            StatusCode::UNAUTHORIZED,
+            Json(serde_json::json!({"error": "missing or wrong bearer token"})),
+        )
+            .into_response();
+        r.extensions_mut().insert(AuthOutcome(outcome));
+        return r;
+    }
+    let mut r = next.run(req).await;
+    r.extensions_mut().insert(AuthOutcome(outcome));
+    r
+}
+
+/// Turns axum's plain-text rejections (bad JSON, unknown route, wrong
+/// method) into forkd's `{"error": "..."}`, with 400 for unparseable bodies.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    let status = r.status();
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let mut msg = String::from_utf8_lossy(&bytes).trim().to_string();
+    if msg.is_empty() {
+        msg = status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase();
+    }
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    let mut out = (status, Json(serde_json::json!({ "error": msg }))).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out.extensions_mut().extend(parts.extensions);
+    out
+}
+
+async fn audit(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Response {
+    let t0 = Instant::now();
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let remote = req
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or_else(|| "unix".to_string(), |c| c.0.to_string());
+    let r = next.run(req).await;
+    let auth = r.extensions().get::<AuthOutcome>().map_or("none", |a| a.0);
+    d.audit.record(&Entry {
+        ts_unix_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_millis() as u64),
+        method: &method,
+        path: &path,
+        status: r.status().as_u16(),
+        remote: &remote,
+        auth,
+        duration_ms: t0.elapsed().as_millis() as u64,
+    });
+    d.metrics
+        .requests
+        .with_label_values(&[r.status().as_str()])
+        .inc();
+    r
+}
+
+/// Serves until SIGINT/SIGTERM.
+pub async fn serve(d: Arc<Daemon>) -> Result<()> {
+    let app = app(d.clone());
+    match &d.cfg.unix {
+        Some(path) => {
+            let _ = std::fs::remove_file(path);
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)?;
+            }
+            let l = tokio::net::UnixListener::bind(path)
+                .with_context(|| format!("binding {}", path.display()))?;
+            tracing::info!("poold listening on unix:{}", path.display());
+            axum::serve(l, app)
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("serving")
+        }
+        None => {
+            let addr = d.cfg.bind_addr()?;
+            let l = tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding {addr} (is another poold running?)"))?;
+            tracing::info!("poold listening on http://{}", l.local_addr()?);
+            println!("poold listening on http://{}", l.local_addr()?);
+            axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
+                .with_graceful_shutdown(shutdown_signal())
+                .await
+                .context("serving")
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("poold stopping; sandboxes keep running and are re-adopted at the next start");
+}

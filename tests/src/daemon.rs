@@ -1,0 +1,234 @@
+//! A real poold for tests: its own data dir (sharing the test data dir's
+//! kernel and images), started as the real binary on a free port, killed
+//! with SIGKILL or SIGTERM, and cleaned up completely (every QEMU it left,
+//! its forkd-fs mount, its directory) when dropped.
+
+use crate::{bin, paths};
+use poold::client::{Client, Method};
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A data dir of its own for one poold.
+pub struct Home {
+    pub dir: PathBuf,
+}
+
+impl Default for Home {
+    fn default() -> Home {
+        Home::new()
+    }
+}
+
+impl Home {
+    /// `/tmp/fdt-<random>` with `kernel` and `images` linked from the test
+    /// data dir (short, so unix socket paths stay under 108 bytes).
+    pub fn new() -> Home {
+        let base = paths();
+        let dir = PathBuf::from(format!("/tmp/fdt-{}", poold::util::random_hex(4)));
+        std::fs::create_dir_all(&dir).unwrap();
+        for sub in ["kernel", "images"] {
+            std::os::unix::fs::symlink(base.home.join(sub), dir.join(sub)).unwrap();
+        }
+        Home { dir }
+    }
+
+    /// QEMU processes whose command line names this data dir.
+    pub fn qemu_pids(&self) -> Vec<u32> {
+        let needle = self.dir.to_string_lossy().to_string();
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(cmd) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let cmd = String::from_utf8_lossy(&cmd);
+            let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|s| {
+                    s.rsplit(')')
+                        .next()
+                        .unwrap_or("")
+                        .trim_start()
+                        .starts_with('Z')
+                })
+                .unwrap_or(true);
+            if cmd.starts_with("qemu-system") && cmd.contains(&needle) && !zombie {
+                out.push(pid);
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Home {
+    fn drop(&mut self) {
+        for pid in self.qemu_pids() {
+            let _ = nix_kill(pid);
+        }
+        let _ = forkd_fs_unmount(&self.dir.join("mnt"));
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn nix_kill(pid: u32) -> std::io::Result<()> {
+    // SAFETY: kill(2) on a pid; no memory is touched.
+    if unsafe { libc::kill(pid as i32, libc::SIGKILL) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn forkd_fs_unmount(mnt: &Path) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match forkd_fs::unmount(mnt) {
+            Ok(()) => return Ok(()),
+            Err(_) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(100)),
+            Err(_) => return forkd_fs::unmount_lazy(mnt),
+        }
+    }
+}
+
+/// A running poold process.
+pub struct Poold {
+    pub child: Child,
+    pub url: String,
+    pub client: Client,
+    pub home: PathBuf,
+}
+
+impl Poold {
+    /// Starts poold on `home` with extra flags and waits until it serves.
+    pub fn start(home: &Path, args: &[&str], token: Option<&str>) -> Poold {
+        match Poold::try_start(home, args, token) {
+            Ok(p) => p,
+            Err(e) => panic!("starting poold: {e}"),
+        }
+    }
+
+    /// Like [`Poold::start`], but a failure to start is returned with what
+    /// poold printed.
+    pub fn try_start(home: &Path, args: &[&str], token: Option<&str>) -> Result<Poold, String> {
+        let mut cmd = Command::new(bin("poold"));
+        if !args.contains(&"--bind") {
+            cmd.args(["--bind", "127.0.0.1:0"]);
+        }
+        let mut child = cmd
+            .args(args)
+            .env("FORKD_HOME", home)
+            .env("POOLD_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        let Some(url) = line.trim().strip_prefix("poold listening on ") else {
+            let out = child.wait_with_output().unwrap();
+            return Err(format!("{line}{}", String::from_utf8_lossy(&out.stderr)));
+        };
+        let url = url.to_string();
+        let client = Client::new(&url, token.map(String::from)).unwrap();
+        Ok(Poold {
+            child,
+            url,
+            client,
+            home: home.to_path_buf(),
+        })
+    }
+
+    /// SIGKILL, as a crash would.
+    pub fn kill9(mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// A request; returns the status and the JSON body (Null if empty).
+    pub async fn req(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let (st, bytes) = self.client.send(method, path, body).await.unwrap();
+        let v = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()))
+        };
+        (st.as_u16(), v)
+    }
+
+    pub async fn get(&self, path: &str) -> (u16, Value) {
+        self.req(Method::GET, path, None).await
+    }
+    pub async fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.req(Method::POST, path, Some(body)).await
+    }
+    pub async fn put(&self, path: &str, body: Value) -> (u16, Value) {
+        self.req(Method::PUT, path, Some(body)).await
+    }
+    pub async fn delete(&self, path: &str) -> (u16, Value) {
+        self.req(Method::DELETE, path, None).await
+    }
+
+    /// Creates a snapshot of `image` through the API; panics unless 201.
+    pub async fn snapshot(&self, tag: &str, image: &str, mem_mib: u64) -> Value {
+        let (st, v) = self
+            .post(
+                "/v1/snapshots",
+                serde_json::json!({"tag": tag, "image": image, "mem_mib": mem_mib}),
+            )
+            .await;
+        assert_eq!(st, 201, "creating snapshot {tag}: {v}");
+        v
+    }
+
+    /// A metric's value (sum over label sets matching `labels`).
+    pub async fn metric(&self, name: &str, labels: &str) -> f64 {
+        let (_, body) = self
+            .client
+            .send(Method::GET, "/metrics", None)
+            .await
+            .unwrap();
+        String::from_utf8_lossy(&body)
+            .lines()
+            .filter(|l| l.starts_with(name) && l.contains(labels))
+            .filter(|l| {
+                let rest = &l[name.len()..];
+                rest.starts_with('{') || rest.starts_with(' ')
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    /// Waits until the pool of `tag` has `ready` children.
+    pub async fn wait_pool(&self, tag: &str, ready: u64) {
+        let deadline = Instant::now() + Duration::from_secs(300);
+        loop {
+            let (_, p) = self.get(&format!("/v1/pools/{tag}")).await;
+            if p["ready"].as_u64() == Some(ready) && p["in_flight"].as_u64() == Some(0) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "pool {tag} stuck at {p}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Poold {
+    fn drop(&mut self) {
+        // SAFETY: kill(2) on our own child's pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

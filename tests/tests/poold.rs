@@ -1,0 +1,587 @@
+//! poold over HTTP, the real binary with real guests under TCG: every
+//! endpoint and its error codes, the tag rule, auth, pools, and a restart
+//! that loses nothing.
+
+use forkd_e2e::block_on;
+use forkd_e2e::daemon::{Home, Poold};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+const MINIMAL_MIB: u64 = 128;
+
+fn ids(v: &Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Every unsafe tag of the tag rule (`^[A-Za-z0-9_-]{1,64}$`).
+fn bad_tags() -> Vec<String> {
+    vec![
+        "../x".into(),
+        "a/b".into(),
+        ".".into(),
+        "x".repeat(65),
+        String::new(),
+    ]
+}
+
+/// Percent-encodes a path segment (so `a/b` and `.` reach the server as is).
+fn seg(s: &str) -> String {
+    s.bytes().map(|b| format!("%{b:02X}")).collect()
+}
+
+#[test]
+fn snapshot_and_sandbox_endpoints_with_their_errors() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(async {
+        // Status endpoints.
+        assert_eq!(p.get("/healthz").await, (200, json!({"ok": true})));
+        let (st, v) = p.get("/version").await;
+        assert_eq!((st, v["api"].as_str()), (200, Some("v1")));
+        let (st, v) = p.get("/no/such/route").await;
+        assert_eq!(st, 404);
+        assert!(v["error"].is_string(), "{v}");
+
+        // POST /v1/snapshots.
+        let info = p.snapshot("base", "minimal", MINIMAL_MIB).await;
+        assert_eq!(info["tag"], "base");
+        assert_eq!(info["status"], "ready");
+        assert_eq!(info["bootable"], true);
+        let (st, v) = p
+            .post("/v1/snapshots", json!({"tag": "base", "image": "minimal"}))
+            .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("DELETE first"));
+        for (body, why) in [
+            (json!({"tag": "x", "image": "no-such-image"}), "not built"),
+            (json!({"tag": "x"}), "missing image"),
+            (json!({"tag": "x", "rootfs": "/etc/passwd"}), "outside"),
+            (
+                json!({"tag": "x", "rootfs": "/var/../etc/shadow"}),
+                "outside",
+            ),
+            (
+                json!({"tag": "x", "image": "minimal", "boot_wait_secs": 61}),
+                "≤ 60",
+            ),
+            (
+                json!({"tag": "x", "image": "minimal", "tap": "tap0"}),
+                "tap",
+            ),
+            (
+                json!({"tag": "x", "image": "minimal", "nonsense": 1}),
+                "unknown field",
+            ),
+        ] {
+            let (st, v) = p.post("/v1/snapshots", body.clone()).await;
+            assert_eq!(st, 400, "{body}: {v}");
+            let e = v["error"].as_str().unwrap();
+            assert!(e.contains(why), "{body}: {e}");
+        }
+
+        // GET /v1/snapshots, info.
+        let (st, v) = p.get("/v1/snapshots").await;
+        assert_eq!(st, 200);
+        assert_eq!(v.as_array().unwrap().len(), 1, "{v}");
+        let (st, v) = p.get("/v1/snapshots/base/info").await;
+        assert_eq!(st, 200);
+        assert_eq!(v["chain_depth"], 0);
+        assert!(v["memory_logical_bytes"].as_u64().unwrap() > 0);
+        assert!(v["vmstate_bytes"].as_u64().unwrap() > 0);
+        assert_eq!(p.get("/v1/snapshots/nope/info").await.0, 404);
+
+        // The tag rule, everywhere a tag goes in: 400 and nothing created.
+        for t in bad_tags() {
+            let mut answers = vec![
+                p.post("/v1/snapshots", json!({"tag": t, "image": "minimal"}))
+                    .await,
+                p.post("/v1/sandboxes", json!({"snapshot_tag": t})).await,
+                p.post("/v1/snapshots/base/compact", json!({"to": t})).await,
+            ];
+            // In a URL path "." and "" are dot/empty segments every client
+            // normalizes away; the rest reach poold percent-encoded.
+            if !(t == "." || t.is_empty()) {
+                let e = seg(&t);
+                answers.push(p.get(&format!("/v1/snapshots/{e}/info")).await);
+                answers.push(p.delete(&format!("/v1/snapshots/{e}")).await);
+                answers.push(
+                    p.put(&format!("/v1/pools/{e}"), json!({"min_ready": 1}))
+                        .await,
+                );
+            }
+            for (st, v) in answers {
+                assert_eq!(st, 400, "tag {t:?}: {v}");
+                assert!(v["error"].as_str().unwrap().contains("1-64"), "{v}");
+            }
+        }
+        let (_, v) = p.get("/v1/snapshots").await;
+        assert_eq!(
+            v.as_array().unwrap().len(),
+            1,
+            "a bad tag created something: {v}"
+        );
+        assert_eq!(p.get("/v1/sandboxes").await.1, json!([]));
+        let staged = std::fs::read_dir(home.dir.join("staging")).map_or(0, |d| d.count());
+        assert_eq!(staged, 0);
+
+        // POST /v1/sandboxes errors.
+        for (body, code) in [
+            (json!({"snapshot_tag": "base", "n": 0}), 400),
+            (json!({"snapshot_tag": "base", "n": 1001}), 400),
+            (json!({"snapshot_tag": "missing"}), 404),
+            (
+                json!({"snapshot_tag": "base", "per_child_netns": true}),
+                400,
+            ),
+            (json!({"snapshot_tag": "base", "memory_limit_mib": 0}), 400),
+            (json!({"n": 1}), 400),
+        ] {
+            let (st, v) = p.post("/v1/sandboxes", body.clone()).await;
+            assert_eq!(st, code, "{body}: {v}");
+            assert!(v["error"].is_string(), "{v}");
+        }
+
+        // Spawn, list, get.
+        let (st, made) = p
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "base", "n": 2, "memory_limit_mib": 256}),
+            )
+            .await;
+        assert_eq!(st, 201, "{made}");
+        let sb = ids(&made);
+        assert_eq!(sb.len(), 2);
+        for s in made.as_array().unwrap() {
+            assert!(s["id"].as_str().unwrap().len() >= 27, "guessable id {s}");
+            assert_eq!(s["snapshot_tag"], "base");
+            assert!(s["pid"].as_u64().is_some());
+            assert_eq!(s["memory_limit_mib"], 256);
+        }
+        let (_, list) = p.get("/v1/sandboxes").await;
+        assert_eq!(ids(&list).len(), 2);
+        let a = &sb[0];
+        assert_eq!(p.get(&format!("/v1/sandboxes/{a}")).await.0, 200);
+        assert_eq!(p.get("/v1/sandboxes/sb-nope").await.0, 404);
+        let limit = poold::daemon::cgroup::Hierarchy::detect()
+            .unwrap()
+            .read_limit(a)
+            .unwrap();
+        assert_eq!(limit, 256 << 20);
+
+        // ping / exec / eval.
+        let (st, v) = p.post(&format!("/v1/sandboxes/{a}/ping"), json!({})).await;
+        assert_eq!((st, v["pong"].clone()), (200, json!(true)), "{v}");
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{a}/exec"),
+                json!({"args": ["sh", "-c", "echo out; echo err >&2; exit 3"]}),
+            )
+            .await;
+        assert_eq!(st, 200);
+        assert_eq!(
+            (
+                v["stdout"].as_str(),
+                v["stderr"].as_str(),
+                v["exit_code"].as_i64()
+            ),
+            (Some("out\n"), Some("err\n"), Some(3))
+        );
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{a}/exec"),
+                json!({"args": ["sleep", "10"], "timeout_secs": 0.5}),
+            )
+            .await;
+        assert_eq!((st, v["timed_out"].as_bool()), (200, Some(true)), "{v}");
+        assert_eq!(
+            p.post(&format!("/v1/sandboxes/{a}/exec"), json!({"args": []}))
+                .await
+                .0,
+            400
+        );
+        assert_eq!(
+            p.post("/v1/sandboxes/sb-nope/exec", json!({"args": ["true"]}))
+                .await
+                .0,
+            404
+        );
+        // The minimal image has no Python: eval answers with a clear error.
+        let (st, v) = p
+            .post(&format!("/v1/sandboxes/{a}/eval"), json!({"code": "1+1"}))
+            .await;
+        assert!(st == 409 || v["exit_code"] == 1, "{st} {v}");
+
+        // Streaming exec (NDJSON).
+        let (st, bytes) = p
+            .client
+            .send(
+                poold::client::Method::POST,
+                &format!("/v1/sandboxes/{a}/exec/stream"),
+                Some(json!({"cmd": "echo one; sleep 0.2; echo two"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.as_u16(), 200);
+        let lines: Vec<Value> = String::from_utf8_lossy(&bytes)
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.first().unwrap()["type"], "started");
+        let out: String = lines
+            .iter()
+            .filter(|l| l["type"] == "stdout")
+            .map(|l| l["data"].as_str().unwrap())
+            .collect();
+        assert_eq!(out, "one\ntwo\n");
+        assert_eq!(lines.last().unwrap()["type"], "exit");
+        assert_eq!(lines.last().unwrap()["exit_code"], 0);
+
+        // Files.
+        let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
+        let (st, bytes) = p
+            .client
+            .send_bytes(
+                poold::client::Method::PUT,
+                &format!("/v1/sandboxes/{a}/files?path=/tmp/d/blob&mode=0600"),
+                data.clone(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.as_u16(), 200, "{}", String::from_utf8_lossy(&bytes));
+        let (st, got) = p
+            .client
+            .send(
+                poold::client::Method::GET,
+                &format!("/v1/sandboxes/{a}/files?path=/tmp/d/blob"),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!((st.as_u16(), got.to_vec()), (200, data));
+        let (st, v) = p
+            .get(&format!("/v1/sandboxes/{a}/files/stat?path=/tmp/d/blob"))
+            .await;
+        assert_eq!((st, v["size"].as_u64()), (200, Some(100_000)), "{v}");
+        assert_eq!(v["mode"].as_u64().map(|m| m & 0o777), Some(0o600), "{v}");
+        let (st, v) = p
+            .get(&format!("/v1/sandboxes/{a}/files/list?path=/tmp/d"))
+            .await;
+        assert_eq!(st, 200);
+        assert_eq!(v["entries"][0]["name"], "blob", "{v}");
+        assert_eq!(
+            p.post(
+                &format!("/v1/sandboxes/{a}/files/mkdir"),
+                json!({"path": "/tmp/x/y", "parents": true})
+            )
+            .await
+            .0,
+            200
+        );
+        assert_eq!(
+            p.get(&format!("/v1/sandboxes/{a}/files?path=/tmp/nope"))
+                .await
+                .0,
+            404
+        );
+        assert_eq!(
+            p.get(&format!("/v1/sandboxes/{a}/files?path=relative"))
+                .await
+                .0,
+            400
+        );
+        assert_eq!(
+            p.delete(&format!(
+                "/v1/sandboxes/{a}/files?path=/tmp/d&recursive=true"
+            ))
+            .await
+            .0,
+            204
+        );
+        // The other sandbox never saw any of it.
+        let b = &sb[1];
+        assert_eq!(
+            p.get(&format!("/v1/sandboxes/{b}/files/stat?path=/tmp/x"))
+                .await
+                .0,
+            404
+        );
+
+        // Logs and TTL.
+        let (st, _) = p.get(&format!("/v1/sandboxes/{a}/logs")).await;
+        assert_eq!(st, 200);
+        let (st, v) = p
+            .post(&format!("/v1/sandboxes/{b}/ttl"), json!({"ttl_secs": 1}))
+            .await;
+        assert_eq!(st, 200, "{v}");
+        let mut gone = false;
+        for _ in 0..50 {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            if p.get(&format!("/v1/sandboxes/{b}")).await.0 == 404 {
+                gone = true;
+                break;
+            }
+        }
+        assert!(gone, "sandbox with an expired TTL is still there");
+
+        // Snapshot deletes: in use (409), dependents (409), cascade/force.
+        let (st, v) = p
+            .post("/v1/snapshots/base/compact", json!({"to": "copy"}))
+            .await;
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["branched_from"], "compact:base");
+        assert_eq!(
+            p.post("/v1/snapshots/base/compact", json!({"to": "copy"}))
+                .await
+                .0,
+            409
+        );
+        assert_eq!(
+            p.post("/v1/snapshots/base/compact", json!({"to": "base"}))
+                .await
+                .0,
+            400
+        );
+        let (st, v) = p.delete("/v1/snapshots/base").await;
+        assert_eq!(st, 409, "deleting a snapshot a sandbox maps: {v}");
+        assert_eq!(p.delete(&format!("/v1/sandboxes/{a}")).await.0, 204);
+        assert_eq!(p.delete(&format!("/v1/sandboxes/{a}")).await.0, 404);
+        assert_eq!(
+            p.delete("/v1/snapshots/base?cascade=true&force=true")
+                .await
+                .0,
+            400
+        );
+        assert_eq!(p.delete("/v1/snapshots/nope").await.0, 404);
+        assert_eq!(p.delete("/v1/snapshots/copy").await.0, 204);
+        assert_eq!(p.delete("/v1/snapshots/base").await.0, 204);
+        assert_eq!(p.get("/v1/snapshots").await.1, json!([]));
+
+        // Metrics and the audit log.
+        assert!(p.metric("forkd_build_info", "").await >= 1.0);
+        assert_eq!(p.metric("forkd_sandboxes_active", "").await, 0.0);
+        let audit = std::fs::read_to_string(home.dir.join("poold/audit.jsonl")).unwrap();
+        assert!(audit.lines().count() > 50);
+        assert!(audit.contains("\"path\":\"/v1/sandboxes\""));
+    });
+    drop(p);
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}
+
+#[test]
+fn auth_tokens_are_checked_and_audited() {
+    let home = Home::new();
+    let token = "Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sA";
+    let tf = home.dir.join("token");
+    std::fs::write(&tf, format!("{token}\n")).unwrap();
+    let tfs = tf.to_str().unwrap();
+
+    // No token on a public address, or a weak one: refused at start.
+    let e = Poold::try_start(&home.dir, &["--bind", "0.0.0.0:0"], None)
+        .err()
+        .expect("poold served 0.0.0.0 without a token");
+    assert!(e.contains("without a token"), "{e}");
+    let weak = home.dir.join("weak");
+    std::fs::write(&weak, "changeme").unwrap();
+    let e = Poold::try_start(&home.dir, &["--token-file", weak.to_str().unwrap()], None)
+        .err()
+        .expect("poold accepted a weak token");
+    assert!(e.contains("too weak"), "{e}");
+
+    let p = Poold::start(&home.dir, &["--token-file", tfs], Some(token));
+    let anon = poold::client::Client::new(&p.url, None).unwrap();
+    let wrong = poold::client::Client::new(&p.url, Some("Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sB".into()))
+        .unwrap();
+    block_on(async {
+        use poold::client::Method;
+        let (st, _) = anon.send(Method::GET, "/healthz", None).await.unwrap();
+        assert_eq!(st.as_u16(), 200, "healthz needs no token");
+        for c in [&anon, &wrong] {
+            for (m, path) in [
+                (Method::GET, "/v1/sandboxes"),
+                (Method::GET, "/v1/snapshots"),
+                (Method::GET, "/metrics"),
+                (Method::DELETE, "/v1/snapshots/x"),
+            ] {
+                let (st, body) = c.send(m, path, None).await.unwrap();
+                assert_eq!(st.as_u16(), 401, "{path}");
+                let v: Value = serde_json::from_slice(&body).unwrap();
+                assert!(v["error"].as_str().unwrap().contains("token"));
+            }
+        }
+        assert_eq!(p.get("/v1/sandboxes").await.0, 200);
+        assert_eq!(p.get("/metrics").await.0, 200);
+    });
+    let audit = std::fs::read_to_string(home.dir.join("poold/audit.jsonl")).unwrap();
+    let entries: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let of = |auth: &str, status: u64| {
+        entries
+            .iter()
+            .filter(|e| e["auth"] == auth && e["status"] == status)
+            .count()
+    };
+    assert_eq!(of("missing", 401), 4);
+    assert_eq!(of("bad", 401), 4);
+    assert_eq!(of("ok", 200), 2);
+}
+
+#[test]
+fn pool_hits_refill_and_misses() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &["--refill-concurrency", "2"], None);
+    block_on(async {
+        p.snapshot("py", "python-numpy", 256).await;
+        let (st, v) = p.put("/v1/pools/py", json!({"min_ready": 4})).await;
+        assert_eq!(st, 200, "{v}");
+        for (body, why) in [
+            (json!({"min_ready": 4, "max_ready": 2}), "below"),
+            (json!({"min_ready": 5000}), "cap"),
+            (json!({"min": 4}), "unknown field"),
+        ] {
+            let (st, v) = p.put("/v1/pools/py", body).await;
+            assert_eq!(st, 400, "{v}");
+            assert!(v["error"].as_str().unwrap().contains(why), "{v}");
+        }
+        assert_eq!(
+            p.put("/v1/pools/nope", json!({"min_ready": 1})).await.0,
+            404
+        );
+        p.wait_pool("py", 4).await;
+        assert_eq!(p.metric("forkd_pool_ready", "tag=\"py\"").await, 4.0);
+
+        let (st, four) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "n": 4}))
+            .await;
+        assert_eq!(st, 201, "{four}");
+        assert!(four
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["pool_hit"] == true));
+        assert_eq!(p.metric("forkd_pool_hits_total", "tag=\"py\"").await, 4.0);
+        assert_eq!(p.metric("forkd_pool_misses_total", "tag=\"py\"").await, 0.0);
+        p.wait_pool("py", 4).await;
+
+        let (st, ten) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "n": 10}))
+            .await;
+        assert_eq!(st, 201, "{ten}");
+        let hits = ten
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["pool_hit"] == true)
+            .count();
+        assert_eq!(hits, 4);
+        assert_eq!(p.metric("forkd_pool_hits_total", "tag=\"py\"").await, 8.0);
+        assert_eq!(p.metric("forkd_pool_misses_total", "tag=\"py\"").await, 6.0);
+        assert_eq!(
+            p.metric("forkd_spawn_latency_seconds_count", "").await,
+            14.0
+        );
+        // All ten answer eval, each as itself.
+        let answers = futures::future::join_all(ten.as_array().unwrap().iter().map(|s| {
+            let id = s["id"].as_str().unwrap().to_string();
+            let p = &p;
+            async move {
+                p.post(
+                    &format!("/v1/sandboxes/{id}/eval"),
+                    json!({"code": "import socket; (socket.gethostname(), numpy.zeros(2).tolist())"}),
+                )
+                .await
+            }
+        }))
+        .await;
+        for ((st, v), s) in answers.iter().zip(ten.as_array().unwrap()) {
+            assert_eq!(*st, 200, "{v}");
+            assert_eq!(
+                v["result"].as_str().unwrap(),
+                format!("('{}', [0.0, 0.0])", s["id"].as_str().unwrap())
+            );
+        }
+        let (_, pools) = p.get("/v1/pools").await;
+        assert_eq!(pools[0]["hits"], 8);
+
+        // Deleting the snapshot drains its pool first.
+        for id in ids(&four).iter().chain(ids(&ten).iter()) {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+        p.wait_pool("py", 4).await;
+        assert_eq!(p.delete("/v1/snapshots/py").await.0, 204);
+        assert_eq!(p.get("/v1/pools/py").await.1["ready"], 0);
+    });
+    drop(p);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}
+
+#[test]
+fn kill_9_and_restart_loses_no_sandbox() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &["--pool", "r=2"], None);
+    let five = block_on(async {
+        p.snapshot("r", "minimal", MINIMAL_MIB).await;
+        p.wait_pool("r", 2).await;
+        let (st, five) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 5}))
+            .await;
+        assert_eq!(st, 201, "{five}");
+        p.wait_pool("r", 2).await;
+        ids(&five)
+    });
+    let qemus = home.qemu_pids();
+    assert_eq!(qemus.len(), 7, "5 sandboxes + 2 pooled");
+    p.kill9();
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(home.qemu_pids(), qemus, "children died with poold");
+
+    let p = Poold::start(&home.dir, &["--pool", "r=2"], None);
+    block_on(async {
+        let (_, list) = p.get("/v1/sandboxes").await;
+        let mut got = ids(&list);
+        got.sort();
+        let mut want = five.clone();
+        want.sort();
+        assert_eq!(got, want);
+        assert_eq!(p.get("/v1/pools/r").await.1["ready"], 2);
+        for id in &five {
+            let (st, v) = p
+                .post(
+                    &format!("/v1/sandboxes/{id}/exec"),
+                    json!({"args": ["echo", "still here"]}),
+                )
+                .await;
+            assert_eq!(
+                (st, v["stdout"].as_str()),
+                (200, Some("still here\n")),
+                "{v}"
+            );
+        }
+        // Pooled children were re-adopted too: a spawn takes them.
+        let (_, two) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 2}))
+            .await;
+        assert!(two
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|s| s["pool_hit"] == true));
+        for id in five.iter().chain(ids(&two).iter()) {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+        assert_eq!(p.delete("/v1/pools/r").await.0, 204);
+        p.wait_pool("r", 0).await;
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        home.qemu_pids().is_empty(),
+        "QEMU leaked: {:?}",
+        home.qemu_pids()
+    );
+}
