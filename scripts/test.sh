@@ -26,11 +26,22 @@ started=$(date +%s)
 
 "$REPO_ROOT/scripts/setup.sh" --no-images --no-install
 cd "$REPO_ROOT"
+forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
+forkd_fs="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd-fs"
+
+# Every run starts from an empty store, no VMs and no mounts (the kernel and
+# images stay: they are keyed by their inputs). Leftovers of an interrupted
+# run (QEMU, forkd-fs, the daemon tests' /tmp/fdt-* data dirs) go first.
+say "Resetting test state in $FORKD_HOME"
+for pid in $(pgrep -f "qemu-system-x86_64 .*($FORKD_HOME|/tmp/fdt-)" || true); do kill -9 "$pid" 2>/dev/null || true; done
+for m in "$FORKD_HOME/mnt" /tmp/fdt-*/mnt; do
+  [ -d "$m" ] && "$forkd_fs" unmount --lazy "$m" >/dev/null 2>&1 || true
+done
+rm -rf /tmp/fdt-* "$FORKD_HOME"/{store,mnt,mnt.sock,mnt.log,mnt.secondary,run,staging,poold}
 say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy (release, all targets, -D warnings)"
 cargo clippy --release --quiet --workspace --all-targets -- -D warnings
-forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
 for r in minimal python-numpy; do
   "$forkd" image build --recipe "$r" --if-changed
 done

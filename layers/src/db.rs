@@ -97,8 +97,15 @@ fn base_options() -> Options {
     o
 }
 
+/// Errors that mean "another process is opening or holds the store": the
+/// lock itself, and the info-log rotation RocksDB does *before* taking the
+/// lock (two processes opening at once race on renaming `LOG` and deleting
+/// `LOG.old.*`). Both are worth a retry.
 fn is_lock_error(msg: &str) -> bool {
-    msg.contains("LOCK") && (msg.contains("lock") || msg.contains("Resource temporarily"))
+    let lock =
+        msg.contains("LOCK") && (msg.contains("lock") || msg.contains("Resource temporarily"));
+    let log_race = msg.contains("/LOG") && msg.contains("No such file or directory");
+    lock || log_race
 }
 
 impl Db {
