@@ -52,8 +52,9 @@ fn exceptions_come_back_with_their_traceback() {
             tb.contains("Traceback") && tb.contains("return 1 / 0"),
             "{tb}"
         );
-        let r = vm.agent.eval("this is not python", None).await.unwrap();
-        assert!(r.error.unwrap().starts_with("SyntaxError"));
+        let r = vm.agent.eval("def (:", None).await.unwrap();
+        let e = r.error.unwrap();
+        assert!(e.starts_with("SyntaxError"), "{e}");
     });
 }
 
@@ -74,11 +75,11 @@ fn state_persists_between_evals_and_statements_work() {
         let r = vm.agent.eval("len(xs), xs[1]", None).await.unwrap();
         assert_eq!(r.result.as_deref(), Some("(4, 1.0)"));
         let r = vm.agent.eval("np.arange(3).sum()", None).await.unwrap();
-        assert_eq!(
-            r.result.as_deref(),
-            Some("np.int64(3)").or(r.result.as_deref())
+        // numpy 1.x prints a numpy integer as "3", numpy 2 as "np.int64(3)".
+        assert!(
+            matches!(r.result.as_deref(), Some("3") | Some("np.int64(3)")),
+            "{r:?}"
         );
-        assert!(r.result.unwrap().contains('3'));
     });
 }
 

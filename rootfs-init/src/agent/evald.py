@@ -43,11 +43,14 @@ def run(code):
                 exec(compile(tree, fname, "exec"), NS)
             if last is not None:
                 value = eval(compile(last, fname, "eval"), NS)
-                NS["_"] = value
-                text = repr(value)
-                if len(text) > MAX_REPR:
-                    text = text[:MAX_REPR] + "...[truncated]"
-                reply["result"] = text
+                # Like the REPL: a final expression's value, unless None
+                # (a call such as print() has no result worth showing).
+                if value is not None:
+                    NS["_"] = value
+                    text = repr(value)
+                    if len(text) > MAX_REPR:
+                        text = text[:MAX_REPR] + "...[truncated]"
+                    reply["result"] = text
         except BaseException as e:  # noqa: B902 - report SystemExit too
             reply["error"] = "%s: %s" % (type(e).__name__, e)
             reply["traceback"] = traceback.format_exc()
