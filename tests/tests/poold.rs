@@ -585,3 +585,131 @@ fn kill_9_and_restart_loses_no_sandbox() {
         home.qemu_pids()
     );
 }
+
+#[test]
+fn branch_endpoint_follows_forkd_rules() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &["--branch-concurrency", "1"], None);
+    block_on(async {
+        p.snapshot("base", "minimal", MINIMAL_MIB).await;
+        let (_, made) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "base", "n": 1}))
+            .await;
+        let id = ids(&made).remove(0);
+        let (st, _) = p
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({"args": ["sh", "-c", "echo one > /marker"]}),
+            )
+            .await;
+        assert_eq!(st, 200);
+        let br = format!("/v1/sandboxes/{id}/branch");
+
+        // forkd's validation, in order.
+        for (body, code, why) in [
+            (json!({"tag": "../x"}), 400, "1-64"),
+            (
+                json!({"tag": "b", "mode": "live", "diff": true}),
+                400,
+                "mode",
+            ),
+            (
+                json!({"tag": "b", "diff": true, "live": true}),
+                400,
+                "exclusive",
+            ),
+            (json!({"tag": "b", "wait": false}), 400, "live"),
+            (json!({"tag": "b", "mode": "sideways"}), 400, "unknown mode"),
+            (json!({"tag": "base"}), 409, "exists"),
+            (
+                json!({"tag": "b", "mode": "diff", "parent_tag": "other"}),
+                400,
+                "parent_tag",
+            ),
+            (
+                json!({"tag": "b", "mode": "live", "parent_tag": "base"}),
+                400,
+                "parent_tag",
+            ),
+        ] {
+            let (st, v) = p.post(&br, body.clone()).await;
+            assert_eq!(st, code, "{body}: {v}");
+            assert!(v["error"].as_str().unwrap().contains(why), "{body}: {v}");
+        }
+        assert_eq!(
+            p.post("/v1/sandboxes/sb-nope/branch", json!({"tag": "b"}))
+                .await
+                .0,
+            404
+        );
+
+        // A live branch while a second one is refused at the cap (503).
+        let (first, second) =
+            futures::join!(p.post(&br, json!({"tag": "b1", "mode": "live"})), async {
+                tokio::time::sleep(Duration::from_millis(150)).await;
+                p.post(&br, json!({"tag": "b2", "mode": "live"})).await
+            });
+        assert_eq!(first.0, 201, "{}", first.1);
+        assert_eq!(first.1["branched_from"], id.as_str());
+        assert!(first.1["pause_ms"].as_f64().unwrap() > 0.0);
+        assert_eq!(first.1["status"], "ready");
+        assert_eq!(second.0, 503, "{}", second.1);
+
+        // The source moves on; a child of b1 sees the instant of the branch.
+        p.post(
+            &format!("/v1/sandboxes/{id}/exec"),
+            json!({"args": ["sh", "-c", "echo two > /marker"]}),
+        )
+        .await;
+        let (st, kid) = p.post("/v1/sandboxes", json!({"snapshot_tag": "b1"})).await;
+        assert_eq!(st, 201, "{kid}");
+        let kid = ids(&kid).remove(0);
+        let (_, v) = p
+            .post(
+                &format!("/v1/sandboxes/{kid}/exec"),
+                json!({"args": ["cat", "/marker"]}),
+            )
+            .await;
+        assert_eq!(v["stdout"], "one\n");
+        let (_, info) = p.get("/v1/snapshots/b1/info").await;
+        assert_eq!(info["chain_depth"], 1);
+        assert_eq!(info["parent_tag"], "base");
+        assert_eq!(info["ancestors"], json!(["base"]));
+
+        // wait:false answers 202 "writing", then the snapshot turns ready;
+        // the default tag follows forkd's pattern.
+        let (st, v) = p.post(&br, json!({"live": true, "wait": false})).await;
+        assert_eq!(st, 202, "{v}");
+        assert_eq!(v["status"], "writing");
+        let tag = v["tag"].as_str().unwrap().to_string();
+        assert!(tag.starts_with(&format!("branch-{id}-")), "{tag}");
+        let mut ready = false;
+        for _ in 0..300 {
+            let (_, list) = p.get("/v1/snapshots").await;
+            if list
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|s| s["tag"] == tag.as_str() && s["status"] == "ready")
+            {
+                ready = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(ready, "the wait:false branch never became ready");
+        let (_, sb) = p.get(&format!("/v1/sandboxes/{id}")).await;
+        assert_eq!(sb["branch_count"], 2);
+        assert_eq!(sb["has_branched"], true);
+
+        // A parent with dependents: 409, then cascade.
+        for s in [&id, &kid] {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{s}")).await.0, 204);
+        }
+        let (st, v) = p.delete("/v1/snapshots/base").await;
+        assert_eq!(st, 409, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("b1"), "{v}");
+        assert_eq!(p.delete("/v1/snapshots/base?cascade=true").await.0, 204);
+        assert_eq!(p.get("/v1/snapshots").await.1, json!([]));
+    });
+}

@@ -73,6 +73,8 @@ pub enum Command {
     Exec(sandbox::ExecArgs),
     /// Evaluate Python in a sandbox's warm interpreter.
     Eval { id: String, code: String },
+    /// Snapshot a running sandbox (live: a pause of milliseconds).
+    Branch(sandbox::BranchArgs),
     /// Show and size poold's warm pools.
     #[command(subcommand)]
     Pool(sandbox::PoolCmd),
@@ -117,6 +119,7 @@ pub fn main() -> ExitCode {
             Command::Exec(a) => sandbox::exec(a).await,
             Command::Eval { id, code } => sandbox::eval(id, code).await,
             Command::Pool(c) => sandbox::pool(c).await,
+            Command::Branch(a) => sandbox::branch(a).await,
             Command::Bench(c) => bench::run(&paths, c).await,
         }
     });

@@ -39,6 +39,22 @@ pub struct ExecArgs {
     pub cmd: Vec<String>,
 }
 
+#[derive(Args, Debug)]
+pub struct BranchArgs {
+    /// Sandbox id.
+    pub id: String,
+    /// Tag for the new snapshot (default: branch-<id>-<unix>-<suffix>).
+    #[arg(long)]
+    pub tag: Option<String>,
+    /// live (precopy, ms pause), diff (the same here) or full (stop-and-copy).
+    #[arg(long, default_value = "live")]
+    pub mode: String,
+    /// Return once the sandbox runs again; the snapshot is written in the
+    /// background (live mode only).
+    #[arg(long)]
+    pub no_wait: bool,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum PoolCmd {
     /// Show one pool, or all.
@@ -161,6 +177,34 @@ pub async fn eval(id: String, code: String) -> Result<i32> {
     if let Some(v) = r.result {
         println!("{v}");
     }
+    Ok(0)
+}
+
+pub async fn branch(a: BranchArgs) -> Result<i32> {
+    let c = Client::from_env()?;
+    let mut body = json!({"mode": a.mode});
+    if let Some(t) = &a.tag {
+        body["tag"] = json!(t);
+    }
+    if a.no_wait {
+        body["wait"] = json!(false);
+    }
+    let info: crate::daemon::api::types::SnapshotInfo = c
+        .post(&format!("/v1/sandboxes/{}/branch", path_part(&a.id)?), body)
+        .await?;
+    println!(
+        "{} {} (paused {:.1} ms{})",
+        if info.status == "writing" {
+            "writing"
+        } else {
+            "snapshot"
+        },
+        info.tag,
+        info.pause_ms.unwrap_or(0.0),
+        info.diff_physical_bytes
+            .map(|b| format!(", {} new in the store", crate::progress::mib(b)))
+            .unwrap_or_default()
+    );
     Ok(0)
 }
 

@@ -28,6 +28,22 @@ pub enum SnapshotCmd {
         #[arg(long)]
         json: bool,
     },
+    /// Restore a child of BASE, run a command in it, and snapshot the result
+    /// as a child of BASE (a chain link that stores only what changed).
+    Diff {
+        /// The snapshot to start from (tag or id).
+        #[arg(long)]
+        from: String,
+        /// Tag for the new snapshot.
+        #[arg(long)]
+        tag: String,
+        /// Shell command to run first (must exit 0).
+        #[arg(long)]
+        exec: String,
+        /// Seconds the command may run.
+        #[arg(long, default_value_t = 600.0)]
+        timeout: f64,
+    },
     /// Delete a snapshot (refused while running children map it).
     Rm {
         /// Tag or snapshot id.
@@ -76,6 +92,12 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
         SnapshotCmd::Create(a) => create_cmd(paths, a).await,
         SnapshotCmd::Ls { json } => ls(paths, json).await,
         SnapshotCmd::Info { tag, json } => info(paths, tag, json).await,
+        SnapshotCmd::Diff {
+            from,
+            tag,
+            exec,
+            timeout,
+        } => diff(paths, &from, &tag, &exec, timeout).await,
         SnapshotCmd::Rm {
             tag,
             cascade,
@@ -244,5 +266,67 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
     if !d.lineage.is_empty() {
         println!("lineage:     {}", serde_json::to_string(&d.lineage)?);
     }
+    Ok(0)
+}
+
+/// `forkd snapshot diff`: a child of `from` runs `cmd`, then is branched.
+async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> Result<i32> {
+    use crate::snapshot::{branch, restore};
+    forkd_layers::validate_tag(tag)?;
+    crate::vm::qemu::check_qemu()?;
+    crate::vm::sweep(&paths.vms_dir()).await;
+    let mount = crate::snapshot::ensure_mount_async(paths).await?.mountpoint;
+    let parent = restore::read_record(&mount, from)?;
+    let src = restore::Source::new(&mount, &parent)?;
+    let id = format!("diff-{}", crate::util::random_hex(6));
+    let mut t = restore::ChildTimings::default();
+    let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
+    let result = async {
+        restore::hand_out(&mut vm, &id, std::time::Instant::now(), &mut t).await?;
+        eprintln!("==> running {cmd:?} in a child of {from}");
+        let out = vm
+            .agent
+            .exec(
+                rootfs_init::protocol::ExecSpec {
+                    shell: Some(cmd.to_string()),
+                    timeout_ms: Some((timeout * 1000.0) as u64),
+                    ..Default::default()
+                },
+                &[],
+            )
+            .await?;
+        eprint!("{}", String::from_utf8_lossy(&out.stdout));
+        eprint!("{}", String::from_utf8_lossy(&out.stderr));
+        if out.result.status_code() != 0 {
+            bail!(
+                "the command exited with status {}; nothing was snapshotted",
+                out.result.status_code()
+            );
+        }
+        eprintln!("==> snapshotting the result as {tag}");
+        let mut lineage = std::collections::BTreeMap::new();
+        lineage.insert("derived_by".into(), serde_json::json!("snapshot diff"));
+        lineage.insert("exec".into(), serde_json::json!(cmd));
+        branch::branch(
+            paths,
+            &mount,
+            &vm,
+            &parent,
+            tag,
+            branch::Mode::Live,
+            lineage,
+        )
+        .await
+    }
+    .await;
+    vm.destroy().await;
+    let b = result?;
+    println!(
+        "snapshot {tag} = {} (child of {from}; {} new in the store; pause {:.1} ms, {} ms in all)",
+        b.record.id,
+        mib(b.new_stored_bytes),
+        b.pause_ms,
+        b.total_ms
+    );
     Ok(0)
 }

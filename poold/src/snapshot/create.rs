@@ -197,13 +197,14 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
             let t = Instant::now();
             let r = ingest(
                 paths,
-                &vm,
+                &vm.dir.disk(),
                 &staging,
                 Commit {
                     tag: spec.tag.clone(),
                     replace_tag: spec.replace_tag,
                     parent: None,
                     base_rootfs: None,
+                    base_memory: None,
                     config: serde_json::to_value(&config)?,
                     lineage,
                 },
@@ -300,24 +301,26 @@ pub struct Commit {
     pub tag: String,
     pub replace_tag: bool,
     pub parent: Option<forkd_layers::SnapshotId>,
-    /// The parent's rootfs manifest: only the ranges the VM's overlay holds
-    /// are read; all others are taken from it unread.
+    /// The parent's rootfs manifest: only the ranges the disk's overlays
+    /// hold are read; all others are taken from it unread.
     pub base_rootfs: Option<forkd_layers::ManifestId>,
+    /// The parent's memory manifest (chunk size and dedup reference).
+    pub base_memory: Option<forkd_layers::ManifestId>,
     pub config: Value,
     pub lineage: BTreeMap<String, Value>,
 }
 
-/// Ingests `staging/{memory.bin,vmstate}` and the VM's disk (its overlay
-/// over its backing file, flattened without materialising it) and commits
-/// them as one snapshot. The VM must be stopped.
+/// Ingests `staging/{memory.bin,vmstate}` and a disk (a qcow2 overlay over
+/// its backing chain, flattened without materialising it) and commits them
+/// as one snapshot. Nothing may write to the disk meanwhile.
 pub async fn ingest(
     paths: &Paths,
-    vm: &Vm,
+    disk: &std::path::Path,
     staging: &Staging,
     commit: Commit,
     verbose: bool,
 ) -> Result<(SnapshotRecord, u64)> {
-    let disk = OverlayView::open(&vm.dir.disk()).await?;
+    let disk = OverlayView::open(disk).await?;
     let memory = staging.join(MEMORY);
     let vmstate = staging.join(VMSTATE);
     crate::store::with_rw(paths, move |store| {
@@ -325,20 +328,17 @@ pub async fn ingest(
         let mut new_bytes = 0;
         let mut manifests = Vec::new();
         let res = (|| {
-            for (name, path) in [(MEMORY, &memory), (VMSTATE, &vmstate)] {
-                let f = ingest_one(store, name, &FileSource::open(path)?, None, verbose)?;
+            for (name, path, base) in [
+                (MEMORY, &memory, commit.base_memory),
+                (VMSTATE, &vmstate, None),
+            ] {
+                let f = ingest_one(store, name, &FileSource::open(path)?, base, None, verbose)?;
                 manifests.push(f.manifest);
                 new_bytes += f.new_stored_bytes;
                 files.insert(name.to_string(), f.file_ref());
             }
-            let dirty = commit.base_rootfs.map(|_| disk.own_ranges().to_vec());
-            let f = ingest_one(
-                store,
-                ROOTFS,
-                &disk,
-                commit.base_rootfs.map(|b| (b, dirty.unwrap())),
-                verbose,
-            )?;
+            let dirty = commit.base_rootfs.map(|_| disk.changed_ranges());
+            let f = ingest_one(store, ROOTFS, &disk, commit.base_rootfs, dirty, verbose)?;
             manifests.push(f.manifest);
             new_bytes += f.new_stored_bytes;
             files.insert(ROOTFS.to_string(), f.file_ref());
@@ -362,21 +362,20 @@ pub async fn ingest(
     .await
 }
 
+/// Ingests one file; with `base` and `dirty`, only the dirty ranges are
+/// read and everything else is taken from `base`.
 fn ingest_one(
     store: &Store,
     name: &str,
     src: &dyn IngestSource,
-    base: Option<(forkd_layers::ManifestId, Vec<std::ops::Range<u64>>)>,
+    base: Option<forkd_layers::ManifestId>,
+    dirty: Option<Vec<std::ops::Range<u64>>>,
     verbose: bool,
 ) -> Result<forkd_layers::IngestedFile> {
     let progress = Arc::new(Progress::new(name, !verbose));
     progress.set_total(src.size());
     let p = progress.clone();
     let last = std::sync::atomic::AtomicU64::new(0);
-    let (base, dirty) = match base {
-        Some((b, d)) => (Some(b), Some(d)),
-        None => (None, None),
-    };
     let opts = IngestOptions {
         base,
         dirty,

@@ -9,6 +9,7 @@
 //!   refuses a restore this host cannot do;
 //! - [`staging`]: scratch directories that never outlive their owner.
 
+pub mod branch;
 pub mod config;
 pub mod create;
 pub mod delete;

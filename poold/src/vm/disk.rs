@@ -49,8 +49,19 @@ pub async fn flatten(overlay: &Path, out_raw: &Path) -> Result<()> {
 /// Creates `overlay` (qcow2) over a raw base without opening the base
 /// (`-u`), so it costs no read of a FUSE-served base; `size` is the base's.
 pub async fn create_overlay_unchecked(base: &Path, size: u64, overlay: &Path) -> Result<()> {
+    create_overlay_on(base, "raw", size, overlay).await
+}
+
+/// Creates `overlay` (qcow2) over `base` of format `base_format` without
+/// opening the base (it may be in use by a running VM).
+pub async fn create_overlay_on(
+    base: &Path,
+    base_format: &str,
+    size: u64,
+    overlay: &Path,
+) -> Result<()> {
     let out = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-u", "-b"])
+        .args(["create", "-q", "-f", "qcow2", "-F", base_format, "-u", "-b"])
         .arg(base)
         .arg(overlay)
         .arg(size.to_string())
@@ -103,7 +114,8 @@ pub struct OverlayView {
     size: u64,
     files: Vec<std::fs::File>,
     extents: Vec<Extent>,
-    /// Ranges the overlay itself holds (data or explicit zeros).
+    /// Ranges some overlay of the chain holds (data or explicit zeros):
+    /// everything that may differ from the bottom file.
     own: Vec<std::ops::Range<u64>>,
     name: String,
 }
@@ -133,8 +145,9 @@ impl OverlayView {
                 .context("parsing qemu-img map")?;
         let mut extents = Vec::new();
         let mut own = Vec::new();
+        let bottom = files.len().saturating_sub(1);
         for e in &map {
-            if e.depth == 0 && e.present {
+            if e.depth < bottom && e.present {
                 push_range(&mut own, e.start..e.start + e.length);
             }
             if !(e.present && e.data) {
@@ -166,10 +179,10 @@ impl OverlayView {
         })
     }
 
-    /// Byte ranges the overlay holds itself: everything that may differ from
-    /// its backing file.
-    pub fn own_ranges(&self) -> &[std::ops::Range<u64>] {
-        &self.own
+    /// Byte ranges any overlay of the chain holds (every layer but the
+    /// bottom file): everything that may differ from the base image.
+    pub fn changed_ranges(&self) -> Vec<std::ops::Range<u64>> {
+        self.own.clone()
     }
 }
 

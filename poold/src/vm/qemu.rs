@@ -216,7 +216,7 @@ impl Launch {
         push(&[
             "-drive",
             &format!(
-                "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap",
+                "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap,file.drop-cache=off,backing.file.drop-cache=off",
                 path_opt(&self.disk)
             ),
             "-device",

@@ -2,6 +2,7 @@
 //! codes and `{"error": "..."}` bodies) plus our own pools, files,
 //! streaming exec, logs and TTLs. Reference: docs/api.md.
 
+pub mod branch;
 pub mod files;
 pub mod pools;
 pub mod sandboxes;
@@ -43,6 +44,7 @@ pub fn routes(d: Arc<Daemon>) -> Router {
             post(sandboxes::exec_stream),
         )
         .route("/v1/sandboxes/{id}/eval", post(sandboxes::eval))
+        .route("/v1/sandboxes/{id}/branch", post(branch::branch))
         .route("/v1/sandboxes/{id}/logs", get(sandboxes::logs))
         .route("/v1/sandboxes/{id}/ttl", post(sandboxes::set_ttl))
         .route(

@@ -92,7 +92,8 @@ pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
     Ok(Json(out))
 }
 
-fn empty_info(tag: &str) -> SnapshotInfo {
+/// A `SnapshotInfo` with only the tag set (for snapshots still being written).
+pub fn empty_info(tag: &str) -> SnapshotInfo {
     SnapshotInfo {
         tag: tag.to_string(),
         dir: String::new(),

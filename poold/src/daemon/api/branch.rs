@@ -1,0 +1,204 @@
+//! `POST /v1/sandboxes/:id/branch`: forkd's request, validation order and
+//! answers (201 `SnapshotInfo` with `branched_from` and `pause_ms`; 202 with
+//! `status: "writing"` for a live `wait: false`), on our mechanism: a live
+//! migration to a collector (snapshot::branch).
+
+use super::sandboxes::get_sandbox;
+use super::snapshots::info_of;
+use super::types::SnapshotInfo;
+use crate::daemon::error::{check_tag, ApiError, ApiResult};
+use crate::daemon::Daemon;
+use crate::snapshot::branch::{self, Mode};
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BranchBody {
+    #[serde(default)]
+    tag: Option<String>,
+    #[serde(default)]
+    measure_diff: bool,
+    #[serde(default)]
+    diff: bool,
+    #[serde(default)]
+    live: bool,
+    #[serde(default)]
+    mode: Option<String>,
+    #[serde(default)]
+    wait: Option<bool>,
+    #[serde(default)]
+    parent_tag: Option<String>,
+}
+
+/// forkd's default tag: `branch-<id>-<unix>-<suffix 04x>`.
+fn default_tag(id: &str) -> String {
+    let suffix: u16 = rand::random();
+    format!("branch-{id}-{}-{suffix:04x}", crate::util::unix_now())
+}
+
+/// The mode the body asks for, checked in forkd's order.
+fn mode_of(b: &BranchBody) -> ApiResult<Mode> {
+    if b.mode.is_some() && (b.diff || b.live) {
+        return Err(ApiError::bad_request(
+            "mode cannot be combined with the legacy diff/live flags",
+        ));
+    }
+    if [b.measure_diff, b.diff, b.live]
+        .iter()
+        .filter(|x| **x)
+        .count()
+        > 1
+    {
+        return Err(ApiError::bad_request(
+            "measure_diff, diff and live are mutually exclusive",
+        ));
+    }
+    let mode = match b.mode.as_deref() {
+        Some("full") => Mode::Full,
+        Some("diff") => Mode::Diff,
+        Some("live") => Mode::Live,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "unknown mode {other:?}: use full, diff or live"
+            )))
+        }
+        None if b.diff => Mode::Diff,
+        None if b.live => Mode::Live,
+        None => Mode::Full,
+    };
+    if b.wait == Some(false) && mode != Mode::Live {
+        return Err(ApiError::bad_request("wait: false needs live mode"));
+    }
+    Ok(mode)
+}
+
+pub async fn branch(
+    State(d): State<Arc<Daemon>>,
+    Path(id): Path<String>,
+    body: Option<Json<BranchBody>>,
+) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
+    let b = body.map(|Json(b)| b).unwrap_or_default();
+    // 1. The tag rule.
+    let tag = match &b.tag {
+        Some(t) => {
+            check_tag(t)?;
+            t.clone()
+        }
+        None => default_tag(&id),
+    };
+    check_tag(&tag)?;
+    // 2. A slot (503 at the cap), the tag (409 while in flight).
+    let slot = d.branch_slots.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(format!(
+            "{} branches are in flight, the concurrency cap; retry later",
+            d.cfg.branch_concurrency
+        ))
+    })?;
+    let claim = d
+        .claim_tag(&tag)
+        .ok_or_else(|| ApiError::conflict(format!("a branch to {tag:?} is already in flight")))?;
+    // 3-5. Mode flags.
+    let mode = mode_of(&b)?;
+    // 6. The tag must be free.
+    if d.with_reader(|v| Ok(v.tag(&tag)?))
+        .map_err(ApiError::from_anyhow)?
+        .is_some()
+    {
+        return Err(ApiError::conflict(format!(
+            "snapshot {tag:?} already exists"
+        )));
+    }
+    // 7. The sandbox.
+    let sb = get_sandbox(&d, &id)?;
+    let rec = sb.record();
+    // 8. parent_tag names the source's snapshot, in diff mode.
+    if let Some(pt) = &b.parent_tag {
+        check_tag(pt)?;
+        if *pt != rec.snapshot_tag || mode != Mode::Diff {
+            return Err(ApiError::bad_request(format!(
+                "parent_tag must be the sandbox's snapshot ({}) and needs mode diff",
+                rec.snapshot_tag
+            )));
+        }
+    }
+    let parent = crate::snapshot::restore::read_record(&d.mount, &rec.snapshot_id)
+        .map_err(|e| ApiError::conflict(format!("the sandbox's snapshot is gone: {e:#}")))?;
+
+    d.metrics.branches_in_flight.inc();
+    let guard = InFlight(d.clone());
+    let captured = {
+        let vm = sb.vm.lock().await;
+        let vm = vm
+            .as_ref()
+            .ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+        branch::capture(&d.paths, &d.mount, vm, &parent, mode)
+            .await
+            .map_err(|e| ApiError::from_anyhow(e.context("capturing the branch")))?
+    };
+    let pause_ms = captured.pause_ms;
+    {
+        let mut r = sb.record.lock().unwrap();
+        r.branch_count += 1;
+    }
+    let r2 = sb.record();
+    d.state
+        .commit(move |s| {
+            s.sandboxes.insert(r2.id.clone(), r2);
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    let mut lineage = BTreeMap::new();
+    lineage.insert("branched_from".into(), json!(id));
+    lineage.insert("source_snapshot".into(), json!(rec.snapshot_id));
+
+    let commit = {
+        let d = d.clone();
+        let tag = tag.clone();
+        async move {
+            let t0 = std::time::Instant::now();
+            let r = branch::commit(&d.paths, captured, &parent, &tag, lineage).await;
+            drop((claim, slot, guard));
+            r.map(|b| (b, t0.elapsed().as_secs_f64() * 1e3))
+        }
+    };
+    if b.wait == Some(false) {
+        let t = tag.clone();
+        tokio::spawn(async move {
+            if let Err(e) = commit.await {
+                tracing::error!("branch {t}: {e:#}");
+            }
+        });
+        let info = SnapshotInfo {
+            branched_from: Some(id),
+            pause_ms: Some(pause_ms),
+            status: "writing".into(),
+            bootable: false,
+            ..super::snapshots::empty_info(&tag)
+        };
+        return Ok((StatusCode::ACCEPTED, Json(info)));
+    }
+    let (made, diff_ms) = commit
+        .await
+        .map_err(|e| ApiError::from_anyhow(e.context("storing the branch")))?;
+    let mut info = d
+        .with_reader(|v| Ok(info_of(&d, v, &tag, &made.record)))
+        .map_err(ApiError::from_anyhow)?;
+    info.diff_ms = Some(diff_ms);
+    info.diff_physical_bytes = Some(made.new_stored_bytes);
+    Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// Keeps `forkd_branches_in_flight` true while a branch runs.
+struct InFlight(Arc<Daemon>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.metrics.branches_in_flight.dec();
+    }
+}
