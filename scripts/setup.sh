@@ -144,6 +144,10 @@ build_workspace() {
     [ -x "$bindir/$b" ] && install -m 0755 "$bindir/$b" /usr/local/bin/$b
   done
   note "installed forkd, poold, forkd-fs to /usr/local/bin"
+  if [ -d /etc/systemd/system ]; then
+    install -m 0644 "$REPO_ROOT/poold/systemd/poold.service" /etc/systemd/system/poold.service
+    note "installed /etc/systemd/system/poold.service (not enabled: systemctl enable --now poold)"
+  fi
 }
 
 build_images() {

@@ -1,7 +1,8 @@
-//! Benchmarks that print numbers (never assert them): `forkd bench fork`
-//! and `forkd bench spawn`. Results and the commands that produced them are
+//! Benchmarks that print numbers (never assert them): `forkd bench fork`,
+//! `forkd bench spawn` and `forkd bench branch`. Results and the commands that produced them are
 //! recorded in docs/BENCHMARKS.md.
 
+pub mod branch;
 pub mod fork;
 pub mod mem;
 pub mod spawn;

@@ -32,6 +32,30 @@ pub enum BenchCmd {
         #[arg(long, default_value = PROBE)]
         probe: String,
     },
+    /// BRANCH pauses on a busy guest, spawn latency by chain depth, a one-package link.
+    Branch {
+        #[arg(long, default_value = "python-numpy")]
+        image: String,
+        #[arg(long, default_value_t = 512)]
+        mem: u64,
+        #[arg(long, env = "FORKD_ACCEL", default_value = "auto")]
+        accel: AccelChoice,
+        /// Live branches of the busy source.
+        #[arg(long, default_value_t = 10)]
+        branches: usize,
+        /// Comma-separated chain depths to spawn from.
+        #[arg(long, default_value = "0,1,5,10")]
+        depths: String,
+        /// Spawns per depth.
+        #[arg(long, default_value_t = 3)]
+        spawns: usize,
+        /// Debian package for the one-package link.
+        #[arg(long, default_value = "hello")]
+        package: String,
+        /// MiB of memory the busy source rewrites in a loop.
+        #[arg(long, default_value_t = 128)]
+        busy_mib: u64,
+    },
     /// Spawn latency through a running poold: full pool, empty pool, cold boot.
     Spawn {
         #[arg(long)]
@@ -56,11 +80,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             parallel,
             probe,
         } => {
-            let ns = n
-                .split(',')
-                .map(|x| x.trim().parse::<usize>())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|_| anyhow::anyhow!("--n takes comma-separated counts, e.g. 1,10,100"))?;
+            let ns = parse_list(&n)?;
             if ns.iter().any(|&n| n == 0 || n > 1000) {
                 bail!("each N must be 1-1000");
             }
@@ -74,6 +94,35 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     cold_samples,
                     parallel: parallel.unwrap_or_else(crate::snapshot::fork::default_parallel),
                     probe,
+                },
+            )
+            .await?;
+        }
+        BenchCmd::Branch {
+            image,
+            mem,
+            accel,
+            branches,
+            depths,
+            spawns,
+            package,
+            busy_mib,
+        } => {
+            let depths = parse_list(&depths)?;
+            if depths.iter().any(|&d| d > 100) {
+                bail!("depths must be at most 100");
+            }
+            bench::branch::run(
+                paths,
+                bench::branch::BranchBench {
+                    image,
+                    mem_mib: mem,
+                    accel: accel.resolve()?,
+                    branches: branches.max(1),
+                    depths,
+                    spawns,
+                    package,
+                    busy_mib,
                 },
             )
             .await?;
@@ -100,4 +149,12 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
         }
     }
     Ok(0)
+}
+
+/// `1,10,100` → [1, 10, 100].
+fn parse_list(s: &str) -> Result<Vec<usize>> {
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|_| anyhow::anyhow!("{s:?}: expected comma-separated numbers, e.g. 1,10,100"))
 }

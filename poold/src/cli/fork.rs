@@ -22,6 +22,10 @@ pub struct ForkArgs {
     /// Children restored at once (default: 2 x cores).
     #[arg(long)]
     pub parallel: Option<usize>,
+    /// Python every child evaluates once ready (printed per child; the
+    /// fan-out time then runs until all answered).
+    #[arg(long)]
+    pub eval: Option<String>,
     /// Print JSON (one object with every child's timings).
     #[arg(long)]
     pub json: bool,
@@ -36,11 +40,38 @@ pub async fn run(paths: &Paths, a: ForkArgs) -> Result<i32> {
     let mount = crate::snapshot::ensure_mount_async(paths).await?;
     let src = Source::resolve(&mount.mountpoint, &a.tag)?;
     let parallel = a.parallel.unwrap_or_else(default_parallel);
+    let t0 = std::time::Instant::now();
     let forked = tokio::select! {
         r = fork(paths, &src, a.n, parallel, Lifetime::Ephemeral) => r?,
         _ = tokio::signal::ctrl_c() => bail!("interrupted"),
     };
+    let evals = match &a.eval {
+        Some(code) => Some(eval_all(&forked.children, code).await),
+        None => None,
+    };
+    let eval_ms = t0.elapsed().as_millis() as u64;
     report(&a, &forked.children, forked.all_ready_ms)?;
+    if let Some(results) = evals {
+        let mut failed = 0;
+        for (c, r) in forked.children.iter().zip(&results) {
+            match r {
+                Ok(v) => println!("{}: {v}", c.vm.id),
+                Err(e) => {
+                    failed += 1;
+                    println!("{}: error: {e}", c.vm.id);
+                }
+            }
+        }
+        println!(
+            "{} children answered the eval {} ms after the fork began",
+            results.len() - failed,
+            eval_ms
+        );
+        if failed > 0 {
+            destroy_all(forked.children).await;
+            bail!("{failed} children failed the eval");
+        }
+    }
     if a.keep {
         eprintln!(
             "{} children running; press Ctrl-C (or send SIGTERM) to stop them",
@@ -98,6 +129,18 @@ fn report(a: &ForkArgs, children: &[Child], all_ready_ms: u64) -> Result<()> {
         ready.last().copied().unwrap_or(0)
     );
     Ok(())
+}
+
+/// Evaluates `code` in every child at once.
+async fn eval_all(children: &[Child], code: &str) -> Vec<Result<String>> {
+    futures::future::join_all(children.iter().map(|c| async move {
+        let r = c.vm.agent.eval(code, Some(60_000)).await?;
+        match r.error {
+            Some(e) => bail!("{e}"),
+            None => Ok(r.result.unwrap_or_default()),
+        }
+    }))
+    .await
 }
 
 /// Waits for SIGINT or SIGTERM.

@@ -122,7 +122,11 @@ pub enum HubCmd {
 
 fn open_store(paths: &Paths) -> Result<Arc<Store>> {
     let dir = paths.store_dir();
-    let store = Store::open(&dir, StoreOptions::default())
+    let opts = StoreOptions {
+        lock_timeout: crate::store::LOCK_TIMEOUT,
+        ..StoreOptions::default()
+    };
+    let store = Store::open(&dir, opts)
         .with_context(|| format!("opening the layer store at {}", dir.display()))?;
     Ok(Arc::new(store))
 }

@@ -59,6 +59,9 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
 /// Largest pause precopy aims for, ms. QEMU switches over once the dirty
 /// pages left can be sent within it.
 const DOWNTIME_LIMIT_MS: u64 = 20;
+/// How long precopy may try to converge before a longer pause is allowed.
+const CONVERGE_PATIENCE: Duration = Duration::from_secs(20);
+const RELAXED_DOWNTIME_MS: u64 = 2000;
 
 /// A captured branch whose files are still to be ingested.
 pub struct Captured {
@@ -241,6 +244,9 @@ async fn migrate(vm: &Vm, sock: &Path, mode: Mode) -> Result<(f64, PathBuf)> {
                 json!({"capabilities": [
                     {"capability": "x-ignore-shared", "state": false},
                     {"capability": "pause-before-switchover", "state": true},
+                    // A guest that dirties RAM faster than it is copied is
+                    // throttled until the rest fits in the downtime limit.
+                    {"capability": "auto-converge", "state": true},
                 ]}),
             )
             .await?;
@@ -401,9 +407,26 @@ fn next_overlay(dir: &VmDir, active: &Path) -> PathBuf {
 }
 
 async fn wait_status(vm: &Vm, want: &str) -> Result<()> {
-    let deadline = Instant::now() + MIGRATION_TIMEOUT;
+    let start = Instant::now();
+    let deadline = start + MIGRATION_TIMEOUT;
+    let mut relaxed = false;
     loop {
         let st = vm.qmp.execute("query-migrate", json!({})).await?;
+        if !relaxed && start.elapsed() > CONVERGE_PATIENCE {
+            // Still not converged (throttling a TCG guest is coarse): accept
+            // a longer pause rather than copy forever.
+            relaxed = true;
+            tracing::warn!(
+                "branch of {}: precopy has not converged after {CONVERGE_PATIENCE:?}; allowing a pause of up to {RELAXED_DOWNTIME_MS} ms",
+                vm.id
+            );
+            vm.qmp
+                .execute(
+                    "migrate-set-parameters",
+                    json!({ "downtime-limit": RELAXED_DOWNTIME_MS }),
+                )
+                .await?;
+        }
         match st["status"].as_str() {
             Some(s) if s == want => return Ok(()),
             Some("failed") | Some("cancelled") => bail!(
