@@ -8,10 +8,15 @@ use std::fmt;
 /// Longest tag accepted.
 pub const MAX_TAG_LEN: usize = 64;
 
-/// A tag that breaks the project's tag rule `^[A-Za-z0-9_-]{1,64}$`.
+/// Tags the rule admits but forkd-fs needs for itself (`MOUNT/by-id/`).
+pub const RESERVED_TAGS: &[&str] = &["by-id"];
+
+/// A tag that breaks the project's tag rule `^[A-Za-z0-9_-]{1,64}$`, or a
+/// reserved one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TagError {
     tag: String,
+    reserved: bool,
 }
 
 impl TagError {
@@ -23,6 +28,13 @@ impl TagError {
 
 impl fmt::Display for TagError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.reserved {
+            return write!(
+                f,
+                "invalid tag '{}': the name is reserved (the store's mount uses it); pick another",
+                self.tag
+            );
+        }
         write!(
             f,
             "invalid tag '{}': 1-64 chars, ASCII alnum or dash/underscore",
@@ -43,11 +55,13 @@ pub fn validate_tag(tag: &str) -> Result<(), TagError> {
         && tag
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
-    if ok {
+    let reserved = RESERVED_TAGS.contains(&tag);
+    if ok && !reserved {
         Ok(())
     } else {
         Err(TagError {
             tag: tag.to_string(),
+            reserved,
         })
     }
 }
@@ -84,6 +98,10 @@ mod tests {
         for good in ["a", "A-z_09", "-", "_", &"a".repeat(64)] {
             validate_tag(good).unwrap();
         }
+        assert!(validate_tag("by-id")
+            .unwrap_err()
+            .to_string()
+            .contains("reserved"));
     }
 
     #[test]

@@ -75,17 +75,18 @@ impl StoreView {
         self.inner.db.snapshot(id)
     }
 
-    /// A snapshot by exact id (32 hex digits) or by tag. An existing id wins
-    /// over a tag spelled the same, because ids never move.
+    /// A snapshot by tag or by exact id (32 hex digits). A tag wins over an
+    /// id spelled the same: a tag that looks like an id must still name its
+    /// own snapshot.
     pub fn resolve(&self, tag_or_id: &str) -> Result<Option<SnapshotRecord>> {
-        if let Ok(id) = tag_or_id.parse::<SnapshotId>() {
-            if let Some(rec) = self.snapshot(&id)? {
-                return Ok(Some(rec));
-            }
+        // A tag wins: a tag may look like an id (32 hex digits), never the
+        // other way round.
+        if let Some(id) = self.tag(tag_or_id)? {
+            return self.snapshot(&id);
         }
-        match self.tag(tag_or_id)? {
-            Some(id) => self.snapshot(&id),
-            None => Ok(None),
+        match tag_or_id.parse::<SnapshotId>() {
+            Ok(id) => self.snapshot(&id),
+            Err(_) => Ok(None),
         }
     }
 

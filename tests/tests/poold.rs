@@ -138,6 +138,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
                 400,
             ),
             (json!({"snapshot_tag": "base", "memory_limit_mib": 0}), 400),
+            (json!({"snapshot_tag": "base", "ttl_secs": u64::MAX}), 400),
             (json!({"n": 1}), 400),
         ] {
             let (st, v) = p.post("/v1/sandboxes", body.clone()).await;
@@ -203,6 +204,22 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
                 .0,
             400
         );
+        // As forkd: a command that cannot start is a failed command.
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{a}/exec"),
+                json!({"args": ["no-such-command"]}),
+            )
+            .await;
+        assert_eq!((st, v["exit_code"].as_i64()), (200, Some(127)), "{v}");
+        // A huge eval is refused, not a crash.
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{a}/eval"),
+                json!({"code": "x".repeat(2 << 20)}),
+            )
+            .await;
+        assert_eq!(st, 400, "{v}");
         assert_eq!(
             p.post("/v1/sandboxes/sb-nope/exec", json!({"args": ["true"]}))
                 .await

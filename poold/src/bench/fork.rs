@@ -105,10 +105,19 @@ async fn measure(paths: &Paths, b: &ForkBench, tag: &str) -> Result<()> {
         "shared cache",
         "cold MiB"
     );
+    // What N children will need: until a smaller N has been measured, N
+    // cold VMs; after, 1.5 x the private part per child plus the cache.
+    let mut seen: Option<ChildrenMem> = None;
     for &n in &b.ns {
-        if !fits_in_memory(n, cold_mib) {
+        let need = match &seen {
+            Some(m) => {
+                n as f64 * 1.5 * m.private_mib / m.children.max(1) as f64 + m.shared_cache_mib
+            }
+            None => n as f64 * cold_mib,
+        };
+        if available_mib() < need {
             println!(
-                "{n:>5}  skipped: MemAvailable is below {n} x {cold_mib:.0} MiB (the cold-VM size, a safe bound)"
+                "{n:>5}  skipped: MemAvailable is below the {need:.0} MiB {n} children would need"
             );
             continue;
         }
@@ -125,6 +134,7 @@ async fn measure(paths: &Paths, b: &ForkBench, tag: &str) -> Result<()> {
         let pids: Vec<u32> = forked.children.iter().map(|c| c.vm.pid()).collect();
         let mem = ChildrenMem::measure(&pids, &src.memory());
         destroy_all(forked.children).await;
+        seen = Some(mem);
         let cold_total = cold_med * n as f64;
         println!(
             "{n:>5}  {all_ready:>14.0}  {:>7.0} / {:<7.0}  {:>18.0}  {:>7.1}x  {:>12.1}  {:>12.1}  {:>10.0}",
@@ -201,15 +211,14 @@ pub async fn cold_samples(
     Ok((times, pss_mib))
 }
 
-/// Whether N more children fit, bounding each by a cold VM's size.
-fn fits_in_memory(n: usize, per_child_mib: f64) -> bool {
-    let avail_kib = std::fs::read_to_string("/proc/meminfo")
+/// MemAvailable, MiB.
+fn available_mib() -> f64 {
+    std::fs::read_to_string("/proc/meminfo")
         .ok()
         .and_then(|t| {
             t.lines()
                 .find(|l| l.starts_with("MemAvailable:"))
                 .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
         })
-        .unwrap_or(0.0);
-    avail_kib / 1024.0 > n as f64 * per_child_mib.max(64.0)
+        .map_or(0.0, |kib| kib / 1024.0)
 }

@@ -80,3 +80,15 @@ pub fn agent_error(e: crate::vm::agent::CallError) -> ApiError {
         CallError::Channel(_) => ApiError::internal(format!("sandbox agent unreachable: {e}")),
     }
 }
+
+/// Runs a handler's work on a task of its own. axum drops a handler when
+/// its client disconnects; work that starts VMs, pauses a sandbox or
+/// deletes must not stop halfway, so it always runs to the end and leaves
+/// the daemon's state consistent (the answer is then simply not read).
+pub async fn detached<T: Send + 'static>(
+    work: impl std::future::Future<Output = ApiResult<T>> + Send + 'static,
+) -> ApiResult<T> {
+    tokio::spawn(work)
+        .await
+        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
+}

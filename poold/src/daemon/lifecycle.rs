@@ -14,6 +14,9 @@ use futures::stream::{self, StreamExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// The longest TTL a spawn may ask for (10 years).
+pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
+
 /// A new sandbox or VM id: `sb-` + 24 random hex digits (unguessable).
 pub fn new_id() -> String {
     format!("sb-{}", crate::util::random_hex(12))
@@ -37,7 +40,9 @@ pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
         if msg.contains("no snapshot") {
             ApiError::not_found(format!("snapshot {tag:?} not found"))
         } else {
-            ApiError::internal(msg)
+            // As forkd: a snapshot whose record cannot be read is a 409
+            // naming the file.
+            ApiError::conflict(msg)
         }
     })?;
     Source::new(&d.mount, &rec).map_err(|e| ApiError::conflict(format!("{e:#}")))
@@ -62,14 +67,13 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             "memory_limit_mib needs a cgroup memory controller, and this host has none",
         ));
     }
-    let src = source(d, &req.tag)?;
-    if d.sandboxes.len() + req.n > d.cfg.max_sandboxes {
-        return Err(ApiError::unavailable(format!(
-            "at capacity: {} sandboxes live, max_sandboxes is {}",
-            d.sandboxes.len(),
-            d.cfg.max_sandboxes
+    if req.ttl_secs.is_some_and(|t| t > MAX_TTL_SECS) {
+        return Err(ApiError::bad_request(format!(
+            "ttl_secs must be at most {MAX_TTL_SECS} (10 years); leave it out for no TTL"
         )));
     }
+    let src = source(d, &req.tag)?;
+    let _reserved = d.reserve(req.n)?;
     let sid = src.id.to_string();
     let (hits, stale) = d.pools.take(&req.tag, &sid, req.n);
     let n_hits = hits.len();
@@ -84,16 +88,39 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     discard_pooled(d, stale);
     d.refill_wake.notify_one();
 
-    let hit_ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
-    let handed = futures::future::join_all(hits.into_iter().map(|h| async move {
-        let mut t = ChildTimings::default();
-        let mut vm = h.vm;
-        let id = vm.id.clone();
-        match hand_out(&mut vm, &id, t0, &mut t).await {
-            Ok(()) => Ok((vm, t, true)),
-            Err(e) => {
-                vm.destroy().await;
-                Err(e)
+    // The hits leave the pool's record before they are resumed: a crash
+    // after this never parks a running child as ready again (it is killed
+    // as unrecorded at the next start).
+    let ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
+    if let Err(e) = d
+        .state
+        .commit(move |s| {
+            for id in &ids {
+                s.pooled.remove(id);
+            }
+        })
+        .await
+    {
+        futures::future::join_all(hits.into_iter().map(|h| h.vm.destroy())).await;
+        return Err(ApiError::from_anyhow(e));
+    }
+    let handed = futures::future::join_all(hits.into_iter().map(|h| {
+        let src = src.clone();
+        async move {
+            let mut t = ChildTimings::default();
+            let mut vm = h.vm;
+            let id = vm.id.clone();
+            match hand_out(&mut vm, &id, t0, &mut t).await {
+                Ok(()) => Ok((vm, t, true)),
+                Err(e) => {
+                    // A pooled child that died while parked: restore a
+                    // replacement rather than fail the spawn.
+                    tracing::warn!(
+                        "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
+                    );
+                    vm.destroy().await;
+                    restore_one(d, &src, t0).await.map(|(vm, t)| (vm, t, false))
+                }
             }
         }
     }));
@@ -101,19 +128,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     let restored = stream::iter(0..req.n - n_hits)
         .map(|_| {
             let src = src2.clone();
-            async move {
-                let id = new_id();
-                let mut t = ChildTimings::default();
-                let mut vm =
-                    restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut t).await?;
-                match hand_out(&mut vm, &id, t0, &mut t).await {
-                    Ok(()) => Ok((vm, t, false)),
-                    Err(e) => {
-                        vm.destroy().await;
-                        Err(e)
-                    }
-                }
-            }
+            async move { restore_one(d, &src, t0).await.map(|(vm, t)| (vm, t, false)) }
         })
         .buffer_unordered(d.cfg.spawn_parallel)
         .collect::<Vec<_>>();
@@ -130,15 +145,6 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         }
     }
     if let Some(e) = first_err {
-        // The hits are consumed either way.
-        let _ = d
-            .state
-            .commit(|s| {
-                hit_ids.iter().for_each(|id| {
-                    s.pooled.remove(id);
-                })
-            })
-            .await;
         futures::future::join_all(vms.into_iter().map(|(vm, _, _)| vm.destroy())).await;
         return Err(ApiError::from_anyhow(e.context("spawning sandboxes")));
     }
@@ -155,7 +161,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             created_at_unix: now,
             pid: vm.pid(),
             memory_limit_mib: req.memory_limit_mib,
-            expires_at_unix: if ttl > 0 { now + ttl } else { 0 },
+            expires_at_unix: if ttl > 0 { now.saturating_add(ttl) } else { 0 },
             hostname: vm.id.clone(),
             branch_count: 0,
             pool_hit: hit,
@@ -174,9 +180,6 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     let committed = d
         .state
         .commit(move |s| {
-            for id in &hit_ids {
-                s.pooled.remove(id);
-            }
             for r in records {
                 s.sandboxes.insert(r.id.clone(), r);
             }
@@ -193,6 +196,24 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         return Err(ApiError::from_anyhow(e));
     }
     Ok(out)
+}
+
+/// Restores one child of `src` on demand and hands it out.
+async fn restore_one(
+    d: &Arc<Daemon>,
+    src: &Source,
+    t0: Instant,
+) -> anyhow::Result<(Vm, ChildTimings)> {
+    let id = new_id();
+    let mut t = ChildTimings::default();
+    let mut vm = restore_paused(&d.paths, src, &id, Lifetime::Detached, &mut t).await?;
+    match hand_out(&mut vm, &id, t0, &mut t).await {
+        Ok(()) => Ok((vm, t)),
+        Err(e) => {
+            vm.destroy().await;
+            Err(e)
+        }
+    }
 }
 
 /// Puts each sandbox with a memory limit into its own cgroup.
@@ -353,9 +374,19 @@ fn update_pool_gauges(d: &Daemon) {
 async fn reaper_loop(d: Arc<Daemon>) {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        let dead = d.pools.remove_dead();
+        if !dead.is_empty() {
+            tracing::warn!(
+                "{} pooled children died while parked; refilling",
+                dead.len()
+            );
+            discard_pooled(&d, dead);
+            d.refill_wake.notify_one();
+        }
         let now = unix_now();
         for sb in d.sandboxes.all() {
             let r = sb.record();
+            rotate_console(&sb.dir.console());
             let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
             let dead = !sb.dir.read_record().is_ok_and(|v| v.qemu.is_alive());
             if expired || dead {
@@ -374,6 +405,32 @@ async fn reaper_loop(d: Arc<Daemon>) {
     }
 }
 
+/// A console log is cut when it passes this size.
+const CONSOLE_MAX_BYTES: u64 = 16 << 20;
+
+/// Keeps a guest that floods its console from filling the disk: past
+/// [`CONSOLE_MAX_BYTES`] the last MiB goes to `console.log.1` and the log
+/// starts over (QEMU appends, so it keeps writing at the new end).
+fn rotate_console(path: &std::path::Path) {
+    let Ok(m) = std::fs::metadata(path) else {
+        return;
+    };
+    if m.len() <= CONSOLE_MAX_BYTES {
+        return;
+    }
+    use std::io::{Read, Seek, SeekFrom};
+    let keep = 1u64 << 20;
+    let mut tail = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.seek(SeekFrom::Start(m.len() - keep));
+        let _ = f.take(keep).read_to_end(&mut tail);
+    }
+    let _ = std::fs::write(path.with_extension("log.1"), &tail);
+    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) {
+        let _ = f.set_len(0);
+    }
+}
+
 /// Re-adopts every sandbox and pooled child of the saved state whose QEMU
 /// still runs; forgets the dead; kills detached VMs an earlier poold started
 /// but never recorded.
@@ -389,15 +446,27 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
                 alive_ids.insert(id.clone());
             }
             Err(e) => {
-                tracing::warn!("sandbox {id} is gone ({e:#}); forgetting it");
-                let _ = std::fs::remove_dir_all(d.paths.vm_dir(id));
+                tracing::warn!("sandbox {id} cannot be re-adopted ({e:#}); removing it");
+                forget_vm(d, id).await;
                 dead_sb.push(id.clone());
             }
         }
     }
     let mut dead_pooled = Vec::new();
     for (id, rec) in &saved.pooled {
-        match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+        let adopted = match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+            // Only a still-paused child may be parked again: one that was
+            // being handed out when poold died has run, without its record.
+            Ok(vm) => match vm.run_state().await {
+                Ok(st) if st == "paused" => Ok(vm),
+                other => {
+                    vm.destroy().await;
+                    Err(anyhow::anyhow!("it is not paused ({other:?})"))
+                }
+            },
+            Err(e) => Err(e),
+        };
+        match adopted {
             Ok(vm) => {
                 d.pools.adopt(PooledVm {
                     vm,
@@ -406,8 +475,8 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
                 alive_ids.insert(id.clone());
             }
             Err(e) => {
-                tracing::warn!("pooled child {id} is gone ({e:#})");
-                let _ = std::fs::remove_dir_all(d.paths.vm_dir(id));
+                tracing::warn!("pooled child {id} cannot be re-adopted ({e:#}); removing it");
+                forget_vm(d, id).await;
                 dead_pooled.push(id.clone());
             }
         }
@@ -425,6 +494,16 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         .await?;
     d.metrics.sandboxes.set(d.sandboxes.len() as i64);
     Ok(())
+}
+
+/// Removes a VM poold cannot use: kills its QEMU if it still runs (a VM
+/// nobody can reach must not keep running), then its directory.
+async fn forget_vm(d: &Daemon, id: &str) {
+    let dir = VmDir::new(d.paths.vm_dir(id));
+    if let Ok(r) = dir.read_record() {
+        crate::vm::kill_proc(&r.qemu).await;
+    }
+    let _ = std::fs::remove_dir_all(&dir.path);
 }
 
 /// Kills detached VMs whose owner is gone and that the state does not name.

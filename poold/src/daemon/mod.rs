@@ -53,6 +53,8 @@ pub struct Daemon {
     pub audit: audit::AuditLog,
     /// Bearer token, when auth is on.
     pub token: Option<String>,
+    /// Sandboxes being spawned (counted against `max_sandboxes`).
+    reserved: std::sync::atomic::AtomicUsize,
 }
 
 impl Daemon {
@@ -66,6 +68,42 @@ impl Daemon {
         f(&r)
     }
 
+    /// Reserves room for `n` more sandboxes (live ones and spawns in flight
+    /// count against `max_sandboxes`), or answers 503.
+    pub fn reserve(self: &Arc<Self>, n: usize) -> error::ApiResult<Reservation> {
+        use std::sync::atomic::Ordering;
+        let mut cur = self.reserved.load(Ordering::SeqCst);
+        loop {
+            let live = self.sandboxes.len();
+            if live + cur + n > self.cfg.max_sandboxes {
+                return Err(error::ApiError::unavailable(format!(
+                    "at capacity: {live} sandboxes live and {cur} being spawned, max_sandboxes is {}; delete sandboxes or raise max_sandboxes",
+                    self.cfg.max_sandboxes
+                )));
+            }
+            match self
+                .reserved
+                .compare_exchange(cur, cur + n, Ordering::SeqCst, Ordering::SeqCst)
+            {
+                Ok(_) => return Ok(Reservation { d: self.clone(), n }),
+                Err(now) => cur = now,
+            }
+        }
+    }
+
+    /// [`Daemon::with_reader`] on a blocking thread: for reads that walk
+    /// many records (listings, chain diffs), so they never stall the async
+    /// workers.
+    pub async fn read<T: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&forkd_layers::StoreView) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
+        let d = self.clone();
+        tokio::task::spawn_blocking(move || d.with_reader(f))
+            .await
+            .context("store read task")?
+    }
+
     /// Claims `tag` for a write (create or branch); `None` if it is taken.
     pub fn claim_tag(self: &Arc<Self>, tag: &str) -> Option<TagClaim> {
         let mut w = self.writing.lock().unwrap();
@@ -76,6 +114,20 @@ impl Daemon {
             d: self.clone(),
             tag: tag.to_string(),
         })
+    }
+}
+
+/// Room for sandboxes being spawned; released on drop.
+pub struct Reservation {
+    d: Arc<Daemon>,
+    n: usize,
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        self.d
+            .reserved
+            .fetch_sub(self.n, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -168,6 +220,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         reader: Mutex::new(reader),
         refill_wake: Notify::new(),
         writing: Mutex::new(HashSet::new()),
+        reserved: Default::default(),
         token,
         cfg,
     });

@@ -117,6 +117,51 @@ impl Pools {
         }
     }
 
+    /// Every ready child (of any pool) restored from one of `snapshot_ids`:
+    /// those snapshots are about to be deleted. Their pools' in-flight
+    /// restores are discarded when they finish.
+    pub fn drain_snapshots(&self, snapshot_ids: &[String]) -> Vec<PooledVm> {
+        let mut g = self.inner.lock().unwrap();
+        let mut out = Vec::new();
+        for p in g.values_mut() {
+            let (gone, keep): (Vec<_>, Vec<_>) = p
+                .ready
+                .drain(..)
+                .partition(|v| snapshot_ids.contains(&v.record.snapshot_id));
+            if !gone.is_empty() {
+                p.generation += 1;
+            }
+            p.ready = keep.into();
+            out.extend(gone);
+        }
+        out
+    }
+
+    /// Ready children whose QEMU has died (killed by the OOM killer, say):
+    /// removed here, for the caller to clean up. Their pools refill.
+    pub fn remove_dead(&self) -> Vec<PooledVm> {
+        let mut g = self.inner.lock().unwrap();
+        let mut out = Vec::new();
+        for p in g.values_mut() {
+            let (dead, alive): (Vec<_>, Vec<_>) = p
+                .ready
+                .drain(..)
+                .partition(|v| !v.vm.record.qemu.is_alive());
+            p.ready = alive.into();
+            out.extend(dead);
+        }
+        out
+    }
+
+    /// Restores in flight for `tag`.
+    pub fn in_flight(&self, tag: &str) -> usize {
+        self.inner
+            .lock()
+            .unwrap()
+            .get(tag)
+            .map_or(0, |p| p.in_flight)
+    }
+
     /// Pools that need children, one ticket per child to restore now, and
     /// marks them in flight. `budget` is how many restores may start.
     pub fn plan_refills(&self, budget: usize) -> Vec<RefillTicket> {

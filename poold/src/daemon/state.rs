@@ -161,8 +161,9 @@ pub struct Persisted {
     file: StateFile,
     /// Bumped by every change.
     changed: tokio::sync::watch::Sender<u64>,
-    /// The highest change number on disk.
-    saved: tokio::sync::watch::Sender<(u64, Option<String>)>,
+    /// The highest change number on disk, and the last failed save (the
+    /// highest change number it held, and why).
+    saved: tokio::sync::watch::Sender<(u64, Option<(u64, String)>)>,
 }
 
 impl Persisted {
@@ -209,8 +210,11 @@ impl Persisted {
                 if *done >= n {
                     return Ok(());
                 }
-                if let Some(e) = err {
-                    anyhow::bail!("saving daemon state: {e}");
+                // Only a failed save that included this change fails it.
+                if let Some((failed, e)) = err {
+                    if *failed >= n {
+                        anyhow::bail!("saving daemon state: {e}");
+                    }
                 }
             }
             rx.changed().await.context("state writer stopped")?;
@@ -242,11 +246,9 @@ async fn writer(p: std::sync::Arc<Persisted>, mut rx: tokio::sync::watch::Receiv
         if let Some(e) = &err {
             tracing::error!("saving daemon state: {e}");
         }
-        p.saved.send_modify(|s| {
-            if err.is_none() {
-                s.0 = s.0.max(n);
-            }
-            s.1 = err;
+        p.saved.send_modify(|s| match err {
+            None => s.0 = s.0.max(n),
+            Some(e) => s.1 = Some((n, e)),
         });
     }
 }

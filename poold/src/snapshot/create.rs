@@ -98,6 +98,13 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
     if spec.mem_mib < 64 || spec.vcpus == 0 || spec.vcpus > 64 {
         bail!("memory must be at least 64 MiB and vCPUs 1-64");
     }
+    let host_mib = host_memory_mib();
+    if spec.mem_mib > host_mib {
+        bail!(
+            "memory of {} MiB must be at most this host's {host_mib} MiB",
+            spec.mem_mib
+        );
+    }
     let qemu = crate::vm::qemu::check_qemu()?;
     let (rootfs, kernel, built_at) = match &spec.image {
         ImageSource::Named(n) => {
@@ -405,6 +412,18 @@ async fn check_tag_free(paths: &Paths, tag: &str, replace: bool) -> Result<()> {
         Ok(())
     })
     .await
+}
+
+/// MemTotal of this host in MiB (u64::MAX if unknown).
+fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kib| kib / 1024)
 }
 
 pub(crate) fn ms(d: Duration) -> u64 {

@@ -34,7 +34,7 @@ pub enum DeleteError {
         what: String,
         dependents: Vec<String>,
     },
-    #[error("snapshot {what} is in use by {open_handles} open files of running VMs; stop its sandboxes first")]
+    #[error("snapshot {what} is in use: {open_handles} of its files are open by running VMs (its sandboxes, pooled children, or a branch in progress); delete its sandboxes and its pool (DELETE /v1/pools/<tag>, `forkd pool rm`) first")]
     InUse { what: String, open_handles: u64 },
 }
 

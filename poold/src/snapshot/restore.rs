@@ -77,12 +77,13 @@ impl Source {
 /// Reads a snapshot record from the mount by tag or id. The name is
 /// validated before it touches a path.
 pub fn read_record(mount: &std::path::Path, tag_or_id: &str) -> Result<SnapshotRecord> {
-    let dir = match tag_or_id.parse::<SnapshotId>() {
-        Ok(id) => mount.join("by-id").join(id.to_string()),
-        Err(_) => {
-            forkd_layers::validate_tag(tag_or_id)?;
-            mount.join(tag_or_id)
-        }
+    // A tag wins over an id spelled the same (as in the store's resolve).
+    let as_tag = forkd_layers::validate_tag(tag_or_id).map(|()| mount.join(tag_or_id));
+    let dir = match (as_tag, tag_or_id.parse::<SnapshotId>()) {
+        (Ok(link), _) if link.join("snapshot.json").exists() => link,
+        (_, Ok(id)) => mount.join("by-id").join(id.to_string()),
+        (Ok(link), Err(_)) => link,
+        (Err(e), Err(_)) => return Err(e.into()),
     };
     let json = dir.join("snapshot.json");
     let bytes = std::fs::read(&json).map_err(|e| {

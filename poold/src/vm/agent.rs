@@ -110,13 +110,18 @@ impl AgentClient {
         payload: &[u8],
     ) -> Result<(u64, mpsc::UnboundedReceiver<Event>), CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut buf = BytesMut::new();
+        encode_request(&RequestHeader { id, op }, payload, &mut buf).map_err(|e| {
+            CallError::Agent(AgentError::new(
+                rootfs_init::protocol::ErrorKind::BadRequest,
+                format!("request too large for the agent channel: {e}"),
+            ))
+        })?;
         let (etx, erx) = mpsc::unbounded_channel();
         match self.routes.lock().unwrap().as_mut() {
             Some(m) => m.insert(id, etx),
             None => return Err(CallError::Channel("connection closed".into())),
         };
-        let mut buf = BytesMut::new();
-        encode_request(&RequestHeader { id, op }, payload, &mut buf);
         self.tx
             .send(buf.freeze())
             .map_err(|_| CallError::Channel("connection closed".into()))?;

@@ -209,7 +209,8 @@ impl Launch {
         }
         push(&[
             "-chardev",
-            &format!("file,id=con,path={}", path_opt(&self.console_log)),
+            // append: poold rotates a long console log by truncating it.
+            &format!("file,id=con,path={},append=on", path_opt(&self.console_log)),
             "-serial",
             "chardev:con",
         ]);

@@ -43,8 +43,14 @@ impl Qmp {
         let (rd, wr) = stream.into_split();
         let mut rd = BufReader::new(rd);
         let mut greeting = String::new();
-        rd.read_line(&mut greeting)
+        // QEMU greets at once; a socket that accepts but stays silent (another
+        // QMP client is attached) must not hang the caller.
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(Duration::from_secs(2));
+        tokio::time::timeout(left, rd.read_line(&mut greeting))
             .await
+            .map_err(|_| anyhow!("no QMP greeting from {} within {left:?}", path.display()))?
             .context("reading the QMP greeting")?;
         if !greeting.contains("QMP") {
             bail!("unexpected QMP greeting: {greeting:?}");

@@ -10,9 +10,23 @@ pub use messages::*;
 use bytes::BytesMut;
 
 /// Encodes a request frame.
-pub fn encode_request(header: &RequestHeader, payload: &[u8], out: &mut BytesMut) {
+///
+/// Requests carry caller data (code, argv, file contents), so the frame
+/// limits are checked here and reported, never asserted.
+pub fn encode_request(
+    header: &RequestHeader,
+    payload: &[u8],
+    out: &mut BytesMut,
+) -> Result<(), frame::FrameError> {
     let json = serde_json::to_vec(header).expect("request headers always serialise");
+    if json.len() > frame::MAX_HEADER {
+        return Err(frame::FrameError::HeaderTooLarge(json.len()));
+    }
+    if payload.len() > frame::MAX_PAYLOAD {
+        return Err(frame::FrameError::PayloadTooLarge(payload.len()));
+    }
     frame::encode(&json, payload, out);
+    Ok(())
 }
 
 /// Encodes a reply frame.

@@ -6,7 +6,7 @@
 use super::sandboxes::get_sandbox;
 use super::snapshots::info_of;
 use super::types::SnapshotInfo;
-use crate::daemon::error::{check_tag, ApiError, ApiResult};
+use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::Daemon;
 use crate::snapshot::branch::{self, Mode};
 use axum::extract::{Path, State};
@@ -84,6 +84,14 @@ pub async fn branch(
     body: Option<Json<BranchBody>>,
 ) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     let b = body.map(|Json(b)| b).unwrap_or_default();
+    detached(branch_work(d, id, b)).await
+}
+
+async fn branch_work(
+    d: Arc<Daemon>,
+    id: String,
+    b: BranchBody,
+) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     // 1. The tag rule.
     let tag = match &b.tag {
         Some(t) => {
@@ -149,7 +157,9 @@ pub async fn branch(
     let r2 = sb.record();
     d.state
         .commit(move |s| {
-            s.sandboxes.insert(r2.id.clone(), r2);
+            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
+                *r = r2;
+            }
         })
         .await
         .map_err(ApiError::from_anyhow)?;

@@ -36,6 +36,22 @@ pub async fn put(
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
     // A pool for a snapshot that does not exist would only log refill errors.
     super::snapshots::resolve(&d, &tag)?;
+    // Paused children cost memory too: all pools together stay within
+    // max_sandboxes.
+    let others: usize = d
+        .pools
+        .status()
+        .iter()
+        .filter(|p| p.tag != tag)
+        .map(|p| p.max_ready)
+        .sum();
+    if others + spec.max() > d.cfg.max_sandboxes {
+        return Err(ApiError::bad_request(format!(
+            "pools would keep up to {} children ready, over max_sandboxes ({}); shrink another pool or raise max_sandboxes",
+            others + spec.max(),
+            d.cfg.max_sandboxes
+        )));
+    }
     let t = tag.clone();
     d.state
         .commit(move |s| {

@@ -2,16 +2,17 @@
 //! has (ping, exec, eval), plus ours: streaming exec, console logs, TTL.
 
 use super::types::{EvalBody, EvalReply, ExecBody, ExecReply, SandboxInfo, SpawnBody};
-use crate::daemon::error::{agent_error, ApiError, ApiResult};
+use crate::daemon::error::{agent_error, detached, ApiError, ApiResult};
 use crate::daemon::lifecycle::{self, SpawnRequest};
 use crate::daemon::sandbox::Sandbox;
 use crate::daemon::Daemon;
+use crate::vm::agent::CallError;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use rootfs_init::protocol::{ExecSpec, Reply};
+use rootfs_init::protocol::{ErrorKind, ExecSpec, Reply};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Duration;
@@ -36,21 +37,13 @@ pub async fn spawn(
             "per_child_netns: this snapshot's guest has no network device, so there is no network to isolate; reach sandboxes through exec, eval and files",
         ));
     }
-    if b.hugepages && !b.live_fork {
-        return Err(ApiError::bad_request(
-            "hugepages is only meaningful with live_fork",
-        ));
-    }
-    let recs = lifecycle::spawn(
-        &d,
-        SpawnRequest {
-            tag: b.snapshot_tag,
-            n: b.n,
-            memory_limit_mib: b.memory_limit_mib,
-            ttl_secs: b.ttl_secs,
-        },
-    )
-    .await?;
+    let req = SpawnRequest {
+        tag: b.snapshot_tag,
+        n: b.n,
+        memory_limit_mib: b.memory_limit_mib,
+        ttl_secs: b.ttl_secs,
+    };
+    let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((
         StatusCode::CREATED,
         Json(recs.into_iter().map(SandboxInfo::from).collect()),
@@ -75,21 +68,26 @@ pub async fn get(State(d): D, Path(id): Path<String>) -> ApiResult<Json<SandboxI
 
 /// `DELETE /v1/sandboxes/:id`.
 pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    if lifecycle::destroy(&d, &id).await {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(ApiError::not_found(format!("sandbox {id:?} not found")))
-    }
+    detached(async move {
+        if lifecycle::destroy(&d, &id).await {
+            Ok(StatusCode::NO_CONTENT)
+        } else {
+            Err(ApiError::not_found(format!("sandbox {id:?} not found")))
+        }
+    })
+    .await
 }
 
 /// `POST /v1/sandboxes/:id/ping`: forkd's pong fields plus the agent's.
 pub async fn ping(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let sb = get_sandbox(&d, &id)?;
+    // forkd answers 500 when the agent does not answer; its CLI reads that
+    // as "not ready yet".
     let p = sb
         .agent
         .ping(Duration::from_secs(5))
         .await
-        .map_err(agent_error)?;
+        .map_err(|e| ApiError::internal(format!("the sandbox's agent did not answer: {e}")))?;
     let mut v = serde_json::to_value(&p).map_err(ApiError::internal)?;
     let extra = json!({
         "pong": true,
@@ -134,11 +132,30 @@ pub async fn exec(
     let sb = get_sandbox(&d, &id)?;
     let spec = exec_spec(&b)?;
     let stdin = b.stdin.clone().unwrap_or_default();
-    let out = sb
-        .agent
-        .exec(spec, stdin.as_bytes())
-        .await
-        .map_err(agent_error)?;
+    let out = match sb.agent.exec(spec, stdin.as_bytes()).await {
+        Ok(o) => o,
+        // As forkd: a command that cannot start is a failed command (200),
+        // not a missing sandbox. Shell conventions: 127 not found, 126 not
+        // executable.
+        Err(CallError::Agent(e))
+            if matches!(e.kind, ErrorKind::NotFound | ErrorKind::PermissionDenied) =>
+        {
+            let code = if e.kind == ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            return Ok(Json(ExecReply {
+                stdout: String::new(),
+                stderr: format!("{}\n", e.message),
+                exit_code: code,
+                signal: None,
+                timed_out: false,
+                duration_ms: 0,
+            }));
+        }
+        Err(e) => return Err(agent_error(e)),
+    };
     Ok(Json(ExecReply {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
@@ -242,11 +259,27 @@ pub async fn eval(
 }
 
 /// `GET /v1/sandboxes/:id/logs`: the guest console since the sandbox
-/// started (text).
+/// started (text; its last MiB).
 pub async fn logs(State(d): D, Path(id): Path<String>) -> ApiResult<Response> {
     let sb = get_sandbox(&d, &id)?;
-    let text = std::fs::read(sb.dir.console()).unwrap_or_default();
+    let text = tail_bytes(&sb.dir.console(), LOG_TAIL_BYTES);
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
+}
+
+/// At most this much of the console log is served.
+pub const LOG_TAIL_BYTES: u64 = 1 << 20;
+
+/// The last `max` bytes of a file (empty if it cannot be read).
+fn tail_bytes(path: &std::path::Path, max: u64) -> Vec<u8> {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return Vec::new();
+    };
+    let len = f.metadata().map_or(0, |m| m.len());
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
+    let mut out = Vec::new();
+    let _ = f.take(max).read_to_end(&mut out);
+    out
 }
 
 #[derive(Debug, serde::Deserialize)]
@@ -263,6 +296,12 @@ pub async fn set_ttl(
     Path(id): Path<String>,
     Json(b): Json<TtlBody>,
 ) -> ApiResult<Json<SandboxInfo>> {
+    if b.ttl_secs > lifecycle::MAX_TTL_SECS {
+        return Err(ApiError::bad_request(format!(
+            "ttl_secs must be at most {} (10 years); 0 clears the TTL",
+            lifecycle::MAX_TTL_SECS
+        )));
+    }
     let sb = get_sandbox(&d, &id)?;
     let expires = if b.ttl_secs == 0 {
         0
@@ -274,7 +313,10 @@ pub async fn set_ttl(
     let r2 = rec.clone();
     d.state
         .commit(move |s| {
-            s.sandboxes.insert(r2.id.clone(), r2);
+            // Only while it exists: a concurrent delete must not be undone.
+            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
+                *r = r2;
+            }
         })
         .await
         .map_err(ApiError::from_anyhow)?;

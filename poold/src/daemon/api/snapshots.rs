@@ -2,7 +2,7 @@
 //! (forkd's 409 / cascade / force rules), info and compact.
 
 use super::types::{CreateSnapshotBody, SnapshotInfo};
-use crate::daemon::error::{check_tag, ApiError, ApiResult};
+use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::Daemon;
 use crate::snapshot::create::{create, CreateSpec, ImageSource};
 use crate::snapshot::delete::{delete, DeleteError, Dependents};
@@ -66,16 +66,18 @@ pub fn info_of(d: &Daemon, view: &StoreView, tag: &str, rec: &SnapshotRecord) ->
 
 /// `GET /v1/snapshots`.
 pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
+    let d2 = d.clone();
     let mut out = d
-        .with_reader(|v| {
+        .read(move |v| {
             let mut out = Vec::new();
             for (tag, id) in v.tags()? {
                 if let Some(rec) = v.snapshot(&id)? {
-                    out.push(info_of(&d, v, &tag, &rec));
+                    out.push(info_of(&d2, v, &tag, &rec));
                 }
             }
             Ok(out)
         })
+        .await
         .map_err(ApiError::from_anyhow)?;
     let writing: Vec<String> = d.writing.lock().unwrap().iter().cloned().collect();
     for tag in writing {
@@ -147,6 +149,13 @@ pub async fn create_snapshot(
     State(d): D,
     Json(b): Json<CreateSnapshotBody>,
 ) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
+    detached(create_work(d, b)).await
+}
+
+async fn create_work(
+    d: Arc<Daemon>,
+    b: CreateSnapshotBody,
+) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     check_tag(&b.tag)?;
     if b.boot_wait_secs.is_some_and(|s| s > 60) {
         return Err(ApiError::bad_request("boot_wait_secs must be ≤ 60"));
@@ -204,7 +213,7 @@ pub async fn create_snapshot(
     };
     let made = create(&d.paths, spec).await.map_err(|e| {
         let msg = format!("{e:#}");
-        if msg.contains("is not built") || msg.contains("must be at least") {
+        if msg.contains("is not built") || msg.contains("must be at") {
             ApiError::bad_request(msg)
         } else {
             ApiError::internal(msg)
@@ -235,6 +244,10 @@ pub async fn delete_snapshot(
     Path(tag): Path<String>,
     Query(q): Query<DeleteQuery>,
 ) -> ApiResult<StatusCode> {
+    detached(delete_work(d, tag, q)).await
+}
+
+async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<StatusCode> {
     check_tag(&tag)?;
     let (cascade, force) = (flag(&q.cascade), flag(&q.force));
     if cascade && force {
@@ -248,10 +261,10 @@ pub async fn delete_snapshot(
         Dependents::Refuse
     };
     let rec = resolve(&d, &tag)?;
-    // Pooled children map the snapshot: drain the pools of every tag that
-    // names a snapshot about to go.
-    let doomed = d
-        .with_reader(|v| {
+    // Everything about to go: its ids and tags. Dependents are refused
+    // before any pool is touched.
+    let (ids, tags, dependents) = d
+        .read(move |v| {
             let mut ids = vec![rec.id];
             if cascade {
                 let mut i = 0;
@@ -264,40 +277,85 @@ pub async fn delete_snapshot(
             for id in &ids {
                 tags.extend(v.tags_of(id)?);
             }
-            Ok(tags)
+            let deps: Vec<String> = v
+                .dependents(&rec.id)?
+                .iter()
+                .map(|c| crate::snapshot::info::label(v, c))
+                .collect();
+            Ok((ids, tags, deps))
         })
+        .await
         .map_err(ApiError::from_anyhow)?;
-    for t in &doomed {
-        let vms = d.pools.drain(t);
-        let ids: Vec<String> = vms.iter().map(|v| v.record.vm_id.clone()).collect();
-        futures::future::join_all(vms.into_iter().map(|v| v.vm.destroy())).await;
-        d.state
-            .commit(|s| {
-                ids.iter().for_each(|id| {
-                    s.pooled.remove(id);
-                })
-            })
-            .await
-            .map_err(ApiError::from_anyhow)?;
+    if deps == Dependents::Refuse && !dependents.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "snapshot {tag} has dependent snapshots: {}; delete them first, or use cascade (delete them too) or force (keep them, orphaned)",
+            dependents.join(", ")
+        )));
     }
+    // Pooled children map the snapshots: stop refilling their pools, wait
+    // for restores in flight, and destroy every ready child of them.
+    let id_strings: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let saved: Vec<_> = tags.iter().map(|t| (t.clone(), d.pools.spec(t))).collect();
+    let mut doomed = Vec::new();
+    for t in &tags {
+        doomed.extend(d.pools.set(t, None));
+    }
+    for _ in 0..600 {
+        if tags.iter().all(|t| d.pools.in_flight(t) == 0) {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    doomed.extend(d.pools.drain_snapshots(&id_strings));
+    let vm_ids: Vec<String> = doomed.iter().map(|v| v.record.vm_id.clone()).collect();
+    futures::future::join_all(doomed.into_iter().map(|v| v.vm.destroy())).await;
+    d.state
+        .commit(move |s| {
+            for id in &vm_ids {
+                s.pooled.remove(id);
+            }
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
     let p = d.paths.clone();
     let t = tag.clone();
-    crate::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
+    let result = crate::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
         .await
         .map_err(|e| match e.downcast_ref::<DeleteError>() {
             Some(DeleteError::NotFound(_)) => ApiError::not_found(e.to_string()),
             Some(_) => ApiError::conflict(e.to_string()),
             None => ApiError::from_anyhow(e),
-        })?;
-    Ok(StatusCode::NO_CONTENT)
+        });
+    match &result {
+        Ok(_) => {
+            // The pools of deleted tags go with them.
+            let gone = tags.clone();
+            d.state
+                .commit(move |s| {
+                    for t in &gone {
+                        s.pools.remove(t);
+                    }
+                })
+                .await
+                .map_err(ApiError::from_anyhow)?;
+        }
+        Err(_) => {
+            for (t, spec) in saved {
+                d.pools.set(&t, spec);
+            }
+            d.refill_wake.notify_one();
+        }
+    }
+    result.map(|_| StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/snapshots/:tag/info`: forkd's fields, plus the chain with the
 /// bytes each link really stores.
 pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>> {
     let rec = resolve(&d, &tag)?;
+    let mount = d.mount.clone();
     let v = d
-        .with_reader(|v| {
+        .read(move |v| {
             let det = crate::snapshot::info::detail(v, &rec)?;
             let mem = rec.files.get("memory.bin");
             let mem_zero = det.files.get("memory.bin").map_or(0, |f| f.zero_bytes);
@@ -309,7 +367,7 @@ pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>
                 .collect();
             Ok(json!({
                 "tag": tag,
-                "dir": d.mount.join("by-id").join(rec.id.to_string()),
+                "dir": mount.join("by-id").join(rec.id.to_string()),
                 "created_at_unix": rec.created_at_unix,
                 "memory_logical_bytes": mem.map_or(0, |f| f.size),
                 "memory_physical_bytes": mem.map_or(0, |f| f.size.saturating_sub(mem_zero)),
@@ -327,6 +385,7 @@ pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>
                 "lineage": det.lineage,
             }))
         })
+        .await
         .map_err(ApiError::from_anyhow)?;
     Ok(Json(v))
 }
@@ -344,6 +403,14 @@ pub async fn compact(
     State(d): D,
     Path(tag): Path<String>,
     Json(b): Json<CompactBody>,
+) -> ApiResult<Json<SnapshotInfo>> {
+    detached(compact_work(d, tag, b)).await
+}
+
+async fn compact_work(
+    d: Arc<Daemon>,
+    tag: String,
+    b: CompactBody,
 ) -> ApiResult<Json<SnapshotInfo>> {
     check_tag(&tag)?;
     check_tag(&b.to)?;
