@@ -34,8 +34,12 @@ forkd_fs="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd-fs"
 # run (QEMU, forkd-fs, the daemon tests' /tmp/fdt-* data dirs) go first.
 say "Resetting test state in $FORKD_HOME"
 for pid in $(pgrep -f "qemu-system-x86_64 .*($FORKD_HOME|/tmp/fdt-)" || true); do kill -9 "$pid" 2>/dev/null || true; done
-for m in "$FORKD_HOME/mnt" /tmp/fdt-*/mnt; do
-  [ -d "$m" ] && "$forkd_fs" unmount --lazy "$m" >/dev/null 2>&1 || true
+# A mount whose forkd-fs died answers stat() with ENOTCONN, so find mounts in
+# the mount table rather than by testing the directory.
+awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do
+  case "$m" in
+    "$FORKD_HOME"/mnt|/tmp/fdt-*/mnt) "$forkd_fs" unmount --lazy "$m" >/dev/null 2>&1 || umount -l "$m" || true ;;
+  esac
 done
 rm -rf /tmp/fdt-* "$FORKD_HOME"/{store,mnt,mnt.sock,mnt.log,mnt.secondary,run,staging,poold}
 say "cargo fmt --check"

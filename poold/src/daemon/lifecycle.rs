@@ -104,7 +104,11 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         futures::future::join_all(hits.into_iter().map(|h| h.vm.destroy())).await;
         return Err(ApiError::from_anyhow(e));
     }
-    let handed = futures::future::join_all(hits.into_iter().map(|h| {
+    // Hand-outs are bounded too: resuming a hundred children at once makes
+    // them all crawl (each first request is CPU-bound, under TCG doubly so);
+    // a few at a time finishes every one of them sooner.
+    let handout_parallel = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
+    let handed = stream::iter(hits.into_iter().map(|h| {
         let src = src.clone();
         async move {
             let mut t = ChildTimings::default();
@@ -123,7 +127,9 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
                 }
             }
         }
-    }));
+    }))
+    .buffer_unordered(handout_parallel)
+    .collect::<Vec<_>>();
     let src2 = src.clone();
     let restored = stream::iter(0..req.n - n_hits)
         .map(|_| {
@@ -354,7 +360,12 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
 /// the code paths of its first real request are already translated.
 async fn warm_once(vm: &Vm) -> anyhow::Result<()> {
     vm.resume().await?;
-    vm.agent.ping(Duration::from_secs(30)).await?;
+    let p = vm.agent.ping(Duration::from_secs(30)).await?;
+    if p.warm_ready {
+        // The eval path too (the pipe to the warm interpreter and its loop):
+        // a no-op expression, so nothing of the child's state changes.
+        vm.agent.eval("None", Some(30_000)).await?;
+    }
     vm.pause().await
 }
 
