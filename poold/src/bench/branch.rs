@@ -44,7 +44,7 @@ pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
     let run = crate::util::random_hex(3);
     let base = tag(&run, "base");
     println!(
-        "branch benchmark: image {}, {} MiB, {}, QEMU {qemu}; the source rewrites a {} MiB numpy array in a loop",
+        "branch benchmark: image {}, {} MiB, {}, QEMU {qemu}; the source adds 1 to every byte of a {} MiB array of random bytes in a loop (each pass makes every chunk of it new)",
         b.image,
         b.mem_mib,
         b.accel.as_str(),
@@ -96,7 +96,7 @@ async fn measure(
         sh(
             s,
             &format!(
-                "nohup python3 -c 'import numpy\na = numpy.zeros({} << 20, numpy.uint8)\nwhile True:\n    a += 1' >/dev/null 2>&1 &",
+                "nohup python3 -c 'import numpy\na = numpy.random.randint(0, 256, {} << 20, numpy.uint8)\nwhile True:\n    a += 1' >/dev/null 2>&1 &",
                 b.busy_mib
             ),
         )
