@@ -176,6 +176,10 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
     vm.kill_now().await;
     let result = match saved {
         Ok(ping) => {
+            let host_cpu = match machine.accel {
+                Accel::Kvm => Some(super::config::host_cpu_id()?),
+                Accel::Tcg => None,
+            };
             let config = VmConfig {
                 qemu_version: qemu,
                 machine_signature: machine.signature(),
@@ -186,6 +190,7 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
                 initrd_blake3: file_blake3(&paths.initramfs())?,
                 image: image_name.clone(),
                 image_built_at_unix: built_at,
+                host_cpu,
             };
             let mut lineage = BTreeMap::new();
             lineage.insert("source".into(), json!(format!("image:{image_name}")));
