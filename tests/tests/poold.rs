@@ -230,7 +230,8 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let (st, v) = p
             .post(&format!("/v1/sandboxes/{a}/eval"), json!({"code": "1+1"}))
             .await;
-        assert!(st == 409 || v["exit_code"] == 1, "{st} {v}");
+        assert_eq!(st, 409, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("python3"), "{v}");
 
         // Streaming exec (NDJSON).
         let (st, bytes) = p
@@ -318,6 +319,75 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
             .0,
             204
         );
+        // A directory read as a file (409); a file over one request's limit
+        // (413) that reads fine in parts.
+        assert_eq!(
+            p.get(&format!("/v1/sandboxes/{a}/files?path=/tmp")).await.0,
+            409
+        );
+        let big = poold::daemon::api::files::MAX_FILE_BYTES + 1;
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{a}/exec"),
+                json!({"args": ["truncate", "-s", big.to_string(), "/tmp/big"]}),
+            )
+            .await;
+        assert_eq!((st, v["exit_code"].as_i64()), (200, Some(0)), "{v}");
+        let (st, v) = p
+            .get(&format!("/v1/sandboxes/{a}/files?path=/tmp/big"))
+            .await;
+        assert_eq!(st, 413, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("offset"), "{v}");
+        let (st, part) = p
+            .client
+            .send(
+                poold::client::Method::GET,
+                &format!("/v1/sandboxes/{a}/files?path=/tmp/big&offset=4096&len=10"),
+                None,
+            )
+            .await
+            .unwrap();
+        assert_eq!((st.as_u16(), part.to_vec()), (200, vec![0u8; 10]));
+
+        // Request errors on exec and eval.
+        for (route, body) in [
+            ("exec", json!({"args": ["true"], "cmd": "true"})),
+            ("exec", json!({"args": ["true"], "timeout_secs": 0})),
+            ("eval", json!({"code": "1", "timeout_secs": -1})),
+            ("eval", json!({})),
+        ] {
+            let (st, v) = p
+                .post(&format!("/v1/sandboxes/{a}/{route}"), body.clone())
+                .await;
+            assert_eq!(st, 400, "{route} {body}: {v}");
+            assert!(v["error"].is_string(), "{v}");
+        }
+        // Every per-sandbox route answers 404 for an unknown id.
+        for (route, body) in [
+            ("ping", json!({})),
+            ("eval", json!({"code": "1"})),
+            ("ttl", json!({"ttl_secs": 5})),
+            ("exec/stream", json!({"cmd": "true"})),
+            ("files/mkdir", json!({"path": "/x"})),
+        ] {
+            let (st, v) = p
+                .post(&format!("/v1/sandboxes/sb-nope/{route}"), body)
+                .await;
+            assert_eq!(st, 404, "{route}: {v}");
+        }
+        for route in [
+            "logs",
+            "files?path=/x",
+            "files/stat?path=/x",
+            "files/list?path=/x",
+        ] {
+            assert_eq!(
+                p.get(&format!("/v1/sandboxes/sb-nope/{route}")).await.0,
+                404,
+                "{route}"
+            );
+        }
+
         // The other sandbox never saw any of it.
         let b = &sb[1];
         assert_eq!(
@@ -606,7 +676,11 @@ fn kill_9_and_restart_loses_no_sandbox() {
 #[test]
 fn branch_endpoint_follows_forkd_rules() {
     let home = Home::new();
-    let p = Poold::start(&home.dir, &["--branch-concurrency", "1"], None);
+    let p = Poold::start(
+        &home.dir,
+        &["--branch-concurrency", "1", "--max-sandboxes", "2"],
+        None,
+    );
     block_on(async {
         p.snapshot("base", "minimal", MINIMAL_MIB).await;
         let (_, made) = p
@@ -681,6 +755,13 @@ fn branch_endpoint_follows_forkd_rules() {
         let (st, kid) = p.post("/v1/sandboxes", json!({"snapshot_tag": "b1"})).await;
         assert_eq!(st, 201, "{kid}");
         let kid = ids(&kid).remove(0);
+        // Two are running: at --max-sandboxes 2 a third is refused.
+        let (st, v) = p.post("/v1/sandboxes", json!({"snapshot_tag": "b1"})).await;
+        assert_eq!(st, 503, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("max_sandboxes"),
+            "{v}"
+        );
         let (_, v) = p
             .post(
                 &format!("/v1/sandboxes/{kid}/exec"),
@@ -719,14 +800,49 @@ fn branch_endpoint_follows_forkd_rules() {
         assert_eq!(sb["branch_count"], 2);
         assert_eq!(sb["has_branched"], true);
 
-        // A parent with dependents: 409, then cascade.
+        // A grandchild link: base <- b1 <- c1.
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{kid}/branch"),
+                json!({"tag": "c1", "mode": "live"}),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(
+            p.post("/v1/snapshots/nope/compact", json!({"to": "z"}))
+                .await
+                .0,
+            404
+        );
+
+        // A parent with dependents: 409 naming them; `force` deletes only
+        // the parent, and its children stay restorable as roots; `cascade`
+        // deletes a subtree.
         for s in [&id, &kid] {
             assert_eq!(p.delete(&format!("/v1/sandboxes/{s}")).await.0, 204);
         }
         let (st, v) = p.delete("/v1/snapshots/base").await;
         assert_eq!(st, 409, "{v}");
         assert!(v["error"].as_str().unwrap().contains("b1"), "{v}");
-        assert_eq!(p.delete("/v1/snapshots/base?cascade=true").await.0, 204);
+        assert_eq!(p.delete("/v1/snapshots/base?force=true").await.0, 204);
+        let (st, info) = p.get("/v1/snapshots/b1/info").await;
+        assert_eq!((st, info["chain_depth"].clone()), (200, json!(0)), "{info}");
+        let (st, again) = p.post("/v1/sandboxes", json!({"snapshot_tag": "b1"})).await;
+        assert_eq!(st, 201, "b1 after its parent was force-deleted: {again}");
+        let again = ids(&again).remove(0);
+        let (_, v) = p
+            .post(
+                &format!("/v1/sandboxes/{again}/exec"),
+                json!({"args": ["cat", "/marker"]}),
+            )
+            .await;
+        assert_eq!(v["stdout"], "one\n");
+        assert_eq!(p.delete(&format!("/v1/sandboxes/{again}")).await.0, 204);
+        let (st, v) = p.delete("/v1/snapshots/b1").await;
+        assert_eq!(st, 409, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("c1"), "{v}");
+        assert_eq!(p.delete("/v1/snapshots/b1?cascade=true").await.0, 204);
+        assert_eq!(p.delete(&format!("/v1/snapshots/{tag}")).await.0, 204);
         assert_eq!(p.get("/v1/snapshots").await.1, json!([]));
     });
 }

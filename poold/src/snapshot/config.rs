@@ -185,12 +185,18 @@ mod tests {
 
         let mut c = cfg();
         c.machine_type = "pc-q35".into();
-        let e = c.check_against("10.0.2", Ok(()), None).unwrap_err().to_string();
+        let e = c
+            .check_against("10.0.2", Ok(()), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("pc-q35") && e.contains("microvm"), "{e}");
 
         let mut c = cfg();
         c.machine.cpu = "host".into();
-        let e = c.check_against("10.0.2", Ok(()), None).unwrap_err().to_string();
+        let e = c
+            .check_against("10.0.2", Ok(()), None)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("cpu=max") && e.contains("cpu=host"), "{e}");
 
         let mut c = cfg();

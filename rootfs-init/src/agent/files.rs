@@ -11,7 +11,7 @@ use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 /// Largest single read; bigger files are read in several requests.
-pub const MAX_READ: u64 = MAX_PAYLOAD as u64 - 4096;
+pub const MAX_READ: u64 = MAX_PAYLOAD as u64;
 
 /// Runs a blocking file operation off the async threads.
 pub async fn blocking<T: Send + 'static>(
@@ -49,7 +49,9 @@ pub fn read(
     }
     f.seek(SeekFrom::Start(offset))
         .map_err(|e| AgentError::io(path, &e))?;
-    let mut data = Vec::new();
+    // Sized up front: growing by doubling would briefly need twice the
+    // read in a guest that may have 128 MiB.
+    let mut data = Vec::with_capacity(want.min(size.saturating_sub(offset)) as usize);
     f.take(want)
         .read_to_end(&mut data)
         .map_err(|e| AgentError::io(path, &e))?;

@@ -68,7 +68,11 @@ async fn serve_port(agent: Arc<Agent>, path: &std::path::Path) -> anyhow::Result
     let wport = port.clone();
     tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
-            if let Err(e) = wport.write_all(&f).await {
+            let mut r = wport.write_all(&f.head).await;
+            if r.is_ok() && !f.payload.is_empty() {
+                r = wport.write_all(&f.payload).await;
+            }
+            if let Err(e) = r {
                 eprintln!("forkd-agent: write to port: {e}");
             }
         }

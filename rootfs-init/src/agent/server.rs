@@ -3,9 +3,9 @@
 
 use super::{eval::Interpreter, exec, exec::ExecRegistry, files, identity};
 use crate::protocol::{
-    encode_reply, AgentError, ErrorKind, EvalSpec, ExecSpec, Frame, FrameDecoder, IdentityResult,
-    IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, MAX_BUFFERED_OUTPUT_LIMIT,
-    PROTOCOL_VERSION,
+    encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecSpec, Frame, FrameDecoder,
+    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader,
+    MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
 };
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -13,8 +13,24 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-/// One encoded frame waiting to be written.
-pub type OutFrame = Bytes;
+/// One encoded frame waiting to be written: its head (magic, lengths,
+/// header), then its payload, kept apart so a file read of tens of MiB is
+/// not copied once more in a small guest's memory.
+pub struct OutFrame {
+    pub head: Bytes,
+    pub payload: Bytes,
+}
+
+impl OutFrame {
+    /// Writes the frame to `w`.
+    pub async fn write_to<W: AsyncWrite + Unpin>(&self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(&self.head).await?;
+        if !self.payload.is_empty() {
+            w.write_all(&self.payload).await?;
+        }
+        Ok(())
+    }
+}
 
 /// Where replies for one channel go. Cheap to clone.
 #[derive(Clone)]
@@ -30,9 +46,13 @@ impl Outbox {
 
     /// Queues a reply or event; silently dropped if the channel is gone.
     pub async fn send(&self, id: u64, body: Reply, payload: Bytes) {
-        let mut buf = BytesMut::new();
-        encode_reply(&ReplyHeader { id, body }, &payload, &mut buf);
-        let _ = self.tx.send(buf.freeze()).await;
+        let mut head = BytesMut::new();
+        encode_reply_head(&ReplyHeader { id, body }, payload.len(), &mut head);
+        let frame = OutFrame {
+            head: head.freeze(),
+            payload,
+        };
+        let _ = self.tx.send(frame).await;
     }
 
     async fn ok<T: serde::Serialize>(&self, id: u64, result: &T, payload: Bytes) {
@@ -276,7 +296,7 @@ where
     let (outbox, mut rx) = Outbox::new();
     let writer = tokio::spawn(async move {
         while let Some(f) = rx.recv().await {
-            if wr.write_all(&f).await.is_err() {
+            if f.write_to(&mut wr).await.is_err() {
                 return;
             }
         }

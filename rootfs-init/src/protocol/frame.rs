@@ -50,14 +50,21 @@ pub enum FrameError {
 /// Panics if `header` or `payload` exceed the limits: senders split payloads,
 /// and headers are small JSON documents built by this crate.
 pub fn encode(header: &[u8], payload: &[u8], out: &mut BytesMut) {
-    assert!(header.len() <= MAX_HEADER, "frame header too large");
-    assert!(payload.len() <= MAX_PAYLOAD, "frame payload too large");
     out.reserve(PREFIX_LEN + header.len() + payload.len());
+    encode_head(header, payload.len(), out);
+    out.put_slice(payload);
+}
+
+/// Encodes everything of a frame but its payload, which the sender writes
+/// right after: a large payload is then never copied into the frame.
+pub fn encode_head(header: &[u8], payload_len: usize, out: &mut BytesMut) {
+    assert!(header.len() <= MAX_HEADER, "frame header too large");
+    assert!(payload_len <= MAX_PAYLOAD, "frame payload too large");
+    out.reserve(PREFIX_LEN + header.len());
     out.put_slice(&MAGIC);
     out.put_u32_le(header.len() as u32);
-    out.put_u32_le(payload.len() as u32);
+    out.put_u32_le(payload_len as u32);
     out.put_slice(header);
-    out.put_slice(payload);
 }
 
 /// Incremental decoder: feed bytes with [`FrameDecoder::extend`], pull frames

@@ -34,3 +34,9 @@ pub fn encode_reply(header: &ReplyHeader, payload: &[u8], out: &mut BytesMut) {
     let json = serde_json::to_vec(header).expect("reply headers always serialise");
     frame::encode(&json, payload, out);
 }
+
+/// [`encode_reply`] without the payload, which the sender writes after it.
+pub fn encode_reply_head(header: &ReplyHeader, payload_len: usize, out: &mut BytesMut) {
+    let json = serde_json::to_vec(header).expect("reply headers always serialise");
+    frame::encode_head(&json, payload_len, out);
+}

@@ -173,7 +173,8 @@ async fn branch_work(
         async move {
             let t0 = std::time::Instant::now();
             let r = branch::commit(&d.paths, captured, &parent, &tag, lineage).await;
-            drop((claim, slot, guard));
+            // The slot first: once the tag reads "ready" a new branch fits.
+            drop((slot, guard, claim));
             r.map(|b| (b, t0.elapsed().as_secs_f64() * 1e3))
         }
     };

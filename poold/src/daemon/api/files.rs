@@ -23,8 +23,9 @@ use std::sync::Arc;
 
 type D = State<Arc<Daemon>>;
 
-/// Largest upload or download in one request.
-pub const MAX_FILE_BYTES: usize = 32 << 20;
+/// Largest upload or download in one request: one agent frame's payload
+/// (the agent reads and writes a file in one frame).
+pub const MAX_FILE_BYTES: usize = rootfs_init::protocol::frame::MAX_PAYLOAD;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -81,7 +81,11 @@ pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
         .map_err(ApiError::from_anyhow)?;
     let writing: Vec<String> = d.writing.lock().unwrap().iter().cloned().collect();
     for tag in writing {
-        if out.iter().all(|s| s.tag != tag) {
+        // Stored but its branch or create not finished (its concurrency
+        // slot still held): "ready" only once the work is done.
+        if let Some(s) = out.iter_mut().find(|s| s.tag == tag) {
+            s.status = "writing".into();
+        } else {
             out.push(SnapshotInfo {
                 dir: String::new(),
                 created_at_unix: crate::util::unix_now(),
