@@ -1,5 +1,6 @@
 //! A small client of poold's REST API, for the CLI and benchmarks:
-//! `$FORKD_URL` (default `http://127.0.0.1:8889`) and `$FORKD_TOKEN`.
+//! `$FORKD_URL` (default `http://127.0.0.1:8889`, or `unix:///PATH`) and
+//! `$FORKD_TOKEN`.
 
 use anyhow::{anyhow, bail, Context, Result};
 pub use reqwest::{Method, StatusCode};
@@ -32,17 +33,25 @@ impl Client {
         Client::new(&url, token)
     }
 
+    /// `url` is `http(s)://HOST:PORT` or `unix:///PATH` (a poold started
+    /// with `--unix PATH`).
     pub fn new(url: &str, token: Option<String>) -> Result<Client> {
-        if !(url.starts_with("http://") || url.starts_with("https://")) {
-            bail!("FORKD_URL {url:?} must start with http:// or https://");
-        }
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(3600))
-            .build()?;
+        let builder = reqwest::Client::builder().timeout(Duration::from_secs(3600));
+        let (base, builder) = if let Some(path) = url.strip_prefix("unix://") {
+            if !path.starts_with('/') {
+                bail!("FORKD_URL {url:?}: a unix socket URL is unix:///absolute/path");
+            }
+            let sock = std::path::PathBuf::from(path);
+            ("http://localhost".to_string(), builder.unix_socket(sock))
+        } else if url.starts_with("http://") || url.starts_with("https://") {
+            (url.trim_end_matches('/').to_string(), builder)
+        } else {
+            bail!("FORKD_URL {url:?} must start with http://, https:// or unix:///");
+        };
         Ok(Client {
-            base: url.trim_end_matches('/').to_string(),
+            base,
             token,
-            http,
+            http: builder.build()?,
         })
     }
 

@@ -846,3 +846,34 @@ fn branch_endpoint_follows_forkd_rules() {
         assert_eq!(p.get("/v1/snapshots").await.1, json!([]));
     });
 }
+
+#[test]
+fn unix_socket_serves_api_and_cli() {
+    let home = Home::new();
+    // A file that is not a socket at the path: refused, and left alone.
+    let sock = home.dir.join("poold.sock");
+    std::fs::write(&sock, "precious").unwrap();
+    let e = Poold::try_start(&home.dir, &["--unix", sock.to_str().unwrap()], None)
+        .err()
+        .expect("poold started over a regular file");
+    assert!(e.contains("not a socket"), "{e}");
+    assert_eq!(std::fs::read_to_string(&sock).unwrap(), "precious");
+    std::fs::remove_file(&sock).unwrap();
+
+    let p = Poold::start(&home.dir, &["--unix", sock.to_str().unwrap()], None);
+    assert_eq!(p.url, format!("unix://{}", sock.display()));
+    block_on(async {
+        assert_eq!(p.get("/v1/snapshots").await, (200, json!([])));
+    });
+    let out = std::process::Command::new(forkd_e2e::bin("forkd"))
+        .args(["ls"])
+        .env("FORKD_HOME", &home.dir)
+        .env("FORKD_URL", &p.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "forkd ls over the unix socket: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

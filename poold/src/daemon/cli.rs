@@ -48,8 +48,9 @@ pub struct Args {
     pub allowed_paths: Vec<PathBuf>,
     #[arg(long)]
     pub branch_concurrency: Option<usize>,
-    /// A pool: TAG=MIN[:MAX] (repeatable).
-    #[arg(long = "pool", value_name = "TAG=MIN[:MAX]")]
+    /// A pool: TAG=MIN[:MAX] (repeatable); add ",cold" to park children
+    /// without their warm-up run.
+    #[arg(long = "pool", value_name = "TAG=MIN[:MAX][,cold]")]
     pub pools: Vec<String>,
 }
 
@@ -94,10 +95,19 @@ impl Args {
     }
 }
 
-/// `TAG=MIN[:MAX]`.
+/// `TAG=MIN[:MAX][,cold]`: `cold` parks children without the warm-up run.
 fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
-    let bad = || anyhow::anyhow!("bad --pool {s:?}: expected TAG=MIN or TAG=MIN:MAX");
-    let (tag, n) = s.split_once('=').ok_or_else(bad)?;
+    let bad = || {
+        anyhow::anyhow!(
+            "bad --pool {s:?}: expected TAG=MIN or TAG=MIN:MAX, optionally followed by ,cold"
+        )
+    };
+    let (tag, spec) = s.split_once('=').ok_or_else(bad)?;
+    let (n, warm) = match spec.split_once(',') {
+        Some((n, "cold")) => (n, false),
+        Some(_) => return Err(bad()),
+        None => (spec, true),
+    };
     let (min, max) = match n.split_once(':') {
         Some((a, b)) => (
             a.parse().map_err(|_| bad())?,
@@ -110,7 +120,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
         super::config::PoolSpec {
             min_ready: min,
             max_ready: max,
-            warm: true,
+            warm,
         },
     ))
 }
@@ -136,6 +146,26 @@ pub fn main() -> ExitCode {
         Err(e) => {
             eprintln!("poold: error: {e:#}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_pool;
+
+    #[test]
+    fn pool_flags() {
+        let (t, p) = parse_pool("py=4:8").unwrap();
+        assert_eq!(
+            (t.as_str(), p.min_ready, p.max_ready, p.warm),
+            ("py", 4, Some(8), true)
+        );
+        let (_, p) = parse_pool("py=2,cold").unwrap();
+        assert_eq!((p.min_ready, p.max_ready, p.warm), (2, None, false));
+        for bad in ["py", "py=x", "py=1:y", "py=1,hot", "py=1:2:3"] {
+            let e = parse_pool(bad).unwrap_err().to_string();
+            assert!(e.contains("TAG=MIN"), "{bad}: {e}");
         }
     }
 }

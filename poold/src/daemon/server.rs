@@ -133,18 +133,35 @@ async fn audit(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Respon
     r
 }
 
+/// Removes the socket a previous poold left at `path` (poold.lock already
+/// ensures none serves this data dir); anything else there is refused, so
+/// a mistyped `--unix` never deletes a file.
+fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => std::fs::remove_file(path)
+            .with_context(|| format!("removing the stale socket {}", path.display())),
+        Ok(_) => anyhow::bail!(
+            "--unix {}: a file that is not a socket is there; pick another path",
+            path.display()
+        ),
+        Err(_) => Ok(()),
+    }
+}
+
 /// Serves until SIGINT/SIGTERM.
 pub async fn serve(d: Arc<Daemon>) -> Result<()> {
     let app = app(d.clone());
     match &d.cfg.unix {
         Some(path) => {
-            let _ = std::fs::remove_file(path);
+            remove_stale_socket(path)?;
             if let Some(dir) = path.parent() {
                 std::fs::create_dir_all(dir)?;
             }
             let l = tokio::net::UnixListener::bind(path)
                 .with_context(|| format!("binding {}", path.display()))?;
-            tracing::info!("poold listening on unix:{}", path.display());
+            tracing::info!("poold listening on unix://{}", path.display());
+            println!("poold listening on unix://{}", path.display());
             axum::serve(l, app)
                 .with_graceful_shutdown(shutdown_signal())
                 .await
