@@ -228,7 +228,21 @@ async fn flipped_byte_in_hub_chunk_fails_cleanly() {
     let fx = fixture(65536);
     let dir = tempfile::tempdir().unwrap();
     let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
-    push(fx.store.clone(), "head", &hub, &quiet_push())
+    flipped_byte(&fx, &hub, dir.path()).await;
+
+    // The same through `forkd hub serve`, whose objects live in its dir.
+    let served = tempfile::tempdir().unwrap();
+    let tf = token_file(served.path());
+    let (_server, url) = start_hub_server(&served.path().join("hub"), &tf);
+    let hub = Hub::open(&url, Some(TOKEN.into())).unwrap();
+    flipped_byte(&fx, &hub, &served.path().join("hub")).await;
+}
+
+/// Pushes the head, flips a byte of one of its chunks in the hub's
+/// directory `objects`, and checks that pulls fail naming the chunk and
+/// commit nothing, with or without the base already in the store.
+async fn flipped_byte(fx: &Fixture, hub: &Hub, objects: &Path) {
+    push(fx.store.clone(), "head", hub, &quiet_push())
         .await
         .unwrap();
     // Corrupt one chunk of the head that is not in the base.
@@ -242,7 +256,7 @@ async fn flipped_byte_in_hub_chunk_fails_cleanly() {
         .into_iter()
         .find(|c| !in_base.contains(c))
         .unwrap();
-    let path = dir.path().join(Key::Chunk(victim).path());
+    let path = objects.join(Key::Chunk(victim).path());
     let mut b = std::fs::read(&path).unwrap();
     let n = b.len();
     b[n - 7] ^= 0x40;
@@ -252,13 +266,13 @@ async fn flipped_byte_in_hub_chunk_fails_cleanly() {
         let d = tempfile::tempdir().unwrap();
         let s = open(d.path());
         if have_base {
-            pull(s.clone(), &hub, &fx.base.to_string(), &quiet_pull())
+            pull(s.clone(), hub, &fx.base.to_string(), &quiet_pull())
                 .await
                 .unwrap();
         }
         let before = s.stats().unwrap();
         let snaps = s.list_snapshots().unwrap();
-        let e = pull(s.clone(), &hub, "head", &quiet_pull())
+        let e = pull(s.clone(), hub, "head", &quiet_pull())
             .await
             .unwrap_err()
             .to_string();
@@ -286,7 +300,7 @@ async fn kill_child() {
     ) else {
         return;
     };
-    let hub = Hub::open(&hub, None).unwrap();
+    let hub = Hub::open(&hub, std::env::var("HUB_KILL_TOKEN").ok()).unwrap();
     let opts = PullOptions {
         on_chunks: Some(Arc::new(|n| {
             if n > 0 {
@@ -307,30 +321,44 @@ async fn killed_pull_resumes() {
     // 16 KiB chunks: ~600 chunks, several durable import batches.
     let fx = fixture(16384);
     let dir = tempfile::tempdir().unwrap();
-    let url = format!("file://{}", dir.path().display());
-    let hub = Hub::open(&url, None).unwrap();
+    killed_pull(&fx, &format!("file://{}", dir.path().display()), None).await;
+
+    let served = tempfile::tempdir().unwrap();
+    let tf = token_file(served.path());
+    let (_server, url) = start_hub_server(&served.path().join("hub"), &tf);
+    killed_pull(&fx, &url, Some(TOKEN)).await;
+}
+
+/// Pushes the head to `url`, SIGKILLs a pull of it in a child process
+/// after its first durable batch, and checks the store is consistent and
+/// the next pull moves only what the killed one had not.
+async fn killed_pull(fx: &Fixture, url: &str, token: Option<&str>) {
+    let hub = Hub::open(url, token.map(String::from)).unwrap();
     let pushed = push(fx.store.clone(), "head", &hub, &quiet_push())
         .await
         .unwrap();
     assert!(pushed.chunks > 400, "{}", pushed.chunks);
 
     let dst = tempfile::tempdir().unwrap();
-    let status = Command::new(std::env::current_exe().unwrap())
+    let mut child = Command::new(std::env::current_exe().unwrap());
+    child
         .args(["--exact", "kill_child", "--ignored", "--nocapture"])
-        .env("HUB_KILL_HUB", &url)
-        .env("HUB_KILL_STORE", dst.path())
-        .status()
-        .unwrap();
+        .env("HUB_KILL_HUB", url)
+        .env("HUB_KILL_STORE", dst.path());
+    if let Some(t) = token {
+        child.env("HUB_KILL_TOKEN", t);
+    }
+    let status = child.status().unwrap();
     use std::os::unix::process::ExitStatusExt;
-    assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    assert_eq!(status.signal(), Some(libc::SIGKILL), "{url}: {status:?}");
 
     let s = open(dst.path());
     assert!(s.verify().unwrap().is_ok(), "consistent after kill -9");
     assert!(s.list_snapshots().unwrap().is_empty(), "nothing committed");
     let kept = s.stats().unwrap().chunks;
-    assert!(kept > 0 && kept < pushed.chunks, "{kept}");
+    assert!(kept > 0 && kept < pushed.chunks, "{url}: {kept}");
     let r = pull(s.clone(), &hub, "head", &quiet_pull()).await.unwrap();
-    assert_eq!(r.chunks, pushed.chunks - kept, "the re-run resumes");
+    assert_eq!(r.chunks, pushed.chunks - kept, "{url}: the re-run resumes");
     assert_same(&fx.store, &s, &fx.head);
     assert!(s.verify().unwrap().is_ok());
 }
