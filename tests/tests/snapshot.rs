@@ -133,30 +133,6 @@ fn smaps_kib(pid: u32, needle: &str) -> std::collections::HashMap<String, u64> {
     out
 }
 
-/// Bytes of `path` resident in the page cache (mincore over a mapping).
-fn resident_bytes(path: &std::path::Path) -> u64 {
-    use std::os::fd::AsRawFd;
-    let f = std::fs::File::open(path).unwrap();
-    let len = f.metadata().unwrap().len() as usize;
-    let page = 4096usize;
-    // SAFETY: a read-only shared mapping of a file we hold open, unmapped below.
-    unsafe {
-        let p = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            f.as_raw_fd(),
-            0,
-        );
-        assert_ne!(p, libc::MAP_FAILED);
-        let mut vec = vec![0u8; len.div_ceil(page)];
-        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
-        libc::munmap(p, len);
-        vec.iter().filter(|b| **b & 1 == 1).count() as u64 * page as u64
-    }
-}
-
 /// forkd-fs's point: eight children of one snapshot map the same page-cache
 /// pages of memory.bin; its clean pages are resident once, not eight times.
 #[test]
@@ -185,7 +161,7 @@ fn eight_children_share_one_copy_of_clean_memory() {
             sum_file_pss += m["Pss"] - m["Anonymous"];
             max_clean_rss = max_clean_rss.max(clean);
         }
-        let cached_kib = resident_bytes(&mem) / 1024;
+        let cached_kib = poold::bench::mem::resident_bytes(&mem).unwrap() / 1024;
         println!(
             "8 children: clean memory.bin pages mapped {sum_clean_rss} KiB in total, \
              proportional share {sum_file_pss} KiB, page cache holds {cached_kib} KiB of the file"

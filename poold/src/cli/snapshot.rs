@@ -103,13 +103,7 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
             cascade,
             force,
         } => {
-            let deps = if cascade {
-                Dependents::Cascade
-            } else if force {
-                Dependents::Orphan
-            } else {
-                Dependents::Refuse
-            };
+            let deps = Dependents::from_flags(cascade, force);
             let p = paths.clone();
             let reports =
                 crate::store::with_rw(paths, move |store| delete(&p, store, &tag, deps)).await?;

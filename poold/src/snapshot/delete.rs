@@ -24,6 +24,19 @@ pub enum Dependents {
     Orphan,
 }
 
+impl Dependents {
+    /// From forkd's `cascade` / `force` flags (the caller refuses both).
+    pub fn from_flags(cascade: bool, force: bool) -> Dependents {
+        if cascade {
+            Dependents::Cascade
+        } else if force {
+            Dependents::Orphan
+        } else {
+            Dependents::Refuse
+        }
+    }
+}
+
 /// Why a delete was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum DeleteError {

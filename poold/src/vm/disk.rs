@@ -10,40 +10,26 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
     if !base.exists() {
         bail!("disk base {} does not exist", base.display());
     }
-    let out = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-        .arg(base)
-        .arg(overlay)
-        .output()
-        .await
-        .context("running qemu-img (install qemu-utils)")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img create {}: {}",
-            overlay.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    qemu_img(
+        "create",
+        &["-q", "-f", "qcow2", "-F", "raw", "-b"],
+        &[base.as_os_str(), overlay.as_os_str()],
+        overlay,
+    )
+    .await
+    .map(drop)
 }
 
 /// Writes the overlay's full view (base + changes) to a raw sparse file.
 pub async fn flatten(overlay: &Path, out_raw: &Path) -> Result<()> {
-    let out = Command::new("qemu-img")
-        .args(["convert", "-q", "-O", "raw", "-S", "4k"])
-        .arg(overlay)
-        .arg(out_raw)
-        .output()
-        .await
-        .context("running qemu-img convert")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img convert {}: {}",
-            overlay.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    qemu_img(
+        "convert",
+        &["-q", "-O", "raw", "-S", "4k"],
+        &[overlay.as_os_str(), out_raw.as_os_str()],
+        overlay,
+    )
+    .await
+    .map(drop)
 }
 
 /// Creates `overlay` (qcow2) over a raw base without opening the base
@@ -60,22 +46,15 @@ pub async fn create_overlay_on(
     size: u64,
     overlay: &Path,
 ) -> Result<()> {
-    let out = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", base_format, "-u", "-b"])
-        .arg(base)
-        .arg(overlay)
-        .arg(size.to_string())
-        .output()
-        .await
-        .context("running qemu-img (install qemu-utils)")?;
-    if !out.status.success() {
-        bail!(
-            "qemu-img create {}: {}",
-            overlay.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
+    let size = size.to_string();
+    qemu_img(
+        "create",
+        &["-q", "-f", "qcow2", "-F", base_format, "-u", "-b"],
+        &[base.as_os_str(), overlay.as_os_str(), size.as_ref()],
+        overlay,
+    )
+    .await
+    .map(drop)
 }
 
 /// One extent of `qemu-img map --output=json`.
@@ -226,17 +205,28 @@ impl forkd_layers::IngestSource for OverlayView {
 }
 
 async fn qemu_img_json(args: &[&str], image: &Path) -> Result<Vec<u8>> {
+    qemu_img(args[0], &args[1..], &[image.as_os_str()], image).await
+}
+
+/// Runs `qemu-img SUB FLAGS... PATHS...` and returns its stdout; a failure
+/// names the subcommand, `about` and qemu-img's own message.
+async fn qemu_img(
+    sub: &str,
+    flags: &[&str],
+    paths: &[&std::ffi::OsStr],
+    about: &Path,
+) -> Result<Vec<u8>> {
     let out = Command::new("qemu-img")
-        .args(args)
-        .arg(image)
+        .arg(sub)
+        .args(flags)
+        .args(paths)
         .output()
         .await
         .context("running qemu-img (install qemu-utils)")?;
     if !out.status.success() {
         bail!(
-            "qemu-img {} {}: {}",
-            args[0],
-            image.display(),
+            "qemu-img {sub} {}: {}",
+            about.display(),
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }

@@ -257,13 +257,7 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
     if cascade && force {
         return Err(ApiError::bad_request("use cascade or force, not both"));
     }
-    let deps = if cascade {
-        Dependents::Cascade
-    } else if force {
-        Dependents::Orphan
-    } else {
-        Dependents::Refuse
-    };
+    let deps = Dependents::from_flags(cascade, force);
     let rec = resolve(&d, &tag)?;
     // Everything about to go: its ids and tags. Dependents are refused
     // before any pool is touched.
