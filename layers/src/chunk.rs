@@ -65,6 +65,8 @@ impl Compression {
 /// True if every byte is zero. Such chunks are never stored.
 pub fn is_zero(data: &[u8]) -> bool {
     // Word-at-a-time on the aligned middle; the compiler vectorises this.
+    // SAFETY: every bit pattern is a valid u128, and align_to only puts
+    // correctly aligned, in-bounds words in `mid`.
     let (pre, mid, post) = unsafe { data.align_to::<u128>() };
     pre.iter().all(|&b| b == 0) && mid.iter().all(|&w| w == 0) && post.iter().all(|&b| b == 0)
 }

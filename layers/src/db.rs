@@ -348,6 +348,7 @@ pub(crate) const RESERVE_SHRINK: u64 = 256 << 10;
 fn free_bytes(path: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
     let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid NUL-terminated path and an out-pointer to a statvfs.
     let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };

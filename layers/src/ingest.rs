@@ -526,6 +526,7 @@ fn data_extents(file: &File, size: u64) -> std::io::Result<Vec<Range<u64>>> {
                 _ => Err(e),
             };
         }
+        // SAFETY: as above.
         let hole = unsafe { libc::lseek(fd, data, libc::SEEK_HOLE) };
         if hole < 0 {
             return Err(std::io::Error::last_os_error());

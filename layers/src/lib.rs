@@ -1,5 +1,5 @@
-//! Content-addressed layer store. See DESIGN.md, "Data model", and
-//! docs/layers.md for the on-disk format.
+//! Content-addressed layer store. See docs/layers.md for the data
+//! model and the on-disk format, and docs/design.md, "Crates", for its place.
 //!
 //! Files (guest memory, device state, disk images) are cut into fixed-size
 //! chunks named by blake3, stored zstd-compressed in append-only pack files

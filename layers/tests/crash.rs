@@ -41,6 +41,7 @@ fn kill9_at_random_points_leaves_a_consistent_store() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        // SAFETY: kill(2) on our own child's pid; no memory is involved.
         unsafe {
             libc::kill(child.id() as i32, libc::SIGKILL);
         }
@@ -100,6 +101,7 @@ fn writer_in_another_process_holds_the_lock() {
         ..common::opts(CHUNK as u32)
     };
     let err = forkd_layers::Store::open(&root, opts).err();
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }
@@ -187,6 +189,7 @@ fn secondary_reads_while_another_process_writes() {
         }
         reader.drop_cache();
     }
+    // SAFETY: kill(2) on our own child's pid; no memory is involved.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }
