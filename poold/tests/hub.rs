@@ -304,6 +304,7 @@ async fn kill_child() {
     let opts = PullOptions {
         on_chunks: Some(Arc::new(|n| {
             if n > 0 {
+                // SAFETY: kill(2) on ourselves; this is the test's crash.
                 unsafe { libc::kill(libc::getpid(), libc::SIGKILL) };
             }
         })),

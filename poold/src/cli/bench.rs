@@ -6,7 +6,8 @@ use crate::vm::accel::AccelChoice;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 
-/// What every child evaluates to count as ready (DESIGN.md, "How to measure").
+/// What every child evaluates to count as ready (docs/design.md,
+/// "How readiness is measured").
 const PROBE: &str = "numpy.zeros(5).tolist()";
 
 #[derive(Subcommand, Debug)]

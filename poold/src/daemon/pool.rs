@@ -11,6 +11,9 @@
 //! - a pool's `generation` changes when it is drained or resized down; a
 //!   restore that finishes under an older generation is destroyed instead of
 //!   parked (its snapshot may be gone).
+//!
+//! The pool bookkeeping is generic over what it parks ([`Parked`]) so its
+//! rules are unit-tested without a VM; the daemon parks [`PooledVm`]s.
 
 use super::config::PoolSpec;
 use super::state::PooledRecord;
@@ -25,14 +28,43 @@ pub struct PooledVm {
     pub record: PooledRecord,
 }
 
-#[derive(Default)]
-struct Pool {
+/// What a pool parks: something with a pooled record that may have died.
+pub trait Parked {
+    /// Its durable record (tag, snapshot id, VM id).
+    fn record(&self) -> &PooledRecord;
+    /// Whether it still runs (its QEMU process exists).
+    fn is_alive(&self) -> bool;
+}
+
+impl Parked for PooledVm {
+    fn record(&self) -> &PooledRecord {
+        &self.record
+    }
+    fn is_alive(&self) -> bool {
+        self.vm.record.qemu.is_alive()
+    }
+}
+
+struct Pool<V> {
     spec: Option<PoolSpec>,
-    ready: VecDeque<PooledVm>,
+    ready: VecDeque<V>,
     in_flight: usize,
     generation: u64,
     hits: u64,
     misses: u64,
+}
+
+impl<V> Default for Pool<V> {
+    fn default() -> Self {
+        Pool {
+            spec: None,
+            ready: VecDeque::new(),
+            in_flight: 0,
+            generation: 0,
+            hits: 0,
+            misses: 0,
+        }
+    }
 }
 
 /// What `GET /v1/pools` shows for one pool.
@@ -49,6 +81,7 @@ pub struct PoolStatus {
 }
 
 /// A refill the daemon should start now.
+#[derive(Debug)]
 pub struct RefillTicket {
     pub tag: String,
     pub generation: u64,
@@ -56,15 +89,22 @@ pub struct RefillTicket {
 }
 
 /// All pools.
-#[derive(Default)]
-pub struct Pools {
-    inner: Mutex<BTreeMap<String, Pool>>,
+pub struct Pools<V = PooledVm> {
+    inner: Mutex<BTreeMap<String, Pool<V>>>,
 }
 
-impl Pools {
+impl<V> Default for Pools<V> {
+    fn default() -> Self {
+        Pools {
+            inner: Mutex::default(),
+        }
+    }
+}
+
+impl<V: Parked> Pools<V> {
     /// Sets (or with `None` removes) a pool's sizing. Returns the children
     /// that no longer fit, for the caller to destroy.
-    pub fn set(&self, tag: &str, spec: Option<PoolSpec>) -> Vec<PooledVm> {
+    pub fn set(&self, tag: &str, spec: Option<PoolSpec>) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(tag.to_string()).or_default();
         p.spec = spec;
@@ -87,14 +127,14 @@ impl Pools {
     /// Takes up to `n` ready children of snapshot `snapshot_id` for `tag`;
     /// counts them as hits and the rest as misses. Children of another
     /// snapshot (the tag moved) are returned in the second list to destroy.
-    pub fn take(&self, tag: &str, snapshot_id: &str, n: usize) -> (Vec<PooledVm>, Vec<PooledVm>) {
+    pub fn take(&self, tag: &str, snapshot_id: &str, n: usize) -> (Vec<V>, Vec<V>) {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(tag.to_string()).or_default();
         let mut got = Vec::new();
         let mut stale = Vec::new();
         while got.len() < n {
             match p.ready.pop_front() {
-                Some(v) if v.record.snapshot_id == snapshot_id => got.push(v),
+                Some(v) if v.record().snapshot_id == snapshot_id => got.push(v),
                 Some(v) => stale.push(v),
                 None => break,
             }
@@ -106,7 +146,7 @@ impl Pools {
 
     /// Every ready child of `tag` (to destroy: its snapshot is being
     /// deleted). In-flight restores are discarded when they finish.
-    pub fn drain(&self, tag: &str) -> Vec<PooledVm> {
+    pub fn drain(&self, tag: &str) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         match g.get_mut(tag) {
             Some(p) => {
@@ -120,14 +160,14 @@ impl Pools {
     /// Every ready child (of any pool) restored from one of `snapshot_ids`:
     /// those snapshots are about to be deleted. Their pools' in-flight
     /// restores are discarded when they finish.
-    pub fn drain_snapshots(&self, snapshot_ids: &[String]) -> Vec<PooledVm> {
+    pub fn drain_snapshots(&self, snapshot_ids: &[String]) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         let mut out = Vec::new();
         for p in g.values_mut() {
             let (gone, keep): (Vec<_>, Vec<_>) = p
                 .ready
                 .drain(..)
-                .partition(|v| snapshot_ids.contains(&v.record.snapshot_id));
+                .partition(|v| snapshot_ids.contains(&v.record().snapshot_id));
             if !gone.is_empty() {
                 p.generation += 1;
             }
@@ -139,14 +179,11 @@ impl Pools {
 
     /// Ready children whose QEMU has died (killed by the OOM killer, say):
     /// removed here, for the caller to clean up. Their pools refill.
-    pub fn remove_dead(&self) -> Vec<PooledVm> {
+    pub fn remove_dead(&self) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         let mut out = Vec::new();
         for p in g.values_mut() {
-            let (dead, alive): (Vec<_>, Vec<_>) = p
-                .ready
-                .drain(..)
-                .partition(|v| !v.vm.record.qemu.is_alive());
+            let (dead, alive): (Vec<_>, Vec<_>) = p.ready.drain(..).partition(|v| !v.is_alive());
             p.ready = alive.into();
             out.extend(dead);
         }
@@ -203,7 +240,7 @@ impl Pools {
     /// Ends an in-flight refill. With `Some(vm)` the child is parked if its
     /// ticket is still current and there is room; otherwise it is handed
     /// back to be destroyed.
-    pub fn finish_refill(&self, t: &RefillTicket, vm: Option<PooledVm>) -> Option<PooledVm> {
+    pub fn finish_refill(&self, t: &RefillTicket, vm: Option<V>) -> Option<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(t.tag.clone()).or_default();
         p.in_flight = p.in_flight.saturating_sub(1);
@@ -218,9 +255,9 @@ impl Pools {
     }
 
     /// Puts back an adopted child after a restart.
-    pub fn adopt(&self, vm: PooledVm) {
+    pub fn adopt(&self, vm: V) {
         let mut g = self.inner.lock().unwrap();
-        g.entry(vm.record.tag.clone())
+        g.entry(vm.record().tag.clone())
             .or_default()
             .ready
             .push_back(vm);
@@ -240,12 +277,12 @@ impl Pools {
         let g = self.inner.lock().unwrap();
         match g.get(tag) {
             Some(p) => status_of(tag, p),
-            None => status_of(tag, &Pool::default()),
+            None => status_of(tag, &Pool::<V>::default()),
         }
     }
 }
 
-fn status_of(tag: &str, p: &Pool) -> PoolStatus {
+fn status_of<V>(tag: &str, p: &Pool<V>) -> PoolStatus {
     PoolStatus {
         tag: tag.to_string(),
         min_ready: p.spec.map_or(0, |s| s.min_ready),
@@ -255,5 +292,214 @@ fn status_of(tag: &str, p: &Pool) -> PoolStatus {
         in_flight: p.in_flight,
         hits: p.hits,
         misses: p.misses,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+
+    /// A parked child without a VM: a record and a switch that kills it.
+    struct Fake {
+        record: PooledRecord,
+        alive: Arc<AtomicBool>,
+    }
+
+    impl Parked for Fake {
+        fn record(&self) -> &PooledRecord {
+            &self.record
+        }
+        fn is_alive(&self) -> bool {
+            self.alive.load(Ordering::SeqCst)
+        }
+    }
+
+    fn fake(tag: &str, snap: &str, n: usize) -> Fake {
+        Fake {
+            record: PooledRecord {
+                vm_id: format!("sb-{tag}-{snap}-{n}"),
+                tag: tag.into(),
+                snapshot_id: snap.into(),
+                created_at_unix: 0,
+            },
+            alive: Arc::new(AtomicBool::new(true)),
+        }
+    }
+
+    fn spec(min: usize, max: Option<usize>) -> Option<PoolSpec> {
+        Some(PoolSpec {
+            min_ready: min,
+            max_ready: max,
+            warm: false,
+        })
+    }
+
+    /// Plans and finishes every refill the pools want, parking a fake of
+    /// snapshot `snap` for each.
+    fn fill(p: &Pools<Fake>, snap: &str) -> usize {
+        let tickets = p.plan_refills(usize::MAX);
+        for (i, t) in tickets.iter().enumerate() {
+            assert!(p.finish_refill(t, Some(fake(&t.tag, snap, i))).is_none());
+        }
+        tickets.len()
+    }
+
+    #[test]
+    fn refills_up_to_min_and_never_past_max() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(3, Some(5)));
+        let t = p.plan_refills(2);
+        assert_eq!(t.len(), 2, "budget caps the restores started");
+        let s = p.status_of("a");
+        assert_eq!((s.ready, s.in_flight), (0, 2));
+        // ready + in_flight counts toward min_ready: one more only.
+        let more = p.plan_refills(10);
+        assert_eq!(more.len(), 1);
+        for (i, t) in t.iter().chain(&more).enumerate() {
+            assert!(p.finish_refill(t, Some(fake("a", "s1", i))).is_none());
+        }
+        let s = p.status_of("a");
+        assert_eq!(
+            (s.ready, s.in_flight, s.min_ready, s.max_ready),
+            (3, 0, 3, 5)
+        );
+        assert!(p.plan_refills(10).is_empty(), "full at min_ready");
+    }
+
+    #[test]
+    fn emptiest_pools_fill_first() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(2, None));
+        p.set("b", spec(2, None));
+        fill(&p, "s");
+        p.take("a", "s", 2);
+        let t = p.plan_refills(1);
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].tag, "a");
+    }
+
+    #[test]
+    fn take_counts_hits_and_returns_stale_children() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(3, None));
+        fill(&p, "old");
+        // The tag moved to snapshot "new": the parked children are stale.
+        let (got, stale) = p.take("a", "new", 2);
+        assert_eq!((got.len(), stale.len()), (0, 3));
+        let s = p.status_of("a");
+        assert_eq!((s.hits, s.misses, s.ready), (0, 2, 0));
+        fill(&p, "new");
+        let (got, stale) = p.take("a", "new", 5);
+        assert_eq!((got.len(), stale.len()), (3, 0));
+        let s = p.status_of("a");
+        assert_eq!((s.hits, s.misses), (3, 4));
+    }
+
+    #[test]
+    fn a_refill_of_an_older_generation_is_handed_back() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(2, None));
+        let t = p.plan_refills(10);
+        assert_eq!(t.len(), 2);
+        // Drained while the restores were in flight (its snapshot is being
+        // deleted): what they bring back must not be parked.
+        assert!(p.drain("a").is_empty());
+        let back = p.finish_refill(&t[0], Some(fake("a", "s", 0)));
+        assert!(back.is_some());
+        assert_eq!(p.status_of("a").in_flight, 1);
+        // A failed restore only ends the flight.
+        assert!(p.finish_refill(&t[1], None).is_none());
+        assert_eq!(p.status_of("a").in_flight, 0);
+        // A new ticket, of the new generation, parks.
+        let t = p.plan_refills(1);
+        assert!(p.finish_refill(&t[0], Some(fake("a", "s", 1))).is_none());
+        assert_eq!(p.status_of("a").ready, 1);
+    }
+
+    #[test]
+    fn resizing_down_hands_back_the_extra_and_bumps_the_generation() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(3, None));
+        fill(&p, "s");
+        p.set("a", spec(3, Some(4)));
+        let t = p.plan_refills(10);
+        assert!(t.is_empty(), "already at min_ready");
+        let extra = p.set("a", spec(1, None));
+        assert_eq!(extra.len(), 2);
+        assert_eq!(p.status_of("a").ready, 1);
+        // Removing the pool hands back everything; refills stop.
+        assert_eq!(p.set("a", None).len(), 1);
+        assert!(p.plan_refills(10).is_empty());
+        // A child restored for a pool without a sizing has no room.
+        p.set("b", spec(1, None));
+        let t = p.plan_refills(10);
+        p.set("b", None);
+        assert!(p.finish_refill(&t[0], Some(fake("b", "s", 0))).is_some());
+    }
+
+    #[test]
+    fn no_room_past_max_even_when_current() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(1, None));
+        let t1 = p.plan_refills(10);
+        // An adopted child (after a restart) filled the pool meanwhile.
+        p.adopt(fake("a", "s", 9));
+        assert!(p.finish_refill(&t1[0], Some(fake("a", "s", 0))).is_some());
+        assert_eq!(p.status_of("a").ready, 1);
+    }
+
+    #[test]
+    fn drain_snapshots_takes_only_their_children() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(2, None));
+        p.set("b", spec(1, None));
+        let tickets = p.plan_refills(10);
+        for (i, t) in tickets.iter().enumerate() {
+            let snap = if t.tag == "a" && i == 0 { "x" } else { "y" };
+            p.finish_refill(t, Some(fake(&t.tag, snap, i)));
+        }
+        let gone = p.drain_snapshots(&["x".to_string()]);
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].record.snapshot_id, "x");
+        assert_eq!(p.status_of("a").ready, 1);
+        assert_eq!(p.status_of("b").ready, 1);
+    }
+
+    #[test]
+    fn dead_children_are_removed_and_refilled() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(2, None));
+        fill(&p, "s");
+        let (got, _) = p.take("a", "s", 1);
+        // Put it back as the only one, then kill it.
+        p.adopt(fake("a", "s", 7));
+        let victim = {
+            let g = p.inner.lock().unwrap();
+            g["a"].ready.back().unwrap().alive.clone()
+        };
+        victim.store(false, Ordering::SeqCst);
+        let dead = p.remove_dead();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].record.vm_id, "sb-a-s-7");
+        assert_eq!(p.status_of("a").ready, 1);
+        assert_eq!(p.plan_refills(10).len(), 1);
+        drop(got);
+    }
+
+    #[test]
+    fn status_lists_pools_with_a_sizing_or_children() {
+        let p = Pools::<Fake>::default();
+        assert!(p.status().is_empty());
+        p.set("a", spec(1, None));
+        p.adopt(fake("orphan", "s", 0));
+        let tags: Vec<String> = p.status().into_iter().map(|s| s.tag).collect();
+        assert_eq!(tags, ["a", "orphan"]);
+        let z = p.status_of("none");
+        assert_eq!(
+            (z.min_ready, z.max_ready, z.ready, z.warm),
+            (0, 0, 0, false)
+        );
     }
 }

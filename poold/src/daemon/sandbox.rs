@@ -1,9 +1,88 @@
-//! Live sandboxes: a handed-out child VM and its record.
+//! Live sandboxes: a handed-out child VM and its record, and the lifecycle
+//! every child VM goes through ([`Phase`]).
+//!
+//! ```text
+//!              refill_one                 spawn (pool hit)
+//!  Restoring ─────────────▶ Pooled ───────────────────────┐
+//!      │                      │                           ▼
+//!      │ spawn (restore       │ drained, resized,     HandingOut ──▶ Running ◀──▶ Branching
+//!      │ on demand)           │ died, tag moved           │             │
+//!      └──────────────────────┼──────────────▶ HandingOut │             │
+//!                             ▼                           ▼             ▼
+//!                         Destroyed ◀─────────────────────┴─────────────┘
+//! ```
+//!
+//! ([`Phase::transition`] holds the table; every phase but `Branching` and
+//! `Destroyed` may also end in `Destroyed` when its step fails.)
+//!
+//! Where each phase lives:
+//! - `Restoring`: inside `snapshot::restore::restore_paused`; the VM is
+//!   paused, loading device state;
+//! - `Pooled`: in a pool's ready queue (`pool::Pools`) and in the durable
+//!   state's `pooled` map, paused, no identity yet;
+//! - `HandingOut`: owned by one `lifecycle::spawn` call, between leaving the
+//!   pool's record (or finishing a restore) and its agent's first answer;
+//! - `Running`, `Branching`, `Destroyed`: a [`Sandbox`], whose `phase`
+//!   field is changed only through [`Sandbox::advance`], which checks the
+//!   move. `Branching` is held only while the VM lock is held (by the
+//!   branch), so a delete waits for the branch and then destroys.
+//!
+//! Before `Running` the phase is who owns the VM (an ownership move is the
+//! transition, so it cannot be taken twice); from `Running` on it is a
+//! checked field.
 
 use super::state::SandboxRecord;
 use crate::vm::{AgentClient, Vm, VmDir};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
+
+/// Where a child VM is in its life (see the module doc's diagram).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// QEMU started, device state loading; paused.
+    Restoring,
+    /// Parked paused in a warm pool, without an identity.
+    Pooled,
+    /// Being resumed and given its identity.
+    HandingOut,
+    /// A sandbox: running, its agent answers.
+    Running,
+    /// Migrating to a collector for a branch; runs again afterwards.
+    Branching,
+    /// QEMU killed, directory removed. Final.
+    Destroyed,
+}
+
+/// A move the lifecycle does not allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a child VM cannot go from {from:?} to {to:?}; this is a poold bug, please report it")]
+pub struct InvalidTransition {
+    /// The phase it was in.
+    pub from: Phase,
+    /// The phase asked for.
+    pub to: Phase,
+}
+
+impl Phase {
+    /// `to` if the lifecycle allows moving there from `self`.
+    pub fn transition(self, to: Phase) -> Result<Phase, InvalidTransition> {
+        use Phase::*;
+        let ok = matches!(
+            (self, to),
+            (Restoring, Pooled | HandingOut | Destroyed)
+                | (Pooled, HandingOut | Destroyed)
+                | (HandingOut, Running | Destroyed)
+                | (Running, Branching | Destroyed)
+                | (Branching, Running)
+        );
+        if ok {
+            Ok(to)
+        } else {
+            Err(InvalidTransition { from: self, to })
+        }
+    }
+}
 
 /// One live sandbox. The agent client is cloned out of the VM so requests
 /// (exec, eval, files) never wait on the VM lock, which only lifecycle
@@ -14,9 +93,13 @@ pub struct Sandbox {
     pub agent: AgentClient,
     pub dir: VmDir,
     pub vm: tokio::sync::Mutex<Option<Vm>>,
+    /// `Running`, `Branching` or `Destroyed`; see [`Sandbox::advance`].
+    phase: Mutex<Phase>,
 }
 
 impl Sandbox {
+    /// A sandbox of a VM that was handed out (or re-adopted running):
+    /// `Running`.
     pub fn new(vm: Vm, record: SandboxRecord) -> Sandbox {
         Sandbox {
             id: record.id.clone(),
@@ -24,6 +107,7 @@ impl Sandbox {
             dir: vm.dir.clone(),
             record: Mutex::new(record),
             vm: tokio::sync::Mutex::new(Some(vm)),
+            phase: Mutex::new(Phase::Running),
         }
     }
 
@@ -31,9 +115,25 @@ impl Sandbox {
         self.record.lock().unwrap().clone()
     }
 
-    /// Kills QEMU and removes the VM directory. Idempotent.
+    /// The sandbox's phase now.
+    pub fn phase(&self) -> Phase {
+        *self.phase.lock().unwrap()
+    }
+
+    /// Moves the sandbox to `to` if [`Phase::transition`] allows it.
+    pub fn advance(&self, to: Phase) -> Result<Phase, InvalidTransition> {
+        let mut p = self.phase.lock().unwrap();
+        *p = p.transition(to)?;
+        Ok(*p)
+    }
+
+    /// Kills QEMU and removes the VM directory. Idempotent. Waits for a
+    /// branch in progress (it holds the VM lock) to finish first.
     pub async fn destroy(&self) {
         if let Some(vm) = self.vm.lock().await.take() {
+            if let Err(e) = self.advance(Phase::Destroyed) {
+                tracing::error!("sandbox {}: {e}", self.id);
+            }
             vm.destroy().await;
         }
         let _ = std::fs::remove_dir_all(&self.dir.path);
@@ -72,5 +172,59 @@ impl Sandboxes {
         let mut v: Vec<_> = self.map.read().unwrap().values().cloned().collect();
         v.sort_by_key(|s| (s.record.lock().unwrap().created_at_unix, s.id.clone()));
         v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Phase::{self, *};
+
+    const ALL: [Phase; 6] = [Restoring, Pooled, HandingOut, Running, Branching, Destroyed];
+
+    /// The whole table: exactly these moves are allowed.
+    #[test]
+    fn transition_table() {
+        let allowed = [
+            (Restoring, Pooled),
+            (Restoring, HandingOut),
+            (Restoring, Destroyed),
+            (Pooled, HandingOut),
+            (Pooled, Destroyed),
+            (HandingOut, Running),
+            (HandingOut, Destroyed),
+            (Running, Branching),
+            (Running, Destroyed),
+            (Branching, Running),
+        ];
+        for from in ALL {
+            for to in ALL {
+                let r = from.transition(to);
+                if allowed.contains(&(from, to)) {
+                    assert_eq!(r, Ok(to), "{from:?} -> {to:?}");
+                } else {
+                    let e = r.expect_err(&format!("{from:?} -> {to:?} must be refused"));
+                    assert_eq!((e.from, e.to), (from, to));
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn destroyed_is_final_and_nothing_skips_the_hand_out() {
+        assert!(ALL.iter().all(|&to| Destroyed.transition(to).is_err()));
+        assert!(Pooled.transition(Running).is_err());
+        assert!(Restoring.transition(Running).is_err());
+        // A branch never ends the sandbox by itself: it runs again first.
+        assert!(Branching.transition(Destroyed).is_err());
+        assert!(Running.transition(Running).is_err());
+    }
+
+    #[test]
+    fn a_message_that_says_what_to_do() {
+        let e = Running.transition(Pooled).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "a child VM cannot go from Running to Pooled; this is a poold bug, please report it"
+        );
     }
 }

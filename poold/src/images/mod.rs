@@ -9,6 +9,22 @@ use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
+/// Why an image cannot be used (typed so the daemon answers 400 without
+/// reading the message; see `daemon::error`).
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// No `image.json` for this name.
+    #[error("image {name:?} is not built ({}: {error}); build it with `forkd image build --recipe {name}`", meta.display())]
+    NotBuilt {
+        /// The image name asked for.
+        name: String,
+        /// Its `image.json`.
+        meta: PathBuf,
+        /// Why reading it failed (part of the message, not a source).
+        error: std::io::Error,
+    },
+}
+
 /// `image.json`: what was built, from what, and when.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageInfo {
@@ -37,11 +53,10 @@ impl Image {
         recipe::validate_image_name(name)?;
         let dir = images_dir.join(name);
         let meta = dir.join("image.json");
-        let text = std::fs::read(&meta).map_err(|e| {
-            anyhow::anyhow!(
-                "image {name:?} is not built ({}: {e}); build it with `forkd image build --recipe {name}`",
-                meta.display()
-            )
+        let text = std::fs::read(&meta).map_err(|error| ImageError::NotBuilt {
+            name: name.to_string(),
+            meta: meta.clone(),
+            error,
         })?;
         let info: ImageInfo =
             serde_json::from_slice(&text).with_context(|| format!("parsing {}", meta.display()))?;

@@ -1,5 +1,6 @@
 //! BRANCH: a snapshot of a *running* child, taken with a pause of a few
-//! milliseconds (DESIGN.md, "Live BRANCH").
+//! milliseconds (docs/design.md, "Branch: live migration to a
+//! collector").
 //!
 //! 1. A *collector* QEMU starts with the child's devices, RAM in a new
 //!    shared file, waiting for an incoming migration on a unix socket.
@@ -21,6 +22,7 @@ use super::create::{ingest, ms, Commit, MEMORY, ROOTFS, VMSTATE};
 use super::restore::Source;
 use super::staging::Staging;
 use crate::paths::Paths;
+use crate::vm::qmp::MigrationStatus;
 use crate::vm::{Boot, Launch, Lifetime, Memory, Vm, VmDir};
 use anyhow::{anyhow, bail, Context, Result};
 use forkd_layers::SnapshotRecord;
@@ -98,10 +100,8 @@ pub async fn capture(
     let t0 = Instant::now();
     let src = Source::new(mount, parent)?;
     let staging = Staging::create(&paths.staging_dir(), "branch")?;
-    let sock = staging.join("migrate.sock");
-    crate::paths::check_socket_path(&sock)?;
-    let collector = start_collector(paths, &src, &staging, &sock).await?;
-    let result = migrate(vm, &sock, mode).await;
+    let collector = start_collector(paths, &src, &staging).await?;
+    let result = migrate(vm, &collector.dir.migrate_sock(), mode).await;
     let result = match result {
         Ok((pause_ms, frozen_disk)) => {
             let saved = async {
@@ -119,6 +119,7 @@ pub async fn capture(
     };
     collector.destroy().await;
     let (pause_ms, frozen_disk) = result?;
+    take_back_frozen(vm, &frozen_disk, &src.rootfs())?;
     Ok(Captured {
         staging,
         frozen_disk,
@@ -182,15 +183,13 @@ pub async fn branch(
 }
 
 /// Starts the collector: the child's machine and devices, RAM in a new
-/// shared file, waiting for the migration on `sock`, paused (-S) after it.
-async fn start_collector(
-    paths: &Paths,
-    src: &Source,
-    staging: &Staging,
-    sock: &Path,
-) -> Result<Vm> {
+/// shared file, waiting for the migration on its `migrate.sock` (in its own
+/// socket directory), paused (-S) after it.
+async fn start_collector(paths: &Paths, src: &Source, staging: &Staging) -> Result<Vm> {
     let id = format!("collect-{}", crate::util::random_hex(6));
     let dir = VmDir::new(paths.vm_dir(&id));
+    let sock = dir.migrate_sock();
+    crate::paths::check_socket_path(&sock)?;
     std::fs::create_dir_all(&dir.path)?;
     let started = async {
         crate::vm::disk::create_overlay_unchecked(&src.rootfs(), src.rootfs_size, &dir.disk())
@@ -267,15 +266,22 @@ async fn migrate(vm: &Vm, sock: &Path, mode: Mode) -> Result<(f64, PathBuf)> {
         let _ = vm.resume().await;
         return Err(e);
     }
-    let uri = format!("unix:{}", sock.display());
     let mut switched = false;
     let run = async {
+        // The child's QEMU is jailed and cannot reach the collector's
+        // socket: poold connects and hands it the connection.
+        let conn = connect_collector(sock)?;
         vm.qmp
-            .execute("migrate", json!({ "uri": uri }))
+            .send_fd(MIGRATE_FD, std::os::fd::AsFd::as_fd(&conn))
+            .await
+            .context("passing the collector connection to the child")?;
+        drop(conn);
+        vm.qmp
+            .execute("migrate", json!({ "uri": format!("fd:{MIGRATE_FD}") }))
             .await
             .context("starting the migration to the collector")?;
         let t = Instant::now();
-        wait_status(vm, "pre-switchover").await?;
+        wait_status(vm, MigrationStatus::PreSwitchover).await?;
         let t_pre = t.elapsed();
         // vCPUs are stopped: freeze the disk at this instant. The new
         // overlay was created and opened before the pause; this only
@@ -324,6 +330,51 @@ async fn migrate(vm: &Vm, sock: &Path, mode: Mode) -> Result<(f64, PathBuf)> {
     Ok((pause_ms?, disk.frozen))
 }
 
+/// Makes the frozen disk root's again (the child reads it through the jail
+/// group but can no longer write it) and checks that its qcow2 backing
+/// chain stays in the VM directory and ends at the snapshot's rootfs: poold
+/// reads it as root, and a compromised QEMU could have rewritten its header
+/// to name any host file.
+fn take_back_frozen(vm: &Vm, frozen: &Path, rootfs: &Path) -> Result<()> {
+    if vm.record.jail_uid.is_some() {
+        let gid = crate::vm::jail::JailConfig::get()?.gid;
+        crate::vm::jail::own(frozen, 0, gid, 0o640)?;
+    }
+    let chain = crate::vm::jail::backing_chain(frozen)?;
+    let (last, disks) = chain.split_last().context("empty backing chain")?;
+    if last != rootfs
+        || disks
+            .iter()
+            .any(|d| d.parent() != Some(vm.dir.path.as_path()))
+    {
+        bail!(
+            "the frozen disk of {} has an unexpected backing chain {chain:?}; refusing to store it",
+            vm.id
+        );
+    }
+    Ok(())
+}
+
+/// The QMP name of the migration connection passed to the child.
+const MIGRATE_FD: &str = "forkd-branch";
+
+/// Connects to the collector's migration socket, refusing anything but a
+/// socket at that path (never following a link planted there).
+fn connect_collector(sock: &Path) -> Result<std::os::unix::net::UnixStream> {
+    use std::os::unix::fs::FileTypeExt;
+    let m = std::fs::symlink_metadata(sock).with_context(|| {
+        format!(
+            "the collector has no migration socket at {}",
+            sock.display()
+        )
+    })?;
+    if !m.file_type().is_socket() {
+        bail!("{} is not a socket", sock.display());
+    }
+    std::os::unix::net::UnixStream::connect(sock)
+        .with_context(|| format!("connecting to the collector at {}", sock.display()))
+}
+
 /// The overlay a branch switches the child's disk to, made and opened
 /// before the pause so the pause only re-points the drive.
 struct NextOverlay {
@@ -352,6 +403,10 @@ async fn prepare_overlay(vm: &Vm) -> Result<NextOverlay> {
     let (frozen, size) = active_disk(vm).await?;
     let file = next_overlay(&vm.dir, &frozen);
     crate::vm::disk::create_overlay_on(&frozen, "qcow2", size, &file).await?;
+    if let Err(e) = vm.give(&file) {
+        let _ = std::fs::remove_file(&file);
+        return Err(e);
+    }
     let node = format!(
         "ovl-{}",
         file.file_stem()
@@ -391,7 +446,16 @@ async fn active_disk(vm: &Vm) -> Result<(PathBuf, u64)> {
     let size = root["inserted"]["image"]["virtual-size"]
         .as_u64()
         .ok_or_else(|| anyhow!("root disk without a size: {root}"))?;
-    Ok((PathBuf::from(file), size))
+    // QEMU's answer is not trusted: poold later reads this file as root.
+    let file = PathBuf::from(file);
+    if file.parent() != Some(vm.dir.path.as_path()) {
+        bail!(
+            "VM {} reports its root disk at {}, outside its directory; refusing to branch it",
+            vm.id,
+            file.display()
+        );
+    }
+    Ok((file, size))
 }
 
 /// A new overlay name in the VM directory: `disk.1.qcow2`, `disk.2.qcow2`...
@@ -406,12 +470,12 @@ fn next_overlay(dir: &VmDir, active: &Path) -> PathBuf {
     }
 }
 
-async fn wait_status(vm: &Vm, want: &str) -> Result<()> {
+async fn wait_status(vm: &Vm, want: MigrationStatus) -> Result<()> {
     let start = Instant::now();
     let deadline = start + MIGRATION_TIMEOUT;
     let mut relaxed = false;
     loop {
-        let st = vm.qmp.execute("query-migrate", json!({})).await?;
+        let st = vm.qmp.query_migrate().await?;
         if !relaxed && start.elapsed() > CONVERGE_PATIENCE {
             // Still not converged (throttling a TCG guest is coarse): accept
             // a longer pause rather than copy forever.
@@ -427,13 +491,10 @@ async fn wait_status(vm: &Vm, want: &str) -> Result<()> {
                 )
                 .await?;
         }
-        match st["status"].as_str() {
-            Some(s) if s == want => return Ok(()),
-            Some("failed") | Some("cancelled") => bail!(
-                "migration to the collector failed: {}",
-                st["error-desc"].as_str().unwrap_or("no reason given")
-            ),
-            _ if Instant::now() > deadline => bail!("migration did not reach {want}: {st}"),
+        match st.status {
+            s if s == want => return Ok(()),
+            s if s.is_failed() => bail!("migration to the collector failed: {}", st.error_desc()),
+            _ if Instant::now() > deadline => bail!("migration did not reach {want:?}: {st}"),
             _ => tokio::time::sleep(Duration::from_millis(1)).await,
         }
     }
@@ -442,13 +503,10 @@ async fn wait_status(vm: &Vm, want: &str) -> Result<()> {
 /// Waits until a cancelled migration is over.
 async fn wait_settled(vm: &Vm) -> Result<()> {
     for _ in 0..1000 {
-        let st = vm.qmp.execute("query-migrate", json!({})).await?;
-        match st["status"].as_str() {
-            Some("active") | Some("cancelling") | Some("pre-switchover") | Some("device") => {
-                tokio::time::sleep(Duration::from_millis(5)).await
-            }
-            _ => return Ok(()),
+        if !vm.qmp.query_migrate().await?.status.is_in_progress() {
+            return Ok(());
         }
+        tokio::time::sleep(Duration::from_millis(5)).await;
     }
     Ok(())
 }

@@ -1,5 +1,6 @@
 //! What a snapshot records about the VM it was taken from, and the check
-//! that refuses a restore this host cannot do (DESIGN.md, "Versions").
+//! that refuses a restore this host cannot do (docs/design.md,
+//! "Snapshot compatibility").
 //!
 //! vmstate is tied to the QEMU version, the machine type, the CPU model and
 //! the device list. A mismatch makes QEMU fail late and cryptically

@@ -4,6 +4,7 @@
 
 use super::config::{file_blake3, VmConfig};
 use super::staging::Staging;
+use super::SnapshotError;
 use crate::images::Image;
 use crate::paths::Paths;
 use crate::progress::Progress;
@@ -96,14 +97,17 @@ pub struct Created {
 pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
     forkd_layers::validate_tag(&spec.tag)?;
     if spec.mem_mib < 64 || spec.vcpus == 0 || spec.vcpus > 64 {
-        bail!("memory must be at least 64 MiB and vCPUs 1-64");
+        return Err(
+            SnapshotError::BadSpec("memory must be at least 64 MiB and vCPUs 1-64".into()).into(),
+        );
     }
     let host_mib = host_memory_mib();
     if spec.mem_mib > host_mib {
-        bail!(
+        return Err(SnapshotError::BadSpec(format!(
             "memory of {} MiB must be at most this host's {host_mib} MiB",
             spec.mem_mib
-        );
+        ))
+        .into());
     }
     let qemu = crate::vm::qemu::check_qemu()?;
     let (rootfs, kernel, built_at) = match &spec.image {

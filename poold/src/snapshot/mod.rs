@@ -1,4 +1,5 @@
-//! Warm snapshots and copy-on-write children (DESIGN.md, "The VMM").
+//! Warm snapshots and copy-on-write children (docs/design.md, "The VMM and its
+//! QMP sequences").
 //!
 //! - [`create`]: boot a parent, warm it up, pause, save, ingest into the
 //!   layer store as one snapshot;
@@ -7,16 +8,20 @@
 //! - [`fork`]: N children at once, with per-phase timings;
 //! - [`config`]: what a snapshot records about its VM, and the check that
 //!   refuses a restore this host cannot do;
-//! - [`staging`]: scratch directories that never outlive their owner.
+//! - [`staging`]: scratch directories that never outlive their owner;
+//! - [`SnapshotError`]: why a snapshot cannot be read, restored or made.
 
 pub mod branch;
 pub mod config;
 pub mod create;
 pub mod delete;
+mod error;
 pub mod fork;
 pub mod info;
 pub mod restore;
 pub mod staging;
+
+pub use error::SnapshotError;
 
 use crate::paths::Paths;
 use anyhow::{Context, Result};

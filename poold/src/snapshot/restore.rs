@@ -1,11 +1,13 @@
-//! Restoring children from a snapshot served by forkd-fs (DESIGN.md, "Child
-//! restore"): RAM is a private copy-on-write mapping of the snapshot's
-//! `memory.bin`, the disk a private qcow2 overlay over its `rootfs.img`, and
+//! Restoring children from a snapshot served by forkd-fs (docs/design.md,
+//! "The VMM and its QMP sequences", "Restore a child"): RAM is a private
+//! copy-on-write mapping of the snapshot's `memory.bin`, the disk a private
+//! qcow2 overlay over its `rootfs.img`, and
 //! the device state comes from its `vmstate`. A restored child is paused
 //! until [`hand_out`] resumes it and gives it its own identity.
 
 use super::config::VmConfig;
 use super::create::{ms, MEMORY, ROOTFS, VMSTATE};
+use super::SnapshotError;
 use crate::paths::Paths;
 use crate::vm::{Boot, Launch, Lifetime, Memory, Vm, VmDir};
 use anyhow::{anyhow, Context, Result};
@@ -34,26 +36,36 @@ impl Source {
     }
 
     /// The snapshot `rec` served from the mount at `mount`. Checks that this
-    /// host can restore it and that its files are there.
+    /// host can restore it and that its files are there; a refusal is a
+    /// [`SnapshotError`] (`Incompatible`, `MissingFile`, `FileUnreadable`).
     pub fn new(mount: &std::path::Path, rec: &SnapshotRecord) -> Result<Source> {
-        let config = VmConfig::from_record(rec)?;
-        config.check_restorable()?;
+        let incompatible = |e: anyhow::Error| SnapshotError::Incompatible {
+            reason: format!("{e:#}"),
+        };
+        let config = VmConfig::from_record(rec).map_err(incompatible)?;
+        config.check_restorable().map_err(incompatible)?;
         let dir = forkd_fs::prefetch::file_path(mount, &rec.id, MEMORY)
             .parent()
             .map(PathBuf::from)
             .ok_or_else(|| anyhow!("bad mount path"))?;
         for f in [MEMORY, VMSTATE, ROOTFS] {
             if !rec.files.contains_key(f) {
-                anyhow::bail!("snapshot {} has no {f}; it cannot be restored", rec.id);
+                return Err(SnapshotError::MissingFile {
+                    id: rec.id,
+                    file: f,
+                }
+                .into());
             }
-            let p = dir.join(f);
-            std::fs::metadata(&p).with_context(|| {
-                format!(
-                    "snapshot {} file {f} is not readable at {}",
-                    rec.id,
-                    p.display()
-                )
-            })?;
+            let path = dir.join(f);
+            if let Err(source) = std::fs::metadata(&path) {
+                return Err(SnapshotError::FileUnreadable {
+                    id: rec.id,
+                    file: f,
+                    path,
+                    source,
+                }
+                .into());
+            }
         }
         Ok(Source {
             id: rec.id,
@@ -75,7 +87,8 @@ impl Source {
 }
 
 /// Reads a snapshot record from the mount by tag or id. The name is
-/// validated before it touches a path.
+/// validated before it touches a path. Fails with a [`SnapshotError`]
+/// (`NotFound`, `Unreadable`, `Corrupt`) inside the chain.
 pub fn read_record(mount: &std::path::Path, tag_or_id: &str) -> Result<SnapshotRecord> {
     // A tag wins over an id spelled the same (as in the store's resolve).
     let as_tag = forkd_layers::validate_tag(tag_or_id).map(|()| mount.join(tag_or_id));
@@ -86,14 +99,20 @@ pub fn read_record(mount: &std::path::Path, tag_or_id: &str) -> Result<SnapshotR
         (Err(e), Err(_)) => return Err(e.into()),
     };
     let json = dir.join("snapshot.json");
-    let bytes = std::fs::read(&json).map_err(|e| {
-        if e.kind() == std::io::ErrorKind::NotFound {
-            anyhow!("no snapshot {tag_or_id:?} (see `forkd snapshot ls`)")
+    let bytes = std::fs::read(&json).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            SnapshotError::NotFound {
+                tag: tag_or_id.to_string(),
+            }
         } else {
-            anyhow!("reading {}: {e}", json.display())
+            SnapshotError::Unreadable {
+                path: json.clone(),
+                source,
+            }
         }
     })?;
-    serde_json::from_slice(&bytes).with_context(|| format!("parsing {}", json.display()))
+    Ok(serde_json::from_slice(&bytes)
+        .map_err(|source| SnapshotError::Corrupt { path: json, source })?)
 }
 
 /// When each phase of one child's start finished, in ms from its start.

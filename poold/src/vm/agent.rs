@@ -2,6 +2,16 @@
 //!
 //! Requests are multiplexed by id: any number may be in flight, each reply
 //! (and each stream event) is routed to the request that asked for it.
+//!
+//! Invariants:
+//! - a request's route exists from before its frame is sent until its final
+//!   frame (`ok` or `error`) arrives or its caller gives up (timeout), never
+//!   longer: a late reply to a forgotten id is dropped;
+//! - frames of one request reach its receiver in the order the agent sent
+//!   them, whatever other requests interleave;
+//! - when the connection closes, every route is dropped at once, so every
+//!   waiter fails with [`CallError::Channel`] instead of hanging, and new
+//!   requests fail the same way.
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
@@ -70,6 +80,12 @@ impl AgentClient {
                 }
             }
         };
+        Ok(AgentClient::over(stream))
+    }
+
+    /// A client on an already connected stream (the agent socket, or one
+    /// end of a socket pair in tests). Starts its writer and reader tasks.
+    fn over(stream: UnixStream) -> AgentClient {
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Bytes>();
         let routes: Routes = Arc::new(Mutex::new(Some(HashMap::new())));
@@ -96,11 +112,11 @@ impl AgentClient {
             // Closing the map drops every sender, failing all waiters.
             r.lock().unwrap().take();
         });
-        Ok(AgentClient {
+        AgentClient {
             tx,
             routes,
             next_id: Arc::new(AtomicU64::new(1)),
-        })
+        }
     }
 
     /// Sends a request and returns the receiver of its frames.
@@ -375,5 +391,168 @@ fn call_timeout(ms: Option<u64>) -> Duration {
     match ms {
         Some(ms) => Duration::from_millis(ms) + Duration::from_secs(10),
         None => Duration::from_secs(24 * 3600),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rootfs_init::protocol::{encode_reply, ErrorKind, Frame};
+
+    /// A fake agent on the far end of a socket pair, speaking the frame
+    /// protocol of `rootfs_init::protocol`.
+    struct FakeAgent {
+        stream: UnixStream,
+        dec: FrameDecoder,
+    }
+
+    impl FakeAgent {
+        async fn recv(&mut self) -> (RequestHeader, Bytes) {
+            loop {
+                if let Some(Frame { header, payload }) = self.dec.next_frame().unwrap() {
+                    return (serde_json::from_slice(&header).unwrap(), payload);
+                }
+                let mut buf = [0u8; 4096];
+                let n = self.stream.read(&mut buf).await.unwrap();
+                assert!(n > 0, "the client closed the channel");
+                self.dec.extend(&buf[..n]);
+            }
+        }
+        async fn send(&mut self, id: u64, body: Reply, payload: &[u8]) {
+            let mut out = BytesMut::new();
+            encode_reply(&ReplyHeader { id, body }, payload, &mut out);
+            self.stream.write_all(&out).await.unwrap();
+        }
+    }
+
+    fn pair() -> (AgentClient, FakeAgent) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let fake = FakeAgent {
+            stream: b,
+            dec: FrameDecoder::new(),
+        };
+        (AgentClient::over(a), fake)
+    }
+
+    fn ok(v: impl serde::Serialize) -> Reply {
+        Reply::Ok {
+            result: serde_json::to_value(v).unwrap(),
+        }
+    }
+
+    #[tokio::test]
+    async fn replies_reach_their_own_request_in_any_order() {
+        let (c, mut agent) = pair();
+        let fake = async {
+            let (a, pa) = agent.recv().await;
+            let (b, pb) = agent.recv().await;
+            let (ping, exec) = match (&a.op, &b.op) {
+                (Op::Ping, Op::Exec(_)) => (a.id, (b.id, pb)),
+                (Op::Exec(_), Op::Ping) => (b.id, (a.id, pa)),
+                other => panic!("unexpected requests {other:?}"),
+            };
+            assert_eq!(&exec.1[..], b"in");
+            // The exec's reply first: stdout then stderr in one payload.
+            let r = ExecResult {
+                exit_code: Some(3),
+                stdout_len: 3,
+                stderr_len: 3,
+                ..Default::default()
+            };
+            agent.send(exec.0, ok(r), b"outerr").await;
+            let p = PingResult {
+                hostname: "sb-1".into(),
+                ..Default::default()
+            };
+            agent.send(ping, ok(p), &[]).await;
+            agent
+        };
+        let spec = ExecSpec {
+            shell: Some("x".into()),
+            ..Default::default()
+        };
+        let (p, x, _agent) =
+            tokio::join!(c.ping(Duration::from_secs(5)), c.exec(spec, b"in"), fake);
+        assert_eq!(p.unwrap().hostname, "sb-1");
+        let x = x.unwrap();
+        assert_eq!((&x.stdout[..], &x.stderr[..]), (&b"out"[..], &b"err"[..]));
+        assert_eq!(x.result.status_code(), 3);
+        assert!(c.routes.lock().unwrap().as_ref().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn stream_events_keep_their_order_between_other_replies() {
+        let (c, mut agent) = pair();
+        let (sid, mut rx) = c
+            .exec_stream(
+                ExecSpec {
+                    shell: Some("x".into()),
+                    ..Default::default()
+                },
+                &[],
+            )
+            .unwrap();
+        let (h, _) = agent.recv().await;
+        assert_eq!(h.id, sid);
+        assert!(matches!(&h.op, Op::Exec(s) if s.stream));
+        let fake = async {
+            let (other, _) = agent.recv().await;
+            agent.send(sid, Reply::Started { pid: 7 }, &[]).await;
+            agent.send(sid, Reply::Stdout, b"a").await;
+            agent.send(other.id, ok(PingResult::default()), &[]).await;
+            agent.send(sid, Reply::Stderr, b"b").await;
+            agent.send(sid, ok(ExecResult::default()), &[]).await;
+            agent
+        };
+        let (p, _agent) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        p.unwrap();
+        let mut got = Vec::new();
+        while let Some((r, payload)) = rx.recv().await {
+            let last = r.is_final();
+            got.push((r, payload));
+            if last {
+                break;
+            }
+        }
+        assert!(matches!(got[0].0, Reply::Started { pid: 7 }));
+        assert_eq!((&got[1].0, &got[1].1[..]), (&Reply::Stdout, &b"a"[..]));
+        assert_eq!((&got[2].0, &got[2].1[..]), (&Reply::Stderr, &b"b"[..]));
+        assert!(matches!(got[3].0, Reply::Ok { .. }));
+        // The final frame removed the route.
+        assert!(c.routes.lock().unwrap().as_ref().unwrap().is_empty());
+    }
+
+    #[tokio::test]
+    async fn agent_errors_timeouts_and_a_closed_channel() {
+        let (c, mut agent) = pair();
+        // An error reply is the agent's error, kind intact.
+        let fake = async {
+            let (h, _) = agent.recv().await;
+            let e = AgentError::new(ErrorKind::NotFound, "/nope: no such file");
+            agent.send(h.id, Reply::Error { error: e }, &[]).await;
+            agent
+        };
+        let (r, mut agent) = tokio::join!(c.stat("/nope"), fake);
+        match r {
+            Err(CallError::Agent(e)) => assert_eq!(e.kind, ErrorKind::NotFound),
+            other => panic!("{other:?}"),
+        }
+        // No answer in time: a timeout, and the route is forgotten, so a
+        // late reply goes nowhere.
+        let r = c.call(Op::Ping, &[], Duration::from_millis(50)).await;
+        assert!(matches!(r, Err(CallError::Timeout(_))), "{r:?}");
+        let (late, _) = agent.recv().await;
+        agent.send(late.id, ok(PingResult::default()), &[]).await;
+        assert!(c.routes.lock().unwrap().as_ref().unwrap().is_empty());
+        // The agent goes away: the waiter fails, and so does the next call.
+        let fake = async {
+            let _ = agent.recv().await;
+            drop(agent);
+        };
+        let (r, ()) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        assert!(matches!(r, Err(CallError::Channel(_))), "{r:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let r = c.ping(Duration::from_secs(5)).await;
+        assert!(matches!(r, Err(CallError::Channel(_))), "{r:?}");
     }
 }

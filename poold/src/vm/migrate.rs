@@ -1,6 +1,6 @@
-//! The QMP sequences that pause, save, restore and resume a VM (DESIGN.md,
-//! "The VMM"). RAM never travels in the migration stream here: it lives in a
-//! memory-backend file, and `x-ignore-shared` leaves it out, so the saved
+//! The QMP sequences that pause, save, restore and resume a VM
+//! (docs/design.md, "The VMM and its QMP sequences"). RAM never travels in
+//! the migration stream here: it lives in a memory-backend file, and `x-ignore-shared` leaves it out, so the saved
 //! device state (vmstate) is tens of kilobytes and takes milliseconds.
 
 use super::Vm;
@@ -52,6 +52,9 @@ impl Vm {
     /// `path`. The VM stays paused.
     pub async fn save_state(&self, path: &Path) -> Result<()> {
         let uri = file_uri(path)?;
+        // A jailed QEMU can write only files made for it.
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        self.give(path)?;
         self.set_ignore_shared(true).await?;
         self.qmp
             .execute("migrate", json!({ "uri": uri }))
@@ -81,8 +84,7 @@ impl Vm {
     }
 
     /// The QEMU run state (`running`, `paused`, `inmigrate`, ...).
-    pub async fn run_state(&self) -> Result<String> {
-        let st = self.qmp.execute("query-status", json!({})).await?;
-        Ok(st["status"].as_str().unwrap_or("unknown").to_string())
+    pub async fn run_state(&self) -> Result<super::qmp::RunState> {
+        self.qmp.query_status().await
     }
 }

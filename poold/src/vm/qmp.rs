@@ -1,7 +1,17 @@
 //! A small async QMP client: commands with ids, errors as values, and events
 //! on a broadcast channel.
+//!
+//! Invariants:
+//! - every command carries a fresh `id`; one reader task routes each reply to
+//!   the command with that id, in whatever order QEMU answers, and every
+//!   line with an `event` key to the broadcast channel (never to a command);
+//! - when the connection closes, every command still waiting fails (its
+//!   sender is dropped) rather than hanging;
+//! - QEMU's states are read into enums ([`RunState`], [`MigrationStatus`]),
+//!   never compared as strings by callers.
 
 use anyhow::{anyhow, bail, Context, Result};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
@@ -40,6 +50,12 @@ impl Qmp {
                 }
             }
         };
+        Qmp::handshake(stream, deadline, &path.display().to_string()).await
+    }
+
+    /// Reads the greeting on a connected stream, starts the reader task and
+    /// negotiates capabilities. `what` names the peer in errors.
+    async fn handshake(stream: UnixStream, deadline: Instant, what: &str) -> Result<Qmp> {
         let (rd, wr) = stream.into_split();
         let mut rd = BufReader::new(rd);
         let mut greeting = String::new();
@@ -50,7 +66,7 @@ impl Qmp {
             .max(Duration::from_secs(2));
         tokio::time::timeout(left, rd.read_line(&mut greeting))
             .await
-            .map_err(|_| anyhow!("no QMP greeting from {} within {left:?}", path.display()))?
+            .map_err(|_| anyhow!("no QMP greeting from {what} within {left:?}"))?
             .context("reading the QMP greeting")?;
         if !greeting.contains("QMP") {
             bail!("unexpected QMP greeting: {greeting:?}");
@@ -93,27 +109,215 @@ impl Qmp {
             .with_context(|| format!("QMP {cmd}"))
     }
 
+    /// Passes `fd` to QEMU under `name` (QMP `getfd`, the descriptor sent as
+    /// SCM_RIGHTS with the command): a jailed QEMU cannot open host paths, so
+    /// poold opens them and hands over the descriptor.
+    pub async fn send_fd(&self, name: &str, fd: std::os::fd::BorrowedFd<'_>) -> Result<()> {
+        use std::os::fd::AsRawFd;
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.pending.lock().unwrap().insert(id, tx);
+        let mut line = serde_json::to_vec(
+            &json!({"execute": "getfd", "arguments": {"fdname": name}, "id": id}),
+        )?;
+        line.push(b'\n');
+        let sent = {
+            let mut w = self.writer.lock().await;
+            let stream: &UnixStream = w.as_ref();
+            let first = loop {
+                stream.writable().await?;
+                let r = stream.try_io(tokio::io::Interest::WRITABLE, || {
+                    let iov = [std::io::IoSlice::new(&line)];
+                    let fds = [fd.as_raw_fd()];
+                    let cmsg = [nix::sys::socket::ControlMessage::ScmRights(&fds)];
+                    nix::sys::socket::sendmsg::<()>(
+                        stream.as_raw_fd(),
+                        &iov,
+                        &cmsg,
+                        nix::sys::socket::MsgFlags::empty(),
+                        None,
+                    )
+                    .map_err(std::io::Error::from)
+                });
+                match r {
+                    Ok(n) => break Ok(n),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                    Err(e) => break Err(e),
+                }
+            };
+            match first {
+                // The descriptor went with the first byte; the rest is plain.
+                Ok(n) => w.write_all(&line[n..]).await,
+                Err(e) => Err(e),
+            }
+        };
+        if let Err(e) = sent {
+            self.pending.lock().unwrap().remove(&id);
+            return Err(anyhow!("QMP getfd: {e} (QEMU exited?)"));
+        }
+        rx.await
+            .map_err(|_| anyhow!("QMP getfd: connection closed (QEMU exited?)"))?
+            .context("QMP getfd")
+            .map(drop)
+    }
+
+    /// The VM's run state (`query-status`).
+    pub async fn query_status(&self) -> Result<RunState> {
+        let st = self.execute("query-status", json!({})).await?;
+        Ok(RunState::from_reply(&st))
+    }
+
+    /// Where the current (or last) migration stands (`query-migrate`).
+    pub async fn query_migrate(&self) -> Result<MigrationInfo> {
+        let st = self.execute("query-migrate", json!({})).await?;
+        Ok(MigrationInfo::from_reply(st))
+    }
+
     /// Polls `query-migrate` until it completes, failing on `failed` or
     /// `cancelled` with QEMU's error description.
-    pub async fn wait_migration(&self, timeout: Duration) -> Result<Value> {
+    pub async fn wait_migration(&self, timeout: Duration) -> Result<MigrationInfo> {
         let deadline = Instant::now() + timeout;
         loop {
-            let st = self.execute("query-migrate", json!({})).await?;
-            match st.get("status").and_then(Value::as_str) {
-                Some("completed") => return Ok(st),
-                Some("failed") | Some("cancelled") => {
-                    let why = st
-                        .get("error-desc")
-                        .and_then(Value::as_str)
-                        .unwrap_or("no reason given");
-                    bail!("migration failed: {why}");
-                }
+            let st = self.query_migrate().await?;
+            match st.status {
+                MigrationStatus::Completed => return Ok(st),
+                s if s.is_failed() => bail!("migration failed: {}", st.error_desc()),
                 _ if Instant::now() > deadline => {
                     bail!("migration did not complete within {timeout:?}: {st}")
                 }
                 _ => tokio::time::sleep(Duration::from_millis(2)).await,
             }
         }
+    }
+}
+
+/// QEMU's run state, as `query-status` reports it (QAPI `RunState`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RunState {
+    /// vCPUs run.
+    Running,
+    /// Stopped by `stop` (or `-S` before the first `cont`).
+    Paused,
+    /// Started with `-incoming`, waiting for (or loading) device state.
+    Inmigrate,
+    /// An outgoing migration finished; the source stays stopped until `cont`.
+    Postmigrate,
+    /// Stopped before the first `cont` (`-S`).
+    Prelaunch,
+    /// The last stage of an outgoing migration (vCPUs stopped).
+    FinishMigrate,
+    /// Loading state with `loadvm`.
+    RestoreVm,
+    /// Saving state with `savevm`.
+    SaveVm,
+    /// The guest shut down (QEMU kept running).
+    Shutdown,
+    /// The guest is suspended (S3).
+    Suspended,
+    /// Stopped by a block device I/O error.
+    IoError,
+    /// Stopped by an internal error.
+    InternalError,
+    /// Stopped by the watchdog.
+    Watchdog,
+    /// The guest panicked.
+    GuestPanicked,
+    /// Stopped at a debugger breakpoint.
+    Debug,
+    /// Any state this client does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl RunState {
+    /// Reads the `status` of a `query-status` reply.
+    pub fn from_reply(reply: &Value) -> RunState {
+        reply
+            .get("status")
+            .and_then(|s| RunState::deserialize(s).ok())
+            .unwrap_or(RunState::Unknown)
+    }
+}
+
+/// Where a migration stands, as `query-migrate` reports it (QAPI
+/// `MigrationStatus`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum MigrationStatus {
+    /// No migration has started (QEMU then omits `status`).
+    None,
+    /// Setting up.
+    Setup,
+    /// Copying RAM and devices.
+    Active,
+    /// Stopped before switching over (`pause-before-switchover`); waits for
+    /// `migrate-continue`.
+    PreSwitchover,
+    /// Sending device state, vCPUs stopped.
+    Device,
+    /// Being cancelled.
+    Cancelling,
+    /// Cancelled.
+    Cancelled,
+    /// Finished.
+    Completed,
+    /// Failed (`error-desc` says why).
+    Failed,
+    /// Any other status (postcopy, COLO, `wait-unplug`, ...).
+    #[serde(other)]
+    Other,
+}
+
+impl MigrationStatus {
+    /// Failed or cancelled: it will not complete.
+    pub fn is_failed(self) -> bool {
+        matches!(self, MigrationStatus::Failed | MigrationStatus::Cancelled)
+    }
+
+    /// Still moving: a cancel has not settled yet.
+    pub fn is_in_progress(self) -> bool {
+        matches!(
+            self,
+            MigrationStatus::Active
+                | MigrationStatus::Cancelling
+                | MigrationStatus::PreSwitchover
+                | MigrationStatus::Device
+        )
+    }
+}
+
+/// A `query-migrate` reply: its status, and the whole reply for messages.
+#[derive(Debug, Clone)]
+pub struct MigrationInfo {
+    /// The status.
+    pub status: MigrationStatus,
+    /// The reply as QEMU sent it (statistics, `error-desc`).
+    pub raw: Value,
+}
+
+impl MigrationInfo {
+    /// Reads a `query-migrate` reply; no `status` means no migration yet.
+    pub fn from_reply(raw: Value) -> MigrationInfo {
+        let status = match raw.get("status") {
+            None => MigrationStatus::None,
+            Some(s) => MigrationStatus::deserialize(s).unwrap_or(MigrationStatus::Other),
+        };
+        MigrationInfo { status, raw }
+    }
+
+    /// QEMU's reason for a failure, or "no reason given".
+    pub fn error_desc(&self) -> &str {
+        self.raw
+            .get("error-desc")
+            .and_then(Value::as_str)
+            .unwrap_or("no reason given")
+    }
+}
+
+impl std::fmt::Display for MigrationInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.raw)
     }
 }
 
@@ -156,4 +360,154 @@ async fn read_loop(
     }
     // Fail everything still waiting.
     pending.lock().unwrap().clear();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+    /// A fake QEMU on the far end of a socket pair: its reader and writer.
+    struct FakeQemu {
+        rd: BufReader<tokio::net::unix::OwnedReadHalf>,
+        wr: tokio::net::unix::OwnedWriteHalf,
+    }
+
+    impl FakeQemu {
+        async fn recv(&mut self) -> Value {
+            let mut line = String::new();
+            self.rd.read_line(&mut line).await.unwrap();
+            serde_json::from_str(&line).unwrap()
+        }
+        async fn send(&mut self, v: Value) {
+            let mut b = serde_json::to_vec(&v).unwrap();
+            b.push(b'\n');
+            self.wr.write_all(&b).await.unwrap();
+        }
+    }
+
+    /// A connected client and the fake QEMU, capabilities negotiated.
+    async fn pair() -> (Qmp, FakeQemu) {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (rd, wr) = b.into_split();
+        let mut fake = FakeQemu {
+            rd: BufReader::new(rd),
+            wr,
+        };
+        let server = async {
+            fake.send(json!({"QMP": {"version": {}, "capabilities": []}}))
+                .await;
+            let caps = fake.recv().await;
+            assert_eq!(caps["execute"], "qmp_capabilities");
+            fake.send(json!({"return": {}, "id": caps["id"]})).await;
+        };
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let (qmp, ()) = tokio::join!(Qmp::handshake(a, deadline, "test"), server);
+        (qmp.unwrap(), fake)
+    }
+
+    #[tokio::test]
+    async fn replies_route_by_id_and_events_by_channel() {
+        let (qmp, mut fake) = pair().await;
+        let mut events = qmp.events();
+        let server = async {
+            let a = fake.recv().await;
+            let b = fake.recv().await;
+            let c = fake.recv().await;
+            let by = |cmd: &str| {
+                [&a, &b, &c]
+                    .into_iter()
+                    .find(|v| v["execute"] == cmd)
+                    .cloned()
+            };
+            let (st, mig, bad) = (
+                by("query-status").unwrap(),
+                by("query-migrate").unwrap(),
+                by("no-such").unwrap(),
+            );
+            // An event between replies, and the replies in reverse order.
+            fake.send(json!({"event": "STOP", "timestamp": {"seconds": 1, "microseconds": 5}}))
+                .await;
+            fake.send(json!({"error": {"class": "CommandNotFound", "desc": "The command no-such has not been found"}, "id": bad["id"]}))
+                .await;
+            fake.send(json!({"return": {"status": "pre-switchover"}, "id": mig["id"]}))
+                .await;
+            fake.send(json!({"return": {"status": "paused", "running": false}, "id": st["id"]}))
+                .await;
+        };
+        let (st, mig, bad, ()) = tokio::join!(
+            qmp.query_status(),
+            qmp.query_migrate(),
+            qmp.execute("no-such", json!({})),
+            server
+        );
+        assert_eq!(st.unwrap(), RunState::Paused);
+        assert_eq!(mig.unwrap().status, MigrationStatus::PreSwitchover);
+        let e = format!("{:#}", bad.unwrap_err());
+        assert_eq!(e, "QMP no-such: The command no-such has not been found");
+        let ev = events.recv().await.unwrap();
+        assert_eq!(ev["event"], "STOP");
+    }
+
+    #[tokio::test]
+    async fn a_closed_connection_fails_waiting_commands() {
+        let (qmp, mut fake) = pair().await;
+        let server = async {
+            let _ = fake.recv().await;
+            drop(fake);
+        };
+        let (r, ()) = tokio::join!(qmp.execute("stop", json!({})), server);
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("connection closed"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn wait_migration_reports_failure_with_qemus_reason() {
+        let (qmp, mut fake) = pair().await;
+        let server = async {
+            for st in [
+                json!({}),
+                json!({"status": "active"}),
+                json!({"status": "failed", "error-desc": "disk full"}),
+            ] {
+                let c = fake.recv().await;
+                assert_eq!(c["execute"], "query-migrate");
+                fake.send(json!({"return": st, "id": c["id"]})).await;
+            }
+        };
+        let (r, ()) = tokio::join!(qmp.wait_migration(Duration::from_secs(5)), server);
+        assert_eq!(r.unwrap_err().to_string(), "migration failed: disk full");
+    }
+
+    #[test]
+    fn states_parse_from_qemus_words() {
+        for (w, s) in [
+            ("running", RunState::Running),
+            ("paused", RunState::Paused),
+            ("inmigrate", RunState::Inmigrate),
+            ("postmigrate", RunState::Postmigrate),
+            ("finish-migrate", RunState::FinishMigrate),
+            ("guest-panicked", RunState::GuestPanicked),
+            ("colo", RunState::Unknown),
+        ] {
+            assert_eq!(RunState::from_reply(&json!({"status": w})), s, "{w}");
+        }
+        assert_eq!(RunState::from_reply(&json!({})), RunState::Unknown);
+        for (v, s) in [
+            (json!({}), MigrationStatus::None),
+            (json!({"status": "completed"}), MigrationStatus::Completed),
+            (
+                json!({"status": "pre-switchover"}),
+                MigrationStatus::PreSwitchover,
+            ),
+            (json!({"status": "cancelling"}), MigrationStatus::Cancelling),
+            (json!({"status": "postcopy-active"}), MigrationStatus::Other),
+        ] {
+            assert_eq!(MigrationInfo::from_reply(v.clone()).status, s, "{v}");
+        }
+        assert!(MigrationStatus::Cancelled.is_failed());
+        assert!(!MigrationStatus::Completed.is_failed());
+        assert!(MigrationStatus::Device.is_in_progress());
+        assert!(!MigrationStatus::Cancelled.is_in_progress());
+    }
 }

@@ -7,6 +7,7 @@ use super::sandboxes::get_sandbox;
 use super::snapshots::info_of;
 use super::types::SnapshotInfo;
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
+use crate::daemon::sandbox::Phase;
 use crate::daemon::Daemon;
 use crate::snapshot::branch::{self, Mode};
 use axum::extract::{Path, State};
@@ -141,13 +142,16 @@ async fn branch_work(
     d.metrics.branches_in_flight.inc();
     let guard = InFlight(d.clone());
     let captured = {
+        // Running → Branching → Running, under the VM lock (a delete waits).
         let vm = sb.vm.lock().await;
         let vm = vm
             .as_ref()
             .ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
-        branch::capture(&d.paths, &d.mount, vm, &parent, mode)
-            .await
-            .map_err(|e| ApiError::from_anyhow(e.context("capturing the branch")))?
+        sb.advance(Phase::Branching).map_err(ApiError::internal)?;
+        let captured = branch::capture(&d.paths, &d.mount, vm, &parent, mode).await;
+        // capture leaves the child running, on success and on failure.
+        sb.advance(Phase::Running).map_err(ApiError::internal)?;
+        captured.map_err(|e| ApiError::from_anyhow(e.context("capturing the branch")))?
     };
     let pause_ms = captured.pause_ms;
     {

@@ -31,17 +31,15 @@ pub async fn spawn(
     State(d): D,
     Json(b): Json<SpawnBody>,
 ) -> ApiResult<(StatusCode, Json<Vec<SandboxInfo>>)> {
-    crate::daemon::error::check_tag(&b.snapshot_tag)?;
-    if b.per_child_netns {
-        return Err(ApiError::bad_request(
-            "per_child_netns: this snapshot's guest has no network device, so there is no network to isolate; reach sandboxes through exec, eval and files",
-        ));
-    }
+    // Translation only: `lifecycle::spawn` validates (SpawnRequest::validate).
     let req = SpawnRequest {
         tag: b.snapshot_tag,
         n: b.n,
         memory_limit_mib: b.memory_limit_mib,
+        cpus: b.cpus,
+        pids_max: b.pids_max,
         ttl_secs: b.ttl_secs,
+        per_child_netns: b.per_child_netns,
     };
     let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((

@@ -5,7 +5,7 @@ use super::types::{CreateSnapshotBody, SnapshotInfo};
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::Daemon;
 use crate::snapshot::create::{create, CreateSpec, ImageSource};
-use crate::snapshot::delete::{delete, DeleteError, Dependents};
+use crate::snapshot::delete::{delete, Dependents};
 use crate::vm::Lifetime;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -215,14 +215,11 @@ async fn create_work(
         lifetime: Lifetime::Ephemeral,
         verbose: false,
     };
-    let made = create(&d.paths, spec).await.map_err(|e| {
-        let msg = format!("{e:#}");
-        if msg.contains("is not built") || msg.contains("must be at") {
-            ApiError::bad_request(msg)
-        } else {
-            ApiError::internal(msg)
-        }
-    })?;
+    // An image not built or a spec no VM can be is a 400 (typed errors,
+    // mapped in `daemon::error`); anything else a 500.
+    let made = create(&d.paths, spec)
+        .await
+        .map_err(ApiError::from_anyhow)?;
     let info = d
         .with_reader(|v| Ok(info_of(&d, v, &b.tag, &made.record)))
         .map_err(ApiError::from_anyhow)?;
@@ -319,11 +316,7 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
     let t = tag.clone();
     let result = crate::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
         .await
-        .map_err(|e| match e.downcast_ref::<DeleteError>() {
-            Some(DeleteError::NotFound(_)) => ApiError::not_found(e.to_string()),
-            Some(_) => ApiError::conflict(e.to_string()),
-            None => ApiError::from_anyhow(e),
-        });
+        .map_err(ApiError::from_anyhow);
     match &result {
         Ok(_) => {
             // The pools of deleted tags go with them.

@@ -57,6 +57,12 @@ pub struct SandboxInfo {
     pub pool_hit: bool,
     /// Spawn request received → this sandbox's agent answered, ms.
     pub spawn_ms: u64,
+    /// CPU quota in CPUs; absent when unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpus: Option<f64>,
+    /// Most tasks its VM process may hold; absent when unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids_max: Option<u64>,
 }
 
 impl From<SandboxRecord> for SandboxInfo {
@@ -77,6 +83,8 @@ impl From<SandboxRecord> for SandboxInfo {
             expires_at_unix: r.expires_at_unix,
             pool_hit: r.pool_hit,
             spawn_ms: r.spawn_ms,
+            cpus: r.cpus,
+            pids_max: r.pids_max,
         }
     }
 }
@@ -92,6 +100,12 @@ pub struct SpawnBody {
     pub per_child_netns: bool,
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
+    /// Ours: CPU quota in CPUs (0.5 = half a core), cgroup-enforced.
+    #[serde(default, alias = "cpu_quota")]
+    pub cpus: Option<f64>,
+    /// Ours: most tasks (QEMU threads) the sandbox's VM process may hold.
+    #[serde(default)]
+    pub pids_max: Option<u64>,
     /// forkd: a throwaway snapshot after restore. Accepted; our pools warm
     /// children instead.
     #[serde(default)]
