@@ -19,6 +19,12 @@ pub struct SpawnArgs {
     /// Memory limit per sandbox (cgroup), MiB.
     #[arg(long)]
     pub memory_limit_mib: Option<u64>,
+    /// CPU quota per sandbox (cgroup), in CPUs: 0.5 is half a core.
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Most tasks a sandbox's VM process may hold (cgroup pids).
+    #[arg(long)]
+    pub pids_max: Option<u64>,
     /// Kill the sandboxes after this many seconds.
     #[arg(long)]
     pub ttl: Option<u64>,
@@ -82,6 +88,12 @@ pub async fn spawn(a: SpawnArgs) -> Result<i32> {
     }
     if let Some(t) = a.ttl {
         body["ttl_secs"] = json!(t);
+    }
+    if let Some(c) = a.cpus {
+        body["cpus"] = json!(c);
+    }
+    if let Some(p) = a.pids_max {
+        body["pids_max"] = json!(p);
     }
     let t0 = std::time::Instant::now();
     let made: Vec<SandboxInfo> = c.post("/v1/sandboxes", body).await?;

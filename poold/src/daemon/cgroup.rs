@@ -1,117 +1,435 @@
-//! Per-sandbox memory limits (`memory_limit_mib`) through cgroups, v2 (the
-//! unified hierarchy most hosts run) or v1 (the memory controller of a
-//! hybrid hierarchy). Each limited sandbox's QEMU moves into its own group,
-//! `forkd/<sandbox-id>`, removed when the sandbox goes.
+//! Per-sandbox quotas through cgroups: memory (`memory_limit_mib`), CPU
+//! (`cpus`, a CFS quota in CPUs) and tasks (`pids_max`), on cgroup v2 (the
+//! unified hierarchy most hosts run) or v1 (one mount per controller, as on
+//! a hybrid host).
+//!
+//! Invariants: a limited sandbox's QEMU lives in `forkd/<sandbox-id>` of
+//! every hierarchy whose controller it is limited by; the group is made,
+//! limited and only then joined, and removed when the sandbox goes. The
+//! `forkd` parent holds no process (cgroup v2's no-internal-process rule).
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
 
-/// Which hierarchy holds the memory controller.
+/// The limits of one sandbox; `None` is unlimited.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Limits {
+    pub memory_mib: Option<u64>,
+    /// CPU time per wall time, in CPUs (0.5 = half a core).
+    pub cpus: Option<f64>,
+    /// Most tasks (QEMU's threads) the group may hold.
+    pub pids_max: Option<u64>,
+}
+
+/// The CFS period: quota is `cpus` × this.
+const CPU_PERIOD_US: u64 = 100_000;
+/// Fewest tasks a sandbox may be limited to: QEMU needs a main thread, a
+/// thread per vCPU, RCU and I/O workers.
+pub const MIN_PIDS: u64 = 32;
+/// Most CPUs a quota may name.
+pub const MAX_CPUS: f64 = 1024.0;
+
+impl Limits {
+    pub fn is_empty(&self) -> bool {
+        self.memory_mib.is_none() && self.cpus.is_none() && self.pids_max.is_none()
+    }
+
+    /// Checks each value; the error names the field and its range.
+    pub fn validate(&self) -> Result<()> {
+        if self.memory_mib == Some(0) {
+            bail!("memory_limit_mib must be ≥ 1");
+        }
+        if let Some(c) = self.cpus {
+            if !(c.is_finite() && (0.01..=MAX_CPUS).contains(&c)) {
+                bail!("cpus must be between 0.01 and {MAX_CPUS} (a CPU quota: 0.5 is half a core); got {c}");
+            }
+        }
+        if let Some(p) = self.pids_max {
+            if !(MIN_PIDS..=4_194_304).contains(&p) {
+                bail!("pids_max must be between {MIN_PIDS} and 4194304 (QEMU itself needs a few dozen tasks); got {p}");
+            }
+        }
+        Ok(())
+    }
+
+    /// Fills what is unset from `defaults`.
+    pub fn or(self, defaults: Limits) -> Limits {
+        Limits {
+            memory_mib: self.memory_mib.or(defaults.memory_mib),
+            cpus: self.cpus.or(defaults.cpus),
+            pids_max: self.pids_max.or(defaults.pids_max),
+        }
+    }
+}
+
+/// A controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Controller {
+    Memory,
+    Cpu,
+    Pids,
+}
+
+impl Controller {
+    fn name(self) -> &'static str {
+        match self {
+            Controller::Memory => "memory",
+            Controller::Cpu => "cpu",
+            Controller::Pids => "pids",
+        }
+    }
+}
+
+/// Where the controllers are.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Hierarchy {
-    /// cgroup v2 mounted at this path.
-    V2(PathBuf),
-    /// The v1 memory controller mounted at this path.
-    V1(PathBuf),
+    /// cgroup v2 mounted at `root`, offering `controllers`.
+    V2 {
+        root: PathBuf,
+        controllers: Vec<String>,
+    },
+    /// cgroup v1: each controller's own mount, when it has one.
+    V1 {
+        memory: Option<PathBuf>,
+        cpu: Option<PathBuf>,
+        pids: Option<PathBuf>,
+    },
 }
 
 impl Hierarchy {
-    /// Finds the memory controller: v2 if `/sys/fs/cgroup` is unified and
-    /// offers `memory`, else v1's `memory` mount.
+    /// Finds the controllers: v2 if `/sys/fs/cgroup` is unified and offers
+    /// `memory`, else the v1 mounts of memory, cpu and pids.
     pub fn detect() -> Result<Hierarchy> {
-        let root = Path::new("/sys/fs/cgroup");
-        if let Ok(c) = std::fs::read_to_string(root.join("cgroup.controllers")) {
-            if c.split_whitespace().any(|x| x == "memory") {
-                return Ok(Hierarchy::V2(root.to_path_buf()));
-            }
-        }
         let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-        for line in mounts.lines() {
-            let f: Vec<&str> = line.split_whitespace().collect();
-            if f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == "memory") {
-                return Ok(Hierarchy::V1(PathBuf::from(f[1])));
-            }
-        }
-        bail!("no cgroup memory controller found (neither cgroup v2 with `memory` nor a v1 memory mount); memory_limit_mib needs one")
+        Self::detect_in(Path::new("/sys/fs/cgroup"), &mounts)
     }
 
-    fn parent(&self) -> PathBuf {
+    fn detect_in(root: &Path, mounts: &str) -> Result<Hierarchy> {
+        if let Ok(c) = std::fs::read_to_string(root.join("cgroup.controllers")) {
+            let controllers: Vec<String> = c.split_whitespace().map(String::from).collect();
+            if controllers.iter().any(|x| x == "memory") {
+                return Ok(Hierarchy::V2 {
+                    root: root.to_path_buf(),
+                    controllers,
+                });
+            }
+        }
+        let find = |ctl: &str| {
+            mounts.lines().find_map(|line| {
+                let f: Vec<&str> = line.split_whitespace().collect();
+                (f.len() >= 4 && f[2] == "cgroup" && f[3].split(',').any(|o| o == ctl))
+                    .then(|| PathBuf::from(f[1]))
+            })
+        };
+        let h = Hierarchy::V1 {
+            memory: find("memory"),
+            cpu: find("cpu"),
+            pids: find("pids"),
+        };
+        if let Hierarchy::V1 {
+            memory: None,
+            cpu: None,
+            pids: None,
+        } = h
+        {
+            bail!("no cgroup controllers found (neither cgroup v2 with `memory` nor v1 memory/cpu/pids mounts); sandbox limits need them");
+        }
+        Ok(h)
+    }
+
+    /// Whether `c` can be limited on this host.
+    pub fn supports(&self, c: Controller) -> bool {
+        self.mount_of(c).is_some()
+    }
+
+    /// The hierarchy root holding controller `c`.
+    fn mount_of(&self, c: Controller) -> Option<&Path> {
         match self {
-            Hierarchy::V2(r) | Hierarchy::V1(r) => r.join("forkd"),
+            Hierarchy::V2 { root, controllers } => controllers
+                .iter()
+                .any(|x| x == c.name())
+                .then_some(root.as_path()),
+            Hierarchy::V1 { memory, cpu, pids } => match c {
+                Controller::Memory => memory.as_deref(),
+                Controller::Cpu => cpu.as_deref(),
+                Controller::Pids => pids.as_deref(),
+            },
         }
     }
 
-    /// The group of sandbox `id`.
-    pub fn group(&self, id: &str) -> PathBuf {
-        self.parent().join(id)
-    }
-
-    /// Creates `forkd/<id>` limited to `mib` MiB and moves `pid` into it.
-    pub fn limit(&self, id: &str, pid: u32, mib: u64) -> Result<PathBuf> {
-        let bytes = mib
-            .checked_mul(1 << 20)
-            .context("memory_limit_mib is too large")?;
-        let parent = self.parent();
-        std::fs::create_dir_all(&parent)
-            .with_context(|| format!("creating cgroup {}", parent.display()))?;
-        if let Hierarchy::V2(root) = self {
-            // Children of a v2 group get a controller only when every
-            // ancestor delegates it.
-            enable_memory(root)?;
-            enable_memory(&parent)?;
-        }
-        let g = self.group(id);
-        std::fs::create_dir_all(&g).with_context(|| format!("creating cgroup {}", g.display()))?;
-        let (limit_file, procs) = match self {
-            Hierarchy::V2(_) => ("memory.max", "cgroup.procs"),
-            Hierarchy::V1(_) => ("memory.limit_in_bytes", "cgroup.procs"),
-        };
-        write(&g.join(limit_file), &bytes.to_string())?;
-        if let Hierarchy::V2(_) = self {
-            // No swapping around the limit: a sandbox over it is OOM-killed.
-            let _ = std::fs::write(g.join("memory.swap.max"), "0");
-        }
-        write(&g.join(procs), &pid.to_string())?;
-        Ok(g)
-    }
-
-    /// Reads back a group's limit in bytes.
-    pub fn read_limit(&self, id: &str) -> Result<u64> {
-        let f = match self {
-            Hierarchy::V2(_) => "memory.max",
-            Hierarchy::V1(_) => "memory.limit_in_bytes",
-        };
-        let p = self.group(id).join(f);
-        let s = std::fs::read_to_string(&p).with_context(|| format!("reading {}", p.display()))?;
-        s.trim()
-            .parse()
-            .with_context(|| format!("{} holds {s:?}", p.display()))
-    }
-
-    /// Removes the group of `id` (its processes must have exited).
-    pub fn remove(&self, id: &str) {
-        let g = self.group(id);
-        for _ in 0..50 {
-            match std::fs::remove_dir(&g) {
-                Ok(()) => return,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
-                // EBUSY while the killed QEMU is still being torn down.
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+    /// The first limit this host cannot enforce, as an error for the user.
+    pub fn check(h: Option<&Hierarchy>, l: &Limits) -> Result<()> {
+        for (set, c, field) in [
+            (
+                l.memory_mib.is_some(),
+                Controller::Memory,
+                "memory_limit_mib",
+            ),
+            (l.cpus.is_some(), Controller::Cpu, "cpus"),
+            (l.pids_max.is_some(), Controller::Pids, "pids_max"),
+        ] {
+            if set && !h.is_some_and(|h| h.supports(c)) {
+                bail!(
+                    "{field} needs the cgroup {} controller, and this host has none (see `forkd doctor` or docs/security.md)",
+                    c.name()
+                );
             }
         }
-        tracing::warn!("could not remove cgroup {}", g.display());
+        Ok(())
+    }
+
+    /// The group of sandbox `id` under controller `c`'s hierarchy.
+    pub fn group(&self, c: Controller, id: &str) -> Option<PathBuf> {
+        self.mount_of(c).map(|r| r.join("forkd").join(id))
+    }
+
+    /// Every distinct group directory sandbox `id` may have.
+    fn groups(&self, id: &str) -> Vec<PathBuf> {
+        let mut v: Vec<PathBuf> = Vec::new();
+        for c in [Controller::Memory, Controller::Cpu, Controller::Pids] {
+            if let Some(g) = self.group(c, id) {
+                if !v.contains(&g) {
+                    v.push(g);
+                }
+            }
+        }
+        v
+    }
+
+    /// Creates `forkd/<id>` in each hierarchy a limit needs, sets the
+    /// limits, then moves `pid` in.
+    pub fn limit(&self, id: &str, pid: u32, l: &Limits) -> Result<()> {
+        let mut joined: Vec<PathBuf> = Vec::new();
+        for c in [Controller::Memory, Controller::Cpu, Controller::Pids] {
+            let Some(values) = self.files_for(c, l)? else {
+                continue;
+            };
+            let root = self.mount_of(c).context("controller vanished")?;
+            let parent = root.join("forkd");
+            std::fs::create_dir_all(&parent)
+                .with_context(|| format!("creating cgroup {}", parent.display()))?;
+            if let Hierarchy::V2 { .. } = self {
+                // A v2 child gets a controller only when every ancestor
+                // delegates it.
+                enable(root, c.name())?;
+                enable(&parent, c.name())?;
+            }
+            let g = parent.join(id);
+            std::fs::create_dir_all(&g)
+                .with_context(|| format!("creating cgroup {}", g.display()))?;
+            for (file, value) in values {
+                match write(&g.join(file), &value) {
+                    // Absent without swap accounting; nothing to turn off.
+                    Err(_) if file == "memory.swap.max" => {}
+                    r => r?,
+                }
+            }
+            if !joined.contains(&g) {
+                joined.push(g);
+            }
+        }
+        for g in joined {
+            write(&g.join("cgroup.procs"), &pid.to_string())?;
+        }
+        Ok(())
+    }
+
+    /// The files and values that set controller `c`'s limit, or None when
+    /// `l` does not limit it.
+    fn files_for(&self, c: Controller, l: &Limits) -> Result<Option<Vec<(&'static str, String)>>> {
+        let v2 = matches!(self, Hierarchy::V2 { .. });
+        Ok(match c {
+            Controller::Memory => l.memory_mib.map(|mib| {
+                let bytes = mib.saturating_mul(1 << 20).to_string();
+                if v2 {
+                    // No swapping around the limit: over it, the OOM killer.
+                    vec![("memory.max", bytes), ("memory.swap.max", "0".into())]
+                } else {
+                    vec![("memory.limit_in_bytes", bytes)]
+                }
+            }),
+            Controller::Cpu => l.cpus.map(|cpus| {
+                let quota = ((cpus * CPU_PERIOD_US as f64) as u64).max(1000);
+                if v2 {
+                    vec![("cpu.max", format!("{quota} {CPU_PERIOD_US}"))]
+                } else {
+                    vec![
+                        ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
+                        ("cpu.cfs_quota_us", quota.to_string()),
+                    ]
+                }
+            }),
+            Controller::Pids => l.pids_max.map(|p| vec![("pids.max", p.to_string())]),
+        })
+    }
+
+    /// Reads back the limits of sandbox `id` (unset when its group is absent).
+    pub fn read_limits(&self, id: &str) -> Limits {
+        let read = |c: Controller, f: &str| {
+            let p = self.group(c, id)?.join(f);
+            std::fs::read_to_string(p)
+                .ok()
+                .map(|s| s.trim().to_string())
+        };
+        let v2 = matches!(self, Hierarchy::V2 { .. });
+        let memory_mib = read(
+            Controller::Memory,
+            if v2 {
+                "memory.max"
+            } else {
+                "memory.limit_in_bytes"
+            },
+        )
+        .and_then(|s| s.parse::<u64>().ok())
+        .map(|b| b >> 20);
+        let cpus = if v2 {
+            read(Controller::Cpu, "cpu.max").and_then(|s| {
+                let mut it = s.split_whitespace();
+                let q: f64 = it.next()?.parse().ok()?;
+                let p: f64 = it.next()?.parse().ok()?;
+                Some(q / p)
+            })
+        } else {
+            let q = read(Controller::Cpu, "cpu.cfs_quota_us").and_then(|s| s.parse::<f64>().ok());
+            let p = read(Controller::Cpu, "cpu.cfs_period_us").and_then(|s| s.parse::<f64>().ok());
+            q.zip(p).filter(|(q, _)| *q > 0.0).map(|(q, p)| q / p)
+        };
+        let pids_max = read(Controller::Pids, "pids.max").and_then(|s| s.parse().ok());
+        Limits {
+            memory_mib,
+            cpus,
+            pids_max,
+        }
+    }
+
+    /// Removes the groups of `id` (their processes must have exited).
+    pub fn remove(&self, id: &str) {
+        for g in self.groups(id) {
+            remove_group(&g);
+        }
     }
 }
 
-fn enable_memory(group: &Path) -> Result<()> {
+fn remove_group(g: &Path) {
+    for _ in 0..50 {
+        match std::fs::remove_dir(g) {
+            Ok(()) => return,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+            // EBUSY while the killed QEMU is still being torn down.
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+    tracing::warn!("could not remove cgroup {}", g.display());
+}
+
+fn enable(group: &Path, controller: &str) -> Result<()> {
     let f = group.join("cgroup.subtree_control");
     let cur = std::fs::read_to_string(&f).unwrap_or_default();
-    if cur.split_whitespace().any(|c| c == "memory") {
+    if cur.split_whitespace().any(|c| c == controller) {
         return Ok(());
     }
-    write(&f, "+memory")
+    write(&f, &format!("+{controller}"))
 }
 
 fn write(path: &Path, value: &str) -> Result<()> {
     std::fs::write(path, value).with_context(|| format!("writing {value:?} to {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn detects_v1_controllers_from_mounts() {
+        let t = tempfile::tempdir().unwrap();
+        let mounts = "cgroup2 /sys/fs/cgroup/unified cgroup2 rw 0 0\n\
+                      cgroup /sys/fs/cgroup/memory cgroup rw,nosuid,memory 0 0\n\
+                      cgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\n";
+        let h = Hierarchy::detect_in(t.path(), mounts).unwrap();
+        assert!(h.supports(Controller::Memory));
+        assert!(h.supports(Controller::Cpu));
+        assert!(!h.supports(Controller::Pids));
+        assert_eq!(
+            h.group(Controller::Cpu, "sb-1").unwrap(),
+            PathBuf::from("/sys/fs/cgroup/cpu,cpuacct/forkd/sb-1")
+        );
+        let e = Hierarchy::check(
+            Some(&h),
+            &Limits {
+                pids_max: Some(100),
+                ..Limits::default()
+            },
+        )
+        .unwrap_err();
+        assert!(format!("{e}").contains("pids_max"), "{e}");
+    }
+
+    #[test]
+    fn detects_v2_and_limits_a_fake_tree() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join("cgroup.controllers"),
+            "cpuset cpu io memory pids",
+        )
+        .unwrap();
+        let h = Hierarchy::detect_in(t.path(), "").unwrap();
+        assert!(h.supports(Controller::Pids));
+        let l = Limits {
+            memory_mib: Some(256),
+            cpus: Some(1.5),
+            pids_max: Some(64),
+        };
+        h.limit("sb-x", 4242, &l).unwrap();
+        let g = t.path().join("forkd/sb-x");
+        assert_eq!(
+            std::fs::read_to_string(g.join("cpu.max")).unwrap(),
+            "150000 100000"
+        );
+        assert_eq!(std::fs::read_to_string(g.join("pids.max")).unwrap(), "64");
+        assert_eq!(
+            std::fs::read_to_string(g.join("cgroup.procs")).unwrap(),
+            "4242"
+        );
+        assert_eq!(
+            std::fs::read_to_string(t.path().join("forkd/cgroup.subtree_control")).unwrap(),
+            "+pids"
+        );
+        assert_eq!(h.read_limits("sb-x"), l);
+    }
+
+    #[test]
+    fn validation_names_the_field() {
+        let bad = [
+            Limits {
+                memory_mib: Some(0),
+                ..Limits::default()
+            },
+            Limits {
+                cpus: Some(0.0),
+                ..Limits::default()
+            },
+            Limits {
+                cpus: Some(f64::NAN),
+                ..Limits::default()
+            },
+            Limits {
+                pids_max: Some(5),
+                ..Limits::default()
+            },
+        ];
+        for (l, field) in bad
+            .iter()
+            .zip(["memory_limit_mib", "cpus", "cpus", "pids_max"])
+        {
+            let e = l.validate().unwrap_err();
+            assert!(format!("{e}").contains(field), "{e}");
+        }
+        assert!(Limits {
+            memory_mib: Some(1),
+            cpus: Some(0.5),
+            pids_max: Some(128)
+        }
+        .validate()
+        .is_ok());
+    }
 }

@@ -11,6 +11,9 @@
 //! spawn_parallel = 4
 //! default_ttl_secs = 0             # 0: sandboxes live until deleted
 //! allowed_paths = ["/srv/images"]  # where POST /v1/snapshots may read kernel/rootfs
+//! default_cpus = 1.0               # CPU quota of a sandbox that asks for none (unset: unlimited)
+//! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
+//! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
 //!
 //! [pools.py]                       # a pool for snapshot tag "py"
 //! min_ready = 4
@@ -97,6 +100,12 @@ pub struct Config {
     pub branch_concurrency: usize,
     /// Pools by snapshot tag.
     pub pools: BTreeMap<String, PoolSpec>,
+    /// CPU quota (in CPUs) of a sandbox whose spawn sets no `cpus`.
+    pub default_cpus: Option<f64>,
+    /// Task limit of a sandbox whose spawn sets no `pids_max`.
+    pub default_pids_max: Option<u64>,
+    /// Memory limit of a sandbox whose spawn sets no `memory_limit_mib`.
+    pub default_memory_limit_mib: Option<u64>,
 }
 
 impl Default for Config {
@@ -113,6 +122,9 @@ impl Default for Config {
             allowed_paths: Vec::new(),
             branch_concurrency: 4,
             pools: BTreeMap::new(),
+            default_cpus: None,
+            default_pids_max: Some(1024),
+            default_memory_limit_mib: None,
         }
     }
 }
@@ -128,6 +140,15 @@ impl Config {
         let cfg: Config =
             toml::from_str(&text).with_context(|| format!("parsing config {}", path.display()))?;
         Ok(cfg)
+    }
+
+    /// The limits a sandbox gets when its spawn sets none.
+    pub fn default_limits(&self) -> super::cgroup::Limits {
+        super::cgroup::Limits {
+            memory_mib: self.default_memory_limit_mib,
+            cpus: self.default_cpus,
+            pids_max: self.default_pids_max,
+        }
     }
 
     /// The TCP address, parsed.
@@ -151,6 +172,9 @@ impl Config {
         if self.branch_concurrency == 0 {
             bail!("branch_concurrency must be at least 1");
         }
+        self.default_limits()
+            .validate()
+            .context("default_memory_limit_mib / default_cpus / default_pids_max")?;
         for (tag, p) in &self.pools {
             forkd_layers::validate_tag(tag).with_context(|| format!("pool {tag:?}"))?;
             p.validate().with_context(|| format!("pool {tag:?}"))?;

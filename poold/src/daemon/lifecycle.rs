@@ -2,6 +2,7 @@
 //! destroying, background pool refills, TTL expiry, and re-adopting
 //! everything after a restart.
 
+use super::cgroup::{Hierarchy, Limits};
 use super::error::{ApiError, ApiResult};
 use super::pool::{PooledVm, RefillTicket};
 use super::sandbox::Sandbox;
@@ -23,55 +24,80 @@ pub fn new_id() -> String {
 }
 
 /// What a spawn asks for.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct SpawnRequest {
     pub tag: String,
     pub n: usize,
     pub memory_limit_mib: Option<u64>,
+    pub cpus: Option<f64>,
+    pub pids_max: Option<u64>,
     pub ttl_secs: Option<u64>,
+    /// forkd's per-child network namespace: refused, children have no NIC.
+    pub per_child_netns: bool,
+}
+
+impl SpawnRequest {
+    /// Every check of a spawn request that needs nothing but the request
+    /// and whether this host can limit memory (`has_cgroups`): the one
+    /// place spawn input is validated, in forkd's order. Whether the
+    /// snapshot exists and the daemon has room is checked by [`spawn`].
+    /// Returns the limits the sandboxes get (the request's, with the
+    /// daemon's `defaults` filling the rest).
+    pub fn validate(&self, cgroups: Option<&Hierarchy>, defaults: Limits) -> ApiResult<Limits> {
+        super::error::check_tag(&self.tag)?;
+        if self.per_child_netns {
+            return Err(ApiError::bad_request(
+                "per_child_netns: this snapshot's guest has no network device, so there is no network to isolate; reach sandboxes through exec, eval and files",
+            ));
+        }
+        if self.n == 0 {
+            return Err(ApiError::bad_request("n must be ≥ 1"));
+        }
+        if self.n > 1000 {
+            return Err(ApiError::bad_request("n must be ≤ 1000 (sanity cap)"));
+        }
+        let limits = self.limits(defaults);
+        limits
+            .validate()
+            .and_then(|()| Hierarchy::check(cgroups, &limits))
+            .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+        if self.ttl_secs.is_some_and(|t| t > MAX_TTL_SECS) {
+            return Err(ApiError::bad_request(format!(
+                "ttl_secs must be at most {MAX_TTL_SECS} (10 years); leave it out for no TTL"
+            )));
+        }
+        Ok(limits)
+    }
+}
+
+impl SpawnRequest {
+    /// The limits asked for, with the daemon's defaults filling the rest.
+    pub fn limits(&self, defaults: Limits) -> Limits {
+        Limits {
+            memory_mib: self.memory_limit_mib,
+            cpus: self.cpus,
+            pids_max: self.pids_max,
+        }
+        .or(defaults)
+    }
 }
 
 /// Resolves a tag to a restorable snapshot: 404 when unknown, 409 when it
 /// cannot be restored here (mismatched QEMU, missing files).
 pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
     super::error::check_tag(tag)?;
-    let rec = crate::snapshot::restore::read_record(&d.mount, tag).map_err(|e| {
-        let msg = format!("{e:#}");
-        if msg.contains("no snapshot") {
-            ApiError::not_found(format!("snapshot {tag:?} not found"))
-        } else {
-            // As forkd: a snapshot whose record cannot be read is a 409
-            // naming the file.
-            ApiError::conflict(msg)
-        }
-    })?;
-    Source::new(&d.mount, &rec).map_err(|e| ApiError::conflict(format!("{e:#}")))
+    // Both fail with a typed `SnapshotError`; `from_anyhow` picks the status.
+    crate::snapshot::restore::read_record(&d.mount, tag)
+        .and_then(|rec| Source::new(&d.mount, &rec))
+        .map_err(ApiError::from_anyhow)
 }
 
-/// Spawns `req.n` sandboxes: ready pool children are resumed first, the
+/// Spawns `req.n` sandboxes (after [`SpawnRequest::validate`]): ready pool children are resumed first, the
 /// rest restored on demand; returns once every child's agent answered. On
 /// any failure every child of this request is destroyed.
 pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
     let t0 = Instant::now();
-    if req.n == 0 {
-        return Err(ApiError::bad_request("n must be ≥ 1"));
-    }
-    if req.n > 1000 {
-        return Err(ApiError::bad_request("n must be ≤ 1000 (sanity cap)"));
-    }
-    if req.memory_limit_mib == Some(0) {
-        return Err(ApiError::bad_request("memory_limit_mib must be ≥ 1"));
-    }
-    if req.memory_limit_mib.is_some() && d.cgroups.is_none() {
-        return Err(ApiError::bad_request(
-            "memory_limit_mib needs a cgroup memory controller, and this host has none",
-        ));
-    }
-    if req.ttl_secs.is_some_and(|t| t > MAX_TTL_SECS) {
-        return Err(ApiError::bad_request(format!(
-            "ttl_secs must be at most {MAX_TTL_SECS} (10 years); leave it out for no TTL"
-        )));
-    }
+    let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
     let src = source(d, &req.tag)?;
     let _reserved = d.reserve(req.n)?;
     let sid = src.id.to_string();
@@ -166,7 +192,9 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             snapshot_id: sid.clone(),
             created_at_unix: now,
             pid: vm.pid(),
-            memory_limit_mib: req.memory_limit_mib,
+            memory_limit_mib: limits.memory_mib,
+            cpus: limits.cpus,
+            pids_max: limits.pids_max,
             expires_at_unix: if ttl > 0 { now.saturating_add(ttl) } else { 0 },
             hostname: vm.id.clone(),
             branch_count: 0,
@@ -222,15 +250,25 @@ async fn restore_one(
     }
 }
 
-/// Puts each sandbox with a memory limit into its own cgroup.
+/// Puts each sandbox with limits into its own cgroups.
 fn apply_limits(d: &Daemon, made: &[Arc<Sandbox>]) -> anyhow::Result<()> {
     for sb in made {
         let r = sb.record();
-        if let (Some(mib), Some(h)) = (r.memory_limit_mib, &d.cgroups) {
-            h.limit(&r.id, r.pid, mib)?;
+        let l = limits_of(&r);
+        if let (false, Some(h)) = (l.is_empty(), &d.cgroups) {
+            h.limit(&r.id, r.pid, &l)?;
         }
     }
     Ok(())
+}
+
+/// The limits a sandbox record carries.
+pub fn limits_of(r: &SandboxRecord) -> Limits {
+    Limits {
+        memory_mib: r.memory_limit_mib,
+        cpus: r.cpus,
+        pids_max: r.pids_max,
+    }
 }
 
 /// Destroys sandbox `id`: kills QEMU, removes its directory, cgroup and
@@ -241,7 +279,7 @@ pub async fn destroy(d: &Arc<Daemon>, id: &str) -> bool {
     };
     sb.destroy().await;
     if let Some(h) = &d.cgroups {
-        if sb.record().memory_limit_mib.is_some() {
+        if !limits_of(&sb.record()).is_empty() {
             h.remove(id);
         }
     }
@@ -469,7 +507,7 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
             // Only a still-paused child may be parked again: one that was
             // being handed out when poold died has run, without its record.
             Ok(vm) => match vm.run_state().await {
-                Ok(st) if st == "paused" => Ok(vm),
+                Ok(crate::vm::qmp::RunState::Paused) => Ok(vm),
                 other => {
                     vm.destroy().await;
                     Err(anyhow::anyhow!("it is not paused ({other:?})"))
@@ -534,5 +572,137 @@ async fn kill_unrecorded(d: &Daemon, known: &std::collections::HashSet<String>) 
             crate::vm::kill_proc(&r.qemu).await;
             let _ = std::fs::remove_dir_all(ent.path());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    fn req() -> SpawnRequest {
+        SpawnRequest {
+            tag: "base".into(),
+            n: 1,
+            ..Default::default()
+        }
+    }
+
+    /// The first complaint about a request, as (status, message).
+    fn check(r: SpawnRequest, cgroups: bool) -> Result<(), (StatusCode, String)> {
+        let h = Hierarchy::V2 {
+            root: "/nonexistent".into(),
+            controllers: vec!["memory".into(), "cpu".into(), "pids".into()],
+        };
+        r.validate(cgroups.then_some(&h), Limits::default())
+            .map(drop)
+            .map_err(|e| (e.status, e.message))
+    }
+
+    fn refused(r: SpawnRequest, cgroups: bool, why: &str) {
+        let (st, msg) = check(r.clone(), cgroups).expect_err(why);
+        assert_eq!(st, StatusCode::BAD_REQUEST, "{r:?}");
+        assert!(msg.contains(why), "{r:?}: {msg}");
+    }
+
+    #[test]
+    fn a_plain_request_passes() {
+        assert_eq!(check(req(), false), Ok(()));
+        let full = SpawnRequest {
+            n: 1000,
+            memory_limit_mib: Some(1),
+            ttl_secs: Some(MAX_TTL_SECS),
+            ..req()
+        };
+        assert_eq!(check(full, true), Ok(()));
+    }
+
+    #[test]
+    fn each_rule_refuses_with_a_400() {
+        refused(
+            SpawnRequest {
+                tag: "../x".into(),
+                ..req()
+            },
+            true,
+            "1-64",
+        );
+        refused(
+            SpawnRequest {
+                tag: String::new(),
+                ..req()
+            },
+            true,
+            "1-64",
+        );
+        refused(
+            SpawnRequest {
+                per_child_netns: true,
+                ..req()
+            },
+            true,
+            "per_child_netns",
+        );
+        refused(SpawnRequest { n: 0, ..req() }, true, "n must be ≥ 1");
+        refused(SpawnRequest { n: 1001, ..req() }, true, "≤ 1000");
+        let mem = |m| SpawnRequest {
+            memory_limit_mib: Some(m),
+            ..req()
+        };
+        refused(mem(0), true, "memory_limit_mib must be ≥ 1");
+        refused(mem(64), false, "cgroup memory controller");
+        refused(
+            SpawnRequest {
+                cpus: Some(0.0),
+                ..req()
+            },
+            true,
+            "cpus must be",
+        );
+        refused(
+            SpawnRequest {
+                pids_max: Some(2),
+                ..req()
+            },
+            true,
+            "pids_max must be",
+        );
+        let ttl = SpawnRequest {
+            ttl_secs: Some(MAX_TTL_SECS + 1),
+            ..req()
+        };
+        refused(ttl, true, "ttl_secs must be at most");
+    }
+
+    /// The rules run in forkd's order: the tag first, then netns, n,
+    /// memory, TTL.
+    #[test]
+    fn the_first_broken_rule_answers() {
+        let all_bad = SpawnRequest {
+            tag: "../x".into(),
+            n: 0,
+            memory_limit_mib: Some(0),
+            ttl_secs: Some(u64::MAX),
+            per_child_netns: true,
+            ..req()
+        };
+        refused(all_bad.clone(), false, "1-64");
+        let r = SpawnRequest {
+            tag: "ok".into(),
+            ..all_bad
+        };
+        refused(r.clone(), false, "per_child_netns");
+        let r = SpawnRequest {
+            per_child_netns: false,
+            ..r
+        };
+        refused(r.clone(), false, "n must be");
+        let r = SpawnRequest { n: 2, ..r };
+        refused(r.clone(), false, "memory_limit_mib must be ≥ 1");
+        let r = SpawnRequest {
+            memory_limit_mib: None,
+            ..r
+        };
+        refused(r, false, "ttl_secs");
     }
 }

@@ -48,7 +48,7 @@ pub struct Daemon {
     pub branch_slots: Arc<Semaphore>,
     /// Tags being written (snapshot creates and branches), for 409s.
     pub writing: Mutex<HashSet<String>>,
-    /// cgroup memory controller, when one exists.
+    /// The cgroup controllers, when the host has any.
     pub cgroups: Option<cgroup::Hierarchy>,
     pub audit: audit::AuditLog,
     /// Bearer token, when auth is on.
@@ -58,6 +58,23 @@ pub struct Daemon {
 }
 
 impl Daemon {
+    /// The configured default limits this host can enforce (a default the
+    /// host lacks a controller for is dropped, with a warning at start).
+    pub fn default_limits(&self) -> cgroup::Limits {
+        let mut l = self.cfg.default_limits();
+        let has = |c| self.cgroups.as_ref().is_some_and(|h| h.supports(c));
+        if !has(cgroup::Controller::Memory) {
+            l.memory_mib = None;
+        }
+        if !has(cgroup::Controller::Cpu) {
+            l.cpus = None;
+        }
+        if !has(cgroup::Controller::Pids) {
+            l.pids_max = None;
+        }
+        l
+    }
+
     /// Runs `f` on the store's read view after catching up with writers.
     pub fn with_reader<T>(
         &self,
@@ -176,6 +193,15 @@ impl InstanceLock {
 pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
     cfg.validate()?;
     crate::vm::qemu::check_qemu()?;
+    // Only root may enter the data dir: snapshots' memory, children's
+    // disks and the daemon's state are nobody else's (docs/security.md).
+    // Jailed VMs reach their files through binds, not through this path.
+    std::fs::create_dir_all(&paths.home)
+        .and_then(|()| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&paths.home, std::fs::Permissions::from_mode(0o700))
+        })
+        .with_context(|| format!("making the data dir {} private", paths.home.display()))?;
     let token = match &cfg.token_file {
         Some(f) => {
             let t = crate::auth::read_token_file(f)?;

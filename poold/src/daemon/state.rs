@@ -30,6 +30,12 @@ pub struct SandboxRecord {
     pub created_at_unix: u64,
     pub pid: u32,
     pub memory_limit_mib: Option<u64>,
+    /// CPU quota in CPUs (cgroup cpu controller).
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Most tasks its QEMU may hold (cgroup pids controller).
+    #[serde(default)]
+    pub pids_max: Option<u64>,
     /// Killed automatically at this time (0: never).
     #[serde(default)]
     pub expires_at_unix: u64,
@@ -138,6 +144,8 @@ mod tests {
                 created_at_unix: 1,
                 pid: 2,
                 memory_limit_mib: Some(256),
+                cpus: None,
+                pids_max: None,
                 expires_at_unix: 0,
                 hostname: "h".into(),
                 branch_count: 0,

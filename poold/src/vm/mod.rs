@@ -10,6 +10,7 @@ pub mod accel;
 pub mod agent;
 pub mod boot;
 pub mod disk;
+pub mod jail;
 pub mod migrate;
 pub mod process;
 pub mod qemu;
@@ -44,6 +45,9 @@ pub struct VmRecord {
     pub owner: ProcId,
     pub lifetime: Lifetime,
     pub created_at_unix: u64,
+    /// The uid QEMU runs as when jailed (see [`jail`]); None when unjailed.
+    #[serde(default)]
+    pub jail_uid: Option<u32>,
 }
 
 /// Files of one VM directory.
@@ -56,11 +60,20 @@ impl VmDir {
     pub fn new(path: PathBuf) -> VmDir {
         VmDir { path }
     }
+    /// The one directory the jailed QEMU may create files in: its sockets.
+    /// Everything else in the VM directory is root's (see [`jail`]).
+    pub fn sock_dir(&self) -> PathBuf {
+        self.path.join("sock")
+    }
     pub fn qmp(&self) -> PathBuf {
-        self.path.join("qmp.sock")
+        self.sock_dir().join("qmp.sock")
     }
     pub fn agent(&self) -> PathBuf {
-        self.path.join("agent.sock")
+        self.sock_dir().join("agent.sock")
+    }
+    /// The socket a branch collector receives its migration on.
+    pub fn migrate_sock(&self) -> PathBuf {
+        self.sock_dir().join("migrate.sock")
     }
     pub fn console(&self) -> PathBuf {
         self.path.join("console.log")
@@ -122,16 +135,27 @@ impl Vm {
     /// overlay) and connects QMP and the agent socket. The guest may still be
     /// booting (or paused, for an incoming restore) when this returns.
     pub async fn spawn(id: &str, dir: VmDir, launch: &Launch, lifetime: Lifetime) -> Result<Vm> {
+        let jail_cfg = jail::JailConfig::get()?;
+        let binary = jail::resolve_binary(&qemu::qemu_binary())?;
+        std::fs::create_dir_all(dir.sock_dir())?;
         for s in [&launch.qmp_socket, &launch.agent_socket] {
             crate::paths::check_socket_path(s)?;
             let _ = std::fs::remove_file(s);
         }
         let log = std::fs::File::create(dir.qemu_log())?;
-        let mut cmd = std::process::Command::new(qemu::qemu_binary());
+        let mut cmd = std::process::Command::new(&binary);
+        // argv[0] stays the plain name, as tools that find QEMUs expect.
+        std::os::unix::process::CommandExt::arg0(&mut cmd, qemu::qemu_binary());
         cmd.args(launch.args())
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
+        // The jail goes first: PR_SET_PDEATHSIG is cleared by a uid change.
+        let claim = if jail_cfg.enabled {
+            Some(prepare_jail(&dir, launch, jail_cfg, &mut cmd, &binary)?)
+        } else {
+            None
+        };
         let ephemeral = lifetime == Lifetime::Ephemeral;
         // SAFETY: setsid and prctl are async-signal-safe.
         unsafe {
@@ -144,12 +168,21 @@ impl Vm {
                 Ok(())
             });
         }
-        let mut child = process::spawn(cmd).await.with_context(|| {
-            format!(
-                "starting {:?} (is QEMU >= 10 installed? run scripts/setup.sh)",
-                qemu::qemu_binary()
-            )
-        })?;
+        let mut child = match process::spawn(cmd).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &claim {
+                    c.release();
+                }
+                return Err(e).with_context(|| {
+                    format!(
+                        "starting {} (is QEMU >= 10 installed? run scripts/setup.sh; \
+                         a jail error names the path it could not set up)",
+                        binary.display()
+                    )
+                });
+            }
+        };
         let pid = child.id();
         let record = VmRecord {
             id: id.to_string(),
@@ -157,6 +190,7 @@ impl Vm {
             owner: ProcId::current(),
             lifetime,
             created_at_unix: crate::util::unix_now(),
+            jail_uid: claim.as_ref().map(|c| c.uid),
         };
         dir.write_record(&record)?;
         let connect = async {
@@ -236,6 +270,19 @@ impl Vm {
     pub async fn destroy(mut self) {
         self.kill_now().await;
         let _ = std::fs::remove_dir_all(&self.dir.path);
+        if let Some(uid) = self.record.jail_uid {
+            jail::UidClaim::release_for(uid, &self.dir.path);
+        }
+    }
+
+    /// Hands a file poold made for this VM (a disk overlay, a vmstate to
+    /// write) to its jailed QEMU: owned by its uid, mode 0600. A no-op for
+    /// an unjailed VM.
+    pub fn give(&self, path: &Path) -> Result<()> {
+        match self.record.jail_uid {
+            Some(uid) => jail::own(path, uid, jail::JailConfig::get()?.gid, 0o600),
+            None => Ok(()),
+        }
     }
 
     /// Stops QEMU at once (SIGKILL) and waits for it; the VM directory stays.
@@ -267,6 +314,105 @@ impl Vm {
             .await
             .map_err(|_| anyhow!("VM {} did not exit within {timeout:?}", self.id))
     }
+}
+
+/// Claims a uid for the VM in `dir`, hands it the files it writes, and
+/// makes `cmd` enter a jail holding exactly what `launch` needs (see
+/// [`jail`] for the invariants). On failure the claim is released.
+fn prepare_jail(
+    dir: &VmDir,
+    launch: &Launch,
+    cfg: &jail::JailConfig,
+    cmd: &mut std::process::Command,
+    binary: &Path,
+) -> Result<jail::UidClaim> {
+    let claim = jail::UidClaim::acquire(cfg, &dir.path)?;
+    let r = jail_spec(dir, launch, cfg, claim.uid).and_then(|spec| jail::apply(cmd, &spec, binary));
+    if r.is_err() {
+        claim.release();
+    }
+    r.map(|()| claim)
+}
+
+fn jail_spec(
+    dir: &VmDir,
+    launch: &Launch,
+    cfg: &jail::JailConfig,
+    uid: u32,
+) -> Result<jail::JailSpec> {
+    use jail::{own, Bind};
+    let gid = cfg.gid;
+    // Root's directory: QEMU may traverse it and use the files it owns.
+    own(&dir.path, 0, gid, 0o710)?;
+    own(&dir.sock_dir(), uid, gid, 0o700)?;
+    create_file(&launch.console_log)?;
+    own(&launch.console_log, uid, gid, 0o600)?;
+    own(&launch.disk, uid, gid, 0o600)?;
+    let mut binds = vec![Bind::rw(&dir.path)];
+    for f in jail::backing_chain(&launch.disk)?.into_iter().skip(1) {
+        if f.starts_with(&dir.path) {
+            own(&f, uid, gid, 0o600)?;
+        } else {
+            jail::grant_group_read(&f, gid)?;
+            binds.push(Bind::ro(f));
+        }
+    }
+    match &launch.memory {
+        Memory::Anonymous => {}
+        Memory::Shared(p) => {
+            // A parent's or collector's RAM, in a staging directory of root's.
+            create_file(p)?;
+            own(p, uid, gid, 0o600)?;
+            let parent = p.parent().context("memory file without a directory")?;
+            own(parent, 0, gid, 0o710)?;
+            binds.push(Bind::rw(parent));
+        }
+        // A child's RAM and vmstate: the snapshot's directory on forkd-fs.
+        Memory::Private(p) => binds.push(Bind::ro(
+            p.parent().context("memory file without a directory")?,
+        )),
+    }
+    if let Boot::Kernel { kernel, initrd, .. } = &launch.boot {
+        for f in [kernel, initrd] {
+            jail::grant_group_read(f, gid)?;
+            binds.push(Bind::ro(f));
+        }
+    }
+    let mut devices: Vec<PathBuf> = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let mut groups = Vec::new();
+    if launch.machine.accel == accel::Accel::Kvm {
+        use std::os::unix::fs::MetadataExt;
+        let kvm = Path::new("/dev/kvm");
+        let m = std::fs::metadata(kvm).context("KVM was chosen but /dev/kvm is missing")?;
+        groups.push(m.gid());
+        devices.push(kvm.to_path_buf());
+    }
+    if launch.machine.net {
+        devices.push("/dev/net/tun".into());
+    }
+    Ok(jail::JailSpec {
+        uid,
+        gid,
+        groups,
+        root: PathBuf::from("/run/forkd/jail-root"),
+        binds: jail::minimize(binds),
+        devices,
+    })
+}
+
+/// Creates an empty file unless it exists (never following a symlink).
+fn create_file(p: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .map(drop)
+        .with_context(|| format!("creating {}", p.display()))
 }
 
 /// SIGKILLs a process we did not spawn (after checking it is still the same

@@ -101,6 +101,11 @@ impl Machine {
     }
 }
 
+/// QEMU's seccomp filter: on, with every optional group denied (obsolete
+/// system calls, set*id, fork/exec, and scheduler/affinity changes). It
+/// applies to every thread, from before the guest runs.
+pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
 /// The machine type and its options.
 pub const MACHINE_TYPE: &str = "microvm,acpi=on,pit=on,pic=on,rtc=on";
 
@@ -178,6 +183,8 @@ impl Launch {
             "-display",
             "none",
             "-no-reboot",
+            "-sandbox",
+            SANDBOX,
         ]);
         let mem = match &self.memory {
             Memory::Anonymous => String::new(),
