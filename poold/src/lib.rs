@@ -1,15 +1,10 @@
-//! poold: the forkd daemon, the `forkd` CLI, and the QEMU VM runner they share.
+//! poold: the forkd daemon (the `/v1` REST API, warm pools, sandbox
+//! lifecycle, durable state) and the `forkd` CLI with its benchmarks.
+//!
+//! The machinery lives in the crates beside this one: `forkd-vmm` runs and
+//! talks to QEMU, `forkd-snapshot` makes and restores snapshots and images,
+//! `forkd-hub` moves snapshots between hosts. This crate decides *when*:
+//! it owns no QEMU command line and no store format.
 
-pub mod auth;
-pub mod bench;
 pub mod cli;
-pub mod client;
 pub mod daemon;
-pub mod hub;
-pub mod images;
-pub mod paths;
-pub mod progress;
-pub mod snapshot;
-pub mod store;
-pub mod util;
-pub mod vm;

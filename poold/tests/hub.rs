@@ -4,9 +4,9 @@
 //! -like `memory.bin`, a `vmstate` and a `rootfs.img`, and a chain head that
 //! shares most chunks with its base.
 
+use forkd_hub::pack::{PackIndex, PackReader, FOOTER_LEN, FOOTER_MAGIC};
+use forkd_hub::{pull, push, Hub, Key, PullOptions, PushOptions};
 use forkd_layers::{synth, IngestOptions, NewSnapshot, SnapshotId, Store, StoreOptions};
-use poold::hub::pack::{PackIndex, PackReader, FOOTER_LEN, FOOTER_MAGIC};
-use poold::hub::{layout::Key, pull, push, Hub, PullOptions, PushOptions};
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -501,8 +501,8 @@ fn pack_and_unpack_with_the_cli() {
     let home = tempfile::tempdir().unwrap();
     // The CLI opens $FORKD_HOME/store: give it a copy of the fixture via a pack.
     let pack = home.path().join("head.fkpack");
-    let progress = poold::progress::Progress::quiet();
-    poold::hub::pack::write_pack(&fx.store, &fx.head, Some("head"), &pack, &progress).unwrap();
+    let progress = forkd_snapshot::progress::Progress::quiet();
+    forkd_hub::pack::write_pack(&fx.store, &fx.head, Some("head"), &pack, &progress).unwrap();
 
     let unpack = |file: &Path, extra: &[&str]| {
         forkd()
@@ -741,7 +741,7 @@ async fn bench_reports_the_unique_bytes() {
     let fx = fixture(65536);
     let work = tempfile::tempdir().unwrap();
     for hub in [None, Some("serve".to_string())] {
-        let opts = poold::hub::bench::BenchOptions {
+        let opts = forkd_hub::bench::BenchOptions {
             base: "base".into(),
             head: "head".into(),
             hub,
@@ -749,7 +749,7 @@ async fn bench_reports_the_unique_bytes() {
             jobs: None,
             work_dir: work.path().to_path_buf(),
         };
-        let r = poold::hub::bench::run(fx.store.clone(), &opts)
+        let r = forkd_hub::bench::run(fx.store.clone(), &opts)
             .await
             .unwrap();
         let text = r.render();

@@ -7,10 +7,10 @@
 
 pub mod daemon;
 
-use poold::images::Image;
-use poold::paths::Paths;
-use poold::vm::boot::{cold_boot, BootSpec};
-use poold::vm::{accel::AccelChoice, Lifetime, Machine, Memory, Vm};
+use forkd_snapshot::boot::{cold_boot, BootSpec};
+use forkd_snapshot::images::Image;
+use forkd_snapshot::paths::Paths;
+use forkd_vmm::{AccelChoice, Lifetime, Machine, Memory, Vm};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -63,7 +63,7 @@ pub async fn boot(image_name: &str, mem_mib: u64) -> Vm {
     cold_boot(
         &paths(),
         BootSpec {
-            id: format!("test-{image_name}-{}", poold::util::random_hex(4)),
+            id: format!("test-{image_name}-{}", forkd_snapshot::util::random_hex(4)),
             rootfs: img.rootfs(),
             kernel: None,
             machine: machine(mem_mib),
@@ -116,7 +116,7 @@ pub fn shared_snapshot(image_name: &str, mem_mib: u64, eval_warmup: Option<&str>
     if let Some(tag) = guard.get(image_name) {
         return tag.clone();
     }
-    let tag = format!("t-{image_name}-{}", poold::util::random_hex(4));
+    let tag = format!("t-{image_name}-{}", forkd_snapshot::util::random_hex(4));
     block_on(create_snapshot(&tag, image_name, mem_mib, eval_warmup));
     guard.insert(image_name.to_string(), tag.clone());
     tag
@@ -128,8 +128,8 @@ pub async fn create_snapshot(
     image_name: &str,
     mem_mib: u64,
     eval_warmup: Option<&str>,
-) -> poold::snapshot::create::Created {
-    use poold::snapshot::create::{create, CreateSpec, ImageSource};
+) -> forkd_snapshot::create::Created {
+    use forkd_snapshot::create::{create, CreateSpec, ImageSource};
     let m = machine(mem_mib);
     create(
         &paths(),
@@ -151,16 +151,16 @@ pub async fn create_snapshot(
 }
 
 /// The snapshot `tag` as children see it (mounting forkd-fs if needed).
-pub async fn source(tag: &str) -> poold::snapshot::restore::Source {
-    let mount = poold::snapshot::ensure_mount_async(&paths()).await.unwrap();
-    poold::snapshot::restore::Source::resolve(&mount.mountpoint, tag)
+pub async fn source(tag: &str) -> forkd_snapshot::restore::Source {
+    let mount = forkd_snapshot::ensure_mount_async(&paths()).await.unwrap();
+    forkd_snapshot::restore::Source::resolve(&mount.mountpoint, tag)
         .unwrap_or_else(|e| panic!("{tag}: {e:#}"))
 }
 
 /// Forks `n` ephemeral children of `tag`.
-pub async fn fork(tag: &str, n: usize) -> Vec<poold::snapshot::fork::Child> {
+pub async fn fork(tag: &str, n: usize) -> Vec<forkd_snapshot::fork::Child> {
     let src = source(tag).await;
-    poold::snapshot::fork::fork(&paths(), &src, n, 4, Lifetime::Ephemeral)
+    forkd_snapshot::fork::fork(&paths(), &src, n, 4, Lifetime::Ephemeral)
         .await
         .unwrap_or_else(|e| panic!("forking {n} of {tag}: {e:#}"))
         .children

@@ -286,7 +286,7 @@ fn list_stat_mkdir_remove() {
 
 #[test]
 fn clear_errors_for_missing_files_and_bad_paths() {
-    use poold::vm::agent::CallError;
+    use forkd_vmm::CallError;
     let vm = shared_vm("minimal");
     block_on(async {
         let kind = |e: CallError| match e {

@@ -3,9 +3,9 @@
 //! the instant and nothing after it; a grandchild branches into depth 2.
 
 use forkd_e2e::{block_on, fork, paths, shared_snapshot};
-use poold::snapshot::branch::{branch, Mode};
-use poold::snapshot::fork::destroy_all;
-use poold::vm::Vm;
+use forkd_snapshot::branch::{branch, Mode};
+use forkd_snapshot::fork::destroy_all;
+use forkd_vmm::Vm;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -34,7 +34,7 @@ async fn write(vm: &Vm, path: &str, data: &str) {
 }
 
 async fn record(tag: &str) -> forkd_layers::SnapshotRecord {
-    poold::snapshot::restore::read_record(&paths().mount_dir(), tag).unwrap()
+    forkd_snapshot::restore::read_record(&paths().mount_dir(), tag).unwrap()
 }
 
 async fn do_branch(
@@ -42,7 +42,7 @@ async fn do_branch(
     parent_tag: &str,
     tag: &str,
     mode: Mode,
-) -> poold::snapshot::branch::Branched {
+) -> forkd_snapshot::branch::Branched {
     let parent = record(parent_tag).await;
     branch(
         &paths(),
@@ -60,7 +60,7 @@ async fn do_branch(
 #[test]
 fn grandchildren_see_the_branch_instant_and_nothing_after() {
     let base = numpy_snapshot();
-    let sfx = poold::util::random_hex(3);
+    let sfx = forkd_snapshot::util::random_hex(3);
     block_on(async {
         let mut src = fork(&base, 1).await;
         let s = &src[0].vm;
@@ -93,7 +93,7 @@ fn grandchildren_see_the_branch_instant_and_nothing_after() {
         }
 
         // Only what differs is stored: the link is a small part of its parent.
-        let (link, whole) = poold::store::with_rw(&paths(), {
+        let (link, whole) = forkd_snapshot::store::with_rw(&paths(), {
             let (p, c) = (record(&base).await.id, b.record.id);
             move |st| {
                 let d = st.diff(&p, &c)?;
@@ -117,10 +117,11 @@ fn grandchildren_see_the_branch_instant_and_nothing_after() {
         assert_eq!(eval(gg, "(marker, depth)").await, "('before', 2)");
         assert_eq!(read(gg, "/depth").await.as_deref(), Some("2"));
         assert_eq!(read(gg, "/marker").await.as_deref(), Some("before"));
-        let depth =
-            poold::store::with_rw(&paths(), move |st| Ok(st.ancestors(&c.record.id)?.len()))
-                .await
-                .unwrap();
+        let depth = forkd_snapshot::store::with_rw(&paths(), move |st| {
+            Ok(st.ancestors(&c.record.id)?.len())
+        })
+        .await
+        .unwrap();
         assert_eq!(depth, 2);
 
         destroy_all(greats).await;
@@ -132,7 +133,7 @@ fn grandchildren_see_the_branch_instant_and_nothing_after() {
 #[test]
 fn one_source_branches_five_times_in_a_row() {
     let base = numpy_snapshot();
-    let sfx = poold::util::random_hex(3);
+    let sfx = forkd_snapshot::util::random_hex(3);
     block_on(async {
         let src = fork(&base, 1).await;
         let s = &src[0].vm;

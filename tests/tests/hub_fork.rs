@@ -4,8 +4,8 @@
 
 use forkd_e2e::daemon::Home;
 use forkd_e2e::{bin, block_on, create_snapshot, fork, paths};
-use poold::snapshot::branch::{branch, Mode};
-use poold::snapshot::fork::destroy_all;
+use forkd_snapshot::branch::{branch, Mode};
+use forkd_snapshot::fork::destroy_all;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::Command;
@@ -33,7 +33,7 @@ fn moved(report: &str) -> u64 {
 #[test]
 fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
     let p = paths();
-    let sfx = poold::util::random_hex(3);
+    let sfx = forkd_snapshot::util::random_hex(3);
     let (base, head) = (format!("t-hb-{sfx}"), format!("t-hh-{sfx}"));
     block_on(async {
         create_snapshot(&base, "minimal", 128, None).await;
@@ -43,7 +43,7 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
             .write_file("/head", b"head\n", None, false)
             .await
             .unwrap();
-        let parent = poold::snapshot::restore::read_record(&p.mount_dir(), &base).unwrap();
+        let parent = forkd_snapshot::restore::read_record(&p.mount_dir(), &base).unwrap();
         branch(
             &p,
             &p.mount_dir(),
@@ -58,7 +58,7 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
         destroy_all(kids).await;
     });
     let (b, h) = (base.clone(), head.clone());
-    let unique = block_on(poold::store::with_rw(&p, move |s| {
+    let unique = block_on(forkd_snapshot::store::with_rw(&p, move |s| {
         let (bid, hid) = (s.resolve(&b)?.unwrap().id, s.resolve(&h)?.unwrap().id);
         Ok(s.diff(&bid, &hid)?.new_chunks)
     }))
@@ -93,10 +93,10 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
     let info: serde_json::Value = serde_json::from_str(&sv).unwrap();
     assert_eq!(info["chain_depth"], 1);
     block_on(async {
-        let op = poold::paths::Paths::new(&other.dir);
-        let mount = poold::snapshot::ensure_mount_async(&op).await.unwrap();
-        let src = poold::snapshot::restore::Source::resolve(&mount.mountpoint, &head).unwrap();
-        let kids = poold::snapshot::fork::fork(&op, &src, 1, 1, poold::vm::Lifetime::Ephemeral)
+        let op = forkd_snapshot::paths::Paths::new(&other.dir);
+        let mount = forkd_snapshot::ensure_mount_async(&op).await.unwrap();
+        let src = forkd_snapshot::restore::Source::resolve(&mount.mountpoint, &head).unwrap();
+        let kids = forkd_snapshot::fork::fork(&op, &src, 1, 1, forkd_vmm::Lifetime::Ephemeral)
             .await
             .unwrap()
             .children;
@@ -108,7 +108,10 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
-    let d = std::path::PathBuf::from(format!("/tmp/fdt-hub-{}", poold::util::random_hex(4)));
+    let d = std::path::PathBuf::from(format!(
+        "/tmp/fdt-hub-{}",
+        forkd_snapshot::util::random_hex(4)
+    ));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -166,9 +166,7 @@ fn fork_bomb_and_busy_loop_leave_poold_and_a_sibling_answering() {
         assert_eq!(info["cpus"], json!(0.5), "{info}");
         assert_eq!(info["pids_max"], json!(128), "{info}");
         assert_eq!(info["memory_limit_mib"], json!(512), "{info}");
-        let limits = poold::daemon::cgroup::Hierarchy::detect()
-            .unwrap()
-            .read_limits(&sb[0]);
+        let limits = forkd_vmm::Hierarchy::detect().unwrap().read_limits(&sb[0]);
         assert_eq!(limits.cpus, Some(0.5));
         assert_eq!(limits.pids_max, Some(128));
         for bad in [
@@ -236,7 +234,7 @@ fn fork_bomb_and_busy_loop_leave_poold_and_a_sibling_answering() {
         let (st, _) = p.delete(&format!("/v1/sandboxes/{hostile}")).await;
         assert_eq!(st, 204);
         assert!(
-            poold::daemon::cgroup::Hierarchy::detect()
+            forkd_vmm::Hierarchy::detect()
                 .unwrap()
                 .read_limits(hostile)
                 .cpus

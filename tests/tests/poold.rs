@@ -167,9 +167,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let a = &sb[0];
         assert_eq!(p.get(&format!("/v1/sandboxes/{a}")).await.0, 200);
         assert_eq!(p.get("/v1/sandboxes/sb-nope").await.0, 404);
-        let limits = poold::daemon::cgroup::Hierarchy::detect()
-            .unwrap()
-            .read_limits(a);
+        let limits = forkd_vmm::Hierarchy::detect().unwrap().read_limits(a);
         assert_eq!(limits.memory_mib, Some(256));
 
         // ping / exec / eval.
@@ -236,7 +234,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let (st, bytes) = p
             .client
             .send(
-                poold::client::Method::POST,
+                forkd_api::Method::POST,
                 &format!("/v1/sandboxes/{a}/exec/stream"),
                 Some(json!({"cmd": "echo one; sleep 0.2; echo two"})),
             )
@@ -262,7 +260,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let (st, bytes) = p
             .client
             .send_bytes(
-                poold::client::Method::PUT,
+                forkd_api::Method::PUT,
                 &format!("/v1/sandboxes/{a}/files?path=/tmp/d/blob&mode=0600"),
                 data.clone(),
             )
@@ -272,7 +270,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let (st, got) = p
             .client
             .send(
-                poold::client::Method::GET,
+                forkd_api::Method::GET,
                 &format!("/v1/sandboxes/{a}/files?path=/tmp/d/blob"),
                 None,
             )
@@ -340,7 +338,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let (st, part) = p
             .client
             .send(
-                poold::client::Method::GET,
+                forkd_api::Method::GET,
                 &format!("/v1/sandboxes/{a}/files?path=/tmp/big&offset=4096&len=10"),
                 None,
             )
@@ -478,11 +476,11 @@ fn auth_tokens_are_checked_and_audited() {
     assert!(e.contains("too weak"), "{e}");
 
     let p = Poold::start(&home.dir, &["--token-file", tfs], Some(token));
-    let anon = poold::client::Client::new(&p.url, None).unwrap();
-    let wrong = poold::client::Client::new(&p.url, Some("Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sB".into()))
-        .unwrap();
+    let anon = forkd_api::Client::new(&p.url, None).unwrap();
+    let wrong =
+        forkd_api::Client::new(&p.url, Some("Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sB".into())).unwrap();
     block_on(async {
-        use poold::client::Method;
+        use forkd_api::Method;
         let (st, _) = anon.send(Method::GET, "/healthz", None).await.unwrap();
         assert_eq!(st.as_u16(), 200, "healthz needs no token");
         for c in [&anon, &wrong] {

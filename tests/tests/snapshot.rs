@@ -3,8 +3,8 @@
 //! and bad snapshots are refused before QEMU starts.
 
 use forkd_e2e::{block_on, create_snapshot, fork, paths, shared_snapshot, source};
-use poold::snapshot::delete::{delete, Dependents};
-use poold::snapshot::fork::destroy_all;
+use forkd_snapshot::delete::{delete, Dependents};
+use forkd_snapshot::fork::destroy_all;
 use rootfs_init::protocol::ExecSpec;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -19,7 +19,7 @@ fn minimal_snapshot() -> String {
     shared_snapshot("minimal", 256, None)
 }
 
-async fn sh(vm: &poold::vm::Vm, cmd: &str) -> String {
+async fn sh(vm: &forkd_vmm::Vm, cmd: &str) -> String {
     let out = vm
         .agent
         .exec(
@@ -41,7 +41,7 @@ async fn sh(vm: &poold::vm::Vm, cmd: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-async fn eval(vm: &poold::vm::Vm, code: &str) -> String {
+async fn eval(vm: &forkd_vmm::Vm, code: &str) -> String {
     let r = vm.agent.eval(code, Some(30_000)).await.unwrap();
     assert!(r.error.is_none(), "{code}: {r:?}");
     r.result.unwrap_or_default()
@@ -52,7 +52,7 @@ fn numpy_children_are_warm_isolated_and_distinct() {
     let tag = numpy_snapshot();
     block_on(async {
         source(&tag).await; // mounts forkd-fs
-        let rec = poold::snapshot::restore::read_record(&paths().mount_dir(), &tag).unwrap();
+        let rec = forkd_snapshot::restore::read_record(&paths().mount_dir(), &tag).unwrap();
         let parent_warm_pid = rec.lineage["warm_pid"].as_u64().unwrap() as u32;
         let kids = fork(&tag, 4).await;
         let mut urandom = HashSet::new();
@@ -161,7 +161,7 @@ fn eight_children_share_one_copy_of_clean_memory() {
             sum_file_pss += m["Pss"] - m["Anonymous"];
             max_clean_rss = max_clean_rss.max(clean);
         }
-        let cached_kib = poold::bench::mem::resident_bytes(&mem).unwrap() / 1024;
+        let cached_kib = forkd_bench::mem::resident_bytes(&mem).unwrap() / 1024;
         println!(
             "8 children: clean memory.bin pages mapped {sum_clean_rss} KiB in total, \
              proportional share {sum_file_pss} KiB, page cache holds {cached_kib} KiB of the file"
@@ -189,7 +189,7 @@ fn eight_children_share_one_copy_of_clean_memory() {
 fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
     let tag = minimal_snapshot();
     let p = paths();
-    let suffix = poold::util::random_hex(3);
+    let suffix = forkd_snapshot::util::random_hex(3);
     let (bad_qemu, bad_cpu, no_state) = (
         format!("t-badqemu-{suffix}"),
         format!("t-badcpu-{suffix}"),
@@ -201,7 +201,7 @@ fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
         no_state.clone(),
         tag.clone(),
     );
-    block_on(poold::store::with_rw(&p, move |store| {
+    block_on(forkd_snapshot::store::with_rw(&p, move |store| {
         let rec = store.resolve(&t0)?.unwrap();
         let commit = |tag: &str, config: serde_json::Value, drop_file: Option<&str>| {
             let mut files = rec.files.clone();
@@ -226,12 +226,12 @@ fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
     }))
     .unwrap();
     block_on(async {
-        let mount = poold::snapshot::ensure_mount_async(&p).await.unwrap();
-        let host = poold::vm::qemu::qemu_version().unwrap();
+        let mount = forkd_snapshot::ensure_mount_async(&p).await.unwrap();
+        let host = forkd_vmm::qemu_version().unwrap();
         let err = |t: &str| {
             format!(
                 "{:#}",
-                poold::snapshot::restore::Source::resolve(&mount.mountpoint, t)
+                forkd_snapshot::restore::Source::resolve(&mount.mountpoint, t)
                     .err()
                     .unwrap_or_else(|| panic!("{t} was accepted"))
             )
@@ -249,7 +249,7 @@ fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
     });
     for t in [bad_qemu, bad_cpu, no_state] {
         let p2 = p.clone();
-        block_on(poold::store::with_rw(&p, move |store| {
+        block_on(forkd_snapshot::store::with_rw(&p, move |store| {
             delete(&p2, store, &t, Dependents::Refuse)
         }))
         .unwrap();
@@ -260,13 +260,13 @@ fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
 /// the child is gone.
 #[test]
 fn delete_is_refused_while_children_map_the_snapshot() {
-    let tag = format!("t-rm-{}", poold::util::random_hex(3));
+    let tag = format!("t-rm-{}", forkd_snapshot::util::random_hex(3));
     let p = paths();
     block_on(create_snapshot(&tag, "minimal", 128, None));
     let kids = block_on(fork(&tag, 1));
     let try_delete = |t: String| {
         let p2 = p.clone();
-        block_on(poold::store::with_rw(&p, move |store| {
+        block_on(forkd_snapshot::store::with_rw(&p, move |store| {
             delete(&p2, store, &t, Dependents::Refuse)
         }))
     };

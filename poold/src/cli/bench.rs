@@ -1,10 +1,10 @@
 //! `forkd bench fork|spawn`: benchmarks that print medians and ratios.
 
-use crate::bench;
-use crate::paths::Paths;
-use crate::vm::accel::AccelChoice;
 use anyhow::{bail, Result};
 use clap::Subcommand;
+use forkd_bench as bench;
+use forkd_snapshot::paths::Paths;
+use forkd_vmm::AccelChoice;
 
 /// What every child evaluates to count as ready (docs/design.md,
 /// "How readiness is measured").
@@ -93,7 +93,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     accel: accel.resolve()?,
                     ns,
                     cold_samples,
-                    parallel: parallel.unwrap_or_else(crate::snapshot::fork::default_parallel),
+                    parallel: parallel.unwrap_or_else(forkd_snapshot::fork::default_parallel),
                     probe,
                 },
             )

@@ -1,12 +1,12 @@
 //! `forkd fork --tag T -n N [--keep]`: restore N children from a snapshot,
 //! print per-phase timings, and clean up (or keep them until interrupted).
 
-use crate::paths::Paths;
-use crate::snapshot::fork::{default_parallel, destroy_all, fork, Child};
-use crate::snapshot::restore::Source;
-use crate::vm::Lifetime;
 use anyhow::{bail, Result};
 use clap::Args;
+use forkd_snapshot::fork::{default_parallel, destroy_all, fork, Child};
+use forkd_snapshot::paths::Paths;
+use forkd_snapshot::restore::Source;
+use forkd_vmm::Lifetime;
 
 #[derive(Args, Debug)]
 pub struct ForkArgs {
@@ -35,9 +35,9 @@ pub async fn run(paths: &Paths, a: ForkArgs) -> Result<i32> {
     if a.n == 0 || a.n > 1000 {
         bail!("-n must be 1-1000");
     }
-    crate::vm::qemu::check_qemu()?;
-    crate::vm::sweep(&paths.vms_dir()).await;
-    let mount = crate::snapshot::ensure_mount_async(paths).await?;
+    forkd_vmm::check_qemu()?;
+    forkd_vmm::sweep(&paths.vms_dir()).await;
+    let mount = forkd_snapshot::ensure_mount_async(paths).await?;
     let src = Source::resolve(&mount.mountpoint, &a.tag)?;
     let parallel = a.parallel.unwrap_or_else(default_parallel);
     let t0 = std::time::Instant::now();

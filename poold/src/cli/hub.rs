@@ -1,12 +1,12 @@
 //! `forkd push|pull|pack|unpack` and `forkd hub serve|bench`: the snapshot
 //! hub from the command line (see docs/hub.md).
 
-use crate::hub::{self, bench, pack, server, Hub, PullOptions, PushOptions};
-use crate::paths::Paths;
-use crate::progress::mib;
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use forkd_hub::{self as hub, bench, pack, server, Hub, PullOptions, PushOptions};
 use forkd_layers::{Store, StoreOptions};
+use forkd_snapshot::paths::Paths;
+use forkd_snapshot::progress::mib;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -123,7 +123,7 @@ pub enum HubCmd {
 fn open_store(paths: &Paths) -> Result<Arc<Store>> {
     let dir = paths.store_dir();
     let opts = StoreOptions {
-        lock_timeout: crate::store::LOCK_TIMEOUT,
+        lock_timeout: forkd_snapshot::store::LOCK_TIMEOUT,
         ..StoreOptions::default()
     };
     let store = Store::open(&dir, opts)
@@ -199,7 +199,7 @@ pub async fn pack(paths: &Paths, a: PackArgs) -> Result<()> {
     let out = a.output.clone();
     let quiet = a.quiet;
     let summary = hub::blocking(move || {
-        let progress = crate::progress::Progress::new("pack", quiet);
+        let progress = forkd_snapshot::progress::Progress::new("pack", quiet);
         let s = pack::write_pack(&store, &rec.id, tag.as_deref(), &out, &progress);
         progress.finish();
         s

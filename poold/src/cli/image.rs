@@ -1,9 +1,9 @@
 //! `forkd image build|ls|rm`.
 
-use crate::images::{build, recipe, Image};
-use crate::paths::Paths;
 use anyhow::Result;
 use clap::Subcommand;
+use forkd_snapshot::images::{build, recipe, Image};
+use forkd_snapshot::paths::Paths;
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {

@@ -10,8 +10,8 @@ pub mod sandbox;
 pub mod snapshot;
 pub mod store;
 
-use crate::paths::Paths;
 use clap::{Parser, Subcommand};
+use forkd_snapshot::paths::Paths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

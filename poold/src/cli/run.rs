@@ -1,13 +1,13 @@
 //! `forkd run --image NAME -- CMD...`: boot a throwaway VM, run one command
 //! with its output streamed, exit with its status, clean up.
 
-use crate::images::Image;
-use crate::paths::Paths;
-use crate::vm::accel::AccelChoice;
-use crate::vm::boot::{cold_boot, BootSpec};
-use crate::vm::{AgentClient, Lifetime, Machine, Memory};
 use anyhow::{bail, Result};
 use clap::Args;
+use forkd_snapshot::boot::{cold_boot, BootSpec};
+use forkd_snapshot::images::Image;
+use forkd_snapshot::paths::Paths;
+use forkd_vmm::AccelChoice;
+use forkd_vmm::{AgentClient, Lifetime, Machine, Memory};
 use rootfs_init::protocol::{ExecResult, ExecSpec, Reply};
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Write};
@@ -50,12 +50,12 @@ pub async fn run(paths: &Paths, a: RunArgs) -> Result<i32> {
     if a.mem < 64 || a.vcpus == 0 || a.vcpus > 64 {
         bail!("--mem must be at least 64 MiB and --vcpus 1-64");
     }
-    crate::vm::qemu::check_qemu()?;
-    crate::vm::sweep(&paths.vms_dir()).await;
+    forkd_vmm::check_qemu()?;
+    forkd_vmm::sweep(&paths.vms_dir()).await;
     let image = Image::load(&paths.images_dir(), &a.image)?;
     let machine = Machine::new(a.accel.resolve()?, a.mem, a.vcpus);
     let t0 = Instant::now();
-    let id = format!("run-{}", crate::util::random_hex(6));
+    let id = format!("run-{}", forkd_snapshot::util::random_hex(6));
     let vm = cold_boot(
         paths,
         BootSpec {

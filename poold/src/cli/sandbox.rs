@@ -1,11 +1,11 @@
 //! The commands that drive a running poold: `forkd spawn|ls|kill|exec|eval`
 //! and `forkd pool get|set|rm` (`$FORKD_URL`, `$FORKD_TOKEN`).
 
-use crate::client::Client;
-use crate::daemon::api::types::{EvalReply, ExecReply, SandboxInfo};
-use crate::daemon::pool::PoolStatus;
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
+use forkd_api::Client;
+use forkd_api::PoolStatus;
+use forkd_api::{EvalReply, ExecReply, SandboxInfo};
 use serde_json::json;
 use std::io::Write;
 
@@ -132,7 +132,7 @@ pub async fn ls(json_out: bool) -> Result<i32> {
             s.snapshot_tag,
             s.pid.map_or("-".into(), |p| p.to_string()),
             s.memory_limit_mib.map_or("-".into(), |m| format!("{m}M")),
-            crate::util::format_unix(s.created_at_unix)
+            forkd_snapshot::util::format_unix(s.created_at_unix)
         );
     }
     Ok(0)
@@ -201,7 +201,7 @@ pub async fn branch(a: BranchArgs) -> Result<i32> {
     if a.no_wait {
         body["wait"] = json!(false);
     }
-    let info: crate::daemon::api::types::SnapshotInfo = c
+    let info: forkd_api::SnapshotInfo = c
         .post(&format!("/v1/sandboxes/{}/branch", path_part(&a.id)?), body)
         .await?;
     println!(
@@ -214,7 +214,7 @@ pub async fn branch(a: BranchArgs) -> Result<i32> {
         info.tag,
         info.pause_ms.unwrap_or(0.0),
         info.diff_physical_bytes
-            .map(|b| format!(", {} new in the store", crate::progress::mib(b)))
+            .map(|b| format!(", {} new in the store", forkd_snapshot::progress::mib(b)))
             .unwrap_or_default()
     );
     Ok(0)

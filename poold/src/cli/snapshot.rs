@@ -1,14 +1,14 @@
 //! `forkd snapshot create|ls|info|rm`.
 
-use crate::paths::Paths;
-use crate::progress::mib;
-use crate::snapshot::create::{create, CreateSpec, ImageSource};
-use crate::snapshot::delete::{delete, Dependents};
-use crate::snapshot::info::detail;
-use crate::vm::accel::AccelChoice;
-use crate::vm::Lifetime;
 use anyhow::{anyhow, bail, Result};
 use clap::{Args, Subcommand};
+use forkd_snapshot::create::{create, CreateSpec, ImageSource};
+use forkd_snapshot::delete::{delete, Dependents};
+use forkd_snapshot::info::detail;
+use forkd_snapshot::paths::Paths;
+use forkd_snapshot::progress::mib;
+use forkd_vmm::AccelChoice;
+use forkd_vmm::Lifetime;
 
 #[derive(Subcommand, Debug)]
 pub enum SnapshotCmd {
@@ -106,7 +106,8 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
             let deps = Dependents::from_flags(cascade, force);
             let p = paths.clone();
             let reports =
-                crate::store::with_rw(paths, move |store| delete(&p, store, &tag, deps)).await?;
+                forkd_snapshot::store::with_rw(paths, move |store| delete(&p, store, &tag, deps))
+                    .await?;
             for r in reports {
                 println!(
                     "deleted snapshot {}{} ({} of chunks released; `forkd store gc` reclaims them)",
@@ -158,13 +159,13 @@ async fn create_cmd(paths: &Paths, a: CreateArgs) -> Result<i32> {
 }
 
 async fn ls(paths: &Paths, json: bool) -> Result<i32> {
-    let rows = crate::store::with_rw(paths, |store| {
+    let rows = forkd_snapshot::store::with_rw(paths, |store| {
         let mut rows = Vec::new();
         for (tag, id) in store.tags()? {
             let rec = store
                 .snapshot(&id)?
                 .ok_or_else(|| anyhow!("tag {tag} names missing snapshot {id}"))?;
-            let parent = rec.parent.map(|p| crate::snapshot::info::label(store, &p));
+            let parent = rec.parent.map(|p| forkd_snapshot::info::label(store, &p));
             rows.push((tag, rec, parent));
         }
         Ok(rows)
@@ -202,14 +203,14 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
             rec.files
                 .get("memory.bin")
                 .map_or("-".into(), |f| format!("{}M", f.size >> 20)),
-            crate::util::format_unix(rec.created_at_unix)
+            forkd_snapshot::util::format_unix(rec.created_at_unix)
         );
     }
     Ok(0)
 }
 
 async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
-    let d = crate::store::with_rw(paths, move |store| {
+    let d = forkd_snapshot::store::with_rw(paths, move |store| {
         let rec = store
             .resolve(&tag)?
             .ok_or_else(|| anyhow!("no snapshot {tag:?} (see `forkd snapshot ls`)"))?;
@@ -224,7 +225,7 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
     println!("tags:        {}", d.tags.join(", "));
     println!(
         "created:     {}",
-        crate::util::format_unix(d.created_at_unix)
+        forkd_snapshot::util::format_unix(d.created_at_unix)
     );
     println!("chain depth: {}", d.chain_depth);
     for (i, l) in d
@@ -265,14 +266,14 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
 
 /// `forkd snapshot diff`: a child of `from` runs `cmd`, then is branched.
 async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> Result<i32> {
-    use crate::snapshot::{branch, restore};
+    use forkd_snapshot::{branch, restore};
     forkd_layers::validate_tag(tag)?;
-    crate::vm::qemu::check_qemu()?;
-    crate::vm::sweep(&paths.vms_dir()).await;
-    let mount = crate::snapshot::ensure_mount_async(paths).await?.mountpoint;
+    forkd_vmm::check_qemu()?;
+    forkd_vmm::sweep(&paths.vms_dir()).await;
+    let mount = forkd_snapshot::ensure_mount_async(paths).await?.mountpoint;
     let parent = restore::read_record(&mount, from)?;
     let src = restore::Source::new(&mount, &parent)?;
-    let id = format!("diff-{}", crate::util::random_hex(6));
+    let id = format!("diff-{}", forkd_snapshot::util::random_hex(6));
     let mut t = restore::ChildTimings::default();
     let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
     let result = async {

@@ -1,10 +1,10 @@
 //! `forkd store stats|verify|gc|ls`: inspect and maintain the layer store.
 
-use crate::paths::Paths;
-use crate::progress::mib;
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use forkd_layers::{SnapshotRecord, Store};
+use forkd_snapshot::paths::Paths;
+use forkd_snapshot::progress::mib;
 
 #[derive(Subcommand, Debug)]
 pub enum StoreCmd {
@@ -23,7 +23,7 @@ pub enum StoreCmd {
 }
 
 pub async fn run(paths: &Paths, cmd: StoreCmd) -> Result<i32> {
-    crate::store::with_rw(paths, move |store| match cmd {
+    forkd_snapshot::store::with_rw(paths, move |store| match cmd {
         StoreCmd::Stats { json } => stats(store, json),
         StoreCmd::Verify => verify(store),
         StoreCmd::Gc => gc(store),

@@ -2,8 +2,8 @@
 //! overrides the config file.
 
 use super::config::Config;
-use crate::paths::Paths;
 use clap::Parser;
+use forkd_snapshot::paths::Paths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -21,6 +21,7 @@
 //! ```
 
 use anyhow::{bail, Context, Result};
+pub use forkd_api::PoolSpec;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -28,49 +29,6 @@ use std::path::{Path, PathBuf};
 
 /// Default TCP address (forkd's).
 pub const DEFAULT_BIND: &str = "127.0.0.1:8889";
-
-/// One pool's sizing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct PoolSpec {
-    /// Paused children kept ready.
-    pub min_ready: usize,
-    /// Upper bound on ready children (a refill never exceeds it).
-    #[serde(default)]
-    pub max_ready: Option<usize>,
-    /// Resume each new child once for a cheap request and pause it again
-    /// before parking it, so its first real request does not pay the
-    /// (TCG) translation of the agent's hot paths.
-    #[serde(default = "yes")]
-    pub warm: bool,
-}
-
-fn yes() -> bool {
-    true
-}
-
-impl PoolSpec {
-    /// The effective upper bound.
-    pub fn max(&self) -> usize {
-        self.max_ready.unwrap_or(self.min_ready).max(self.min_ready)
-    }
-
-    /// Checks the numbers.
-    pub fn validate(&self) -> Result<()> {
-        if self.min_ready > 1000 {
-            bail!("min_ready {} is over the cap of 1000", self.min_ready);
-        }
-        if let Some(m) = self.max_ready {
-            if m < self.min_ready {
-                bail!("max_ready {m} is below min_ready {}", self.min_ready);
-            }
-            if m > 1000 {
-                bail!("max_ready {m} is over the cap of 1000");
-            }
-        }
-        Ok(())
-    }
-}
 
 /// Everything poold can be told.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,8 +101,8 @@ impl Config {
     }
 
     /// The limits a sandbox gets when its spawn sets none.
-    pub fn default_limits(&self) -> super::cgroup::Limits {
-        super::cgroup::Limits {
+    pub fn default_limits(&self) -> forkd_vmm::Limits {
+        forkd_vmm::Limits {
             memory_mib: self.default_memory_limit_mib,
             cpus: self.default_cpus,
             pids_max: self.default_pids_max,

@@ -8,12 +8,12 @@
 //! handlers classifies an error by its text: an error that is none of these
 //! is a 500 carrying its whole context chain.
 
-use crate::images::ImageError;
-use crate::snapshot::delete::DeleteError;
-use crate::snapshot::SnapshotError;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use forkd_snapshot::delete::DeleteError;
+use forkd_snapshot::images::ImageError;
+use forkd_snapshot::SnapshotError;
 
 /// An error answer.
 #[derive(Debug)]
@@ -127,8 +127,8 @@ pub fn check_tag(tag: &str) -> ApiResult<()> {
 }
 
 /// Maps an agent error to the closest HTTP status.
-pub fn agent_error(e: crate::vm::agent::CallError) -> ApiError {
-    use crate::vm::agent::CallError;
+pub fn agent_error(e: forkd_vmm::CallError) -> ApiError {
+    use forkd_vmm::CallError;
     use rootfs_init::protocol::ErrorKind;
     match &e {
         CallError::Agent(a) => {

@@ -2,15 +2,15 @@
 //! destroying, background pool refills, TTL expiry, and re-adopting
 //! everything after a restart.
 
-use super::cgroup::{Hierarchy, Limits};
 use super::error::{ApiError, ApiResult};
 use super::pool::{PooledVm, RefillTicket};
 use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
-use crate::snapshot::restore::{hand_out, restore_paused, ChildTimings, Source};
-use crate::util::unix_now;
-use crate::vm::{Lifetime, Vm, VmDir};
+use forkd_snapshot::restore::{hand_out, restore_paused, ChildTimings, Source};
+use forkd_snapshot::util::unix_now;
+use forkd_vmm::{Hierarchy, Limits};
+use forkd_vmm::{Lifetime, Vm, VmDir};
 use futures::stream::{self, StreamExt};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -20,7 +20,7 @@ pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
 /// A new sandbox or VM id: `sb-` + 24 random hex digits (unguessable).
 pub fn new_id() -> String {
-    format!("sb-{}", crate::util::random_hex(12))
+    format!("sb-{}", forkd_snapshot::util::random_hex(12))
 }
 
 /// What a spawn asks for.
@@ -87,7 +87,7 @@ impl SpawnRequest {
 pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
     super::error::check_tag(tag)?;
     // Both fail with a typed `SnapshotError`; `from_anyhow` picks the status.
-    crate::snapshot::restore::read_record(&d.mount, tag)
+    forkd_snapshot::restore::read_record(&d.mount, tag)
         .and_then(|rec| Source::new(&d.mount, &rec))
         .map_err(ApiError::from_anyhow)
 }
@@ -507,7 +507,7 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
             // Only a still-paused child may be parked again: one that was
             // being handed out when poold died has run, without its record.
             Ok(vm) => match vm.run_state().await {
-                Ok(crate::vm::qmp::RunState::Paused) => Ok(vm),
+                Ok(forkd_vmm::RunState::Paused) => Ok(vm),
                 other => {
                     vm.destroy().await;
                     Err(anyhow::anyhow!("it is not paused ({other:?})"))
@@ -550,7 +550,7 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
 async fn forget_vm(d: &Daemon, id: &str) {
     let dir = VmDir::new(d.paths.vm_dir(id));
     if let Ok(r) = dir.read_record() {
-        crate::vm::kill_proc(&r.qemu).await;
+        forkd_vmm::kill_proc(&r.qemu).await;
     }
     let _ = std::fs::remove_dir_all(&dir.path);
 }
@@ -569,10 +569,104 @@ async fn kill_unrecorded(d: &Daemon, known: &std::collections::HashSet<String>) 
         let Ok(r) = dir.read_record() else { continue };
         if r.lifetime == Lifetime::Detached && !r.owner.is_alive() {
             tracing::warn!("killing unrecorded VM {name} (pid {})", r.qemu.pid);
-            crate::vm::kill_proc(&r.qemu).await;
+            forkd_vmm::kill_proc(&r.qemu).await;
             let _ = std::fs::remove_dir_all(ent.path());
         }
     }
+}
+
+/// Deletes snapshot `rec` (named `tag`) and, with cascade, its dependents:
+/// refuses dependents first, then stops refilling the pools of every tag
+/// about to go, waits for their restores in flight, destroys their parked
+/// children, and deletes from the store. On failure the pools are restored.
+pub async fn delete_snapshot(
+    d: &Arc<Daemon>,
+    rec: forkd_layers::SnapshotRecord,
+    tag: &str,
+    deps: forkd_snapshot::delete::Dependents,
+) -> ApiResult<()> {
+    use forkd_snapshot::delete::{delete, Dependents};
+    let cascade = deps == Dependents::Cascade;
+    let tag = tag.to_string();
+    // Everything about to go: its ids and tags. Dependents are refused
+    // before any pool is touched.
+    let (ids, tags, dependents) = d
+        .read(move |v| {
+            let mut ids = vec![rec.id];
+            if cascade {
+                let mut i = 0;
+                while i < ids.len() {
+                    ids.extend(v.dependents(&ids[i])?);
+                    i += 1;
+                }
+            }
+            let mut tags = Vec::new();
+            for id in &ids {
+                tags.extend(v.tags_of(id)?);
+            }
+            let deps: Vec<String> = v
+                .dependents(&rec.id)?
+                .iter()
+                .map(|c| forkd_snapshot::info::label(v, c))
+                .collect();
+            Ok((ids, tags, deps))
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    if deps == Dependents::Refuse && !dependents.is_empty() {
+        return Err(ApiError::conflict(format!(
+            "snapshot {tag} has dependent snapshots: {}; delete them first, or use cascade (delete them too) or force (keep them, orphaned)",
+            dependents.join(", ")
+        )));
+    }
+    // Pooled children map the snapshots: stop refilling their pools, wait
+    // for restores in flight, and destroy every ready child of them.
+    let id_strings: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
+    let saved: Vec<_> = tags.iter().map(|t| (t.clone(), d.pools.spec(t))).collect();
+    let mut doomed = Vec::new();
+    for t in &tags {
+        doomed.extend(d.pools.set(t, None));
+    }
+    d.pools
+        .wait_refills_done(&tags, std::time::Duration::from_secs(60))
+        .await;
+    doomed.extend(d.pools.drain_snapshots(&id_strings));
+    let vm_ids: Vec<String> = doomed.iter().map(|v| v.record.vm_id.clone()).collect();
+    futures::future::join_all(doomed.into_iter().map(|v| v.vm.destroy())).await;
+    d.state
+        .commit(move |s| {
+            for id in &vm_ids {
+                s.pooled.remove(id);
+            }
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    let p = d.paths.clone();
+    let t = tag.clone();
+    let result = forkd_snapshot::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
+        .await
+        .map_err(ApiError::from_anyhow);
+    match &result {
+        Ok(_) => {
+            // The pools of deleted tags go with them.
+            let gone = tags.clone();
+            d.state
+                .commit(move |s| {
+                    for t in &gone {
+                        s.pools.remove(t);
+                    }
+                })
+                .await
+                .map_err(ApiError::from_anyhow)?;
+        }
+        Err(_) => {
+            for (t, spec) in saved {
+                d.pools.set(&t, spec);
+            }
+            d.refill_wake.notify_one();
+        }
+    }
+    result.map(drop)
 }
 
 #[cfg(test)]

@@ -11,7 +11,6 @@
 
 pub mod api;
 pub mod audit;
-pub mod cgroup;
 pub mod cli;
 pub mod config;
 pub mod error;
@@ -22,9 +21,9 @@ pub mod sandbox;
 pub mod server;
 pub mod state;
 
-use crate::paths::Paths;
 use anyhow::{Context, Result};
 use config::Config;
+use forkd_snapshot::paths::Paths;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -49,7 +48,7 @@ pub struct Daemon {
     /// Tags being written (snapshot creates and branches), for 409s.
     pub writing: Mutex<HashSet<String>>,
     /// The cgroup controllers, when the host has any.
-    pub cgroups: Option<cgroup::Hierarchy>,
+    pub cgroups: Option<forkd_vmm::Hierarchy>,
     pub audit: audit::AuditLog,
     /// Bearer token, when auth is on.
     pub token: Option<String>,
@@ -60,16 +59,16 @@ pub struct Daemon {
 impl Daemon {
     /// The configured default limits this host can enforce (a default the
     /// host lacks a controller for is dropped, with a warning at start).
-    pub fn default_limits(&self) -> cgroup::Limits {
+    pub fn default_limits(&self) -> forkd_vmm::Limits {
         let mut l = self.cfg.default_limits();
         let has = |c| self.cgroups.as_ref().is_some_and(|h| h.supports(c));
-        if !has(cgroup::Controller::Memory) {
+        if !has(forkd_vmm::Controller::Memory) {
             l.memory_mib = None;
         }
-        if !has(cgroup::Controller::Cpu) {
+        if !has(forkd_vmm::Controller::Cpu) {
             l.cpus = None;
         }
-        if !has(cgroup::Controller::Pids) {
+        if !has(forkd_vmm::Controller::Pids) {
             l.pids_max = None;
         }
         l
@@ -192,7 +191,7 @@ impl InstanceLock {
 /// the saved state. Background tasks are not started yet.
 pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
     cfg.validate()?;
-    crate::vm::qemu::check_qemu()?;
+    forkd_vmm::check_qemu()?;
     // Only root may enter the data dir: snapshots' memory, children's
     // disks and the daemon's state are nobody else's (docs/security.md).
     // Jailed VMs reach their files through binds, not through this path.
@@ -204,8 +203,8 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         .with_context(|| format!("making the data dir {} private", paths.home.display()))?;
     let token = match &cfg.token_file {
         Some(f) => {
-            let t = crate::auth::read_token_file(f)?;
-            crate::auth::check_token(&t)?;
+            let t = forkd_hub::auth::read_token_file(f)?;
+            forkd_hub::auth::check_token(&t)?;
             Some(t)
         }
         None => None,
@@ -216,13 +215,11 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
             cfg.bind
         );
     }
-    let mount = crate::snapshot::ensure_mount_async(&paths)
-        .await?
-        .mountpoint;
+    let mount = forkd_snapshot::ensure_mount_async(&paths).await?.mountpoint;
     let reader = {
         let p = paths.clone();
         tokio::task::spawn_blocking(move || {
-            crate::store::open_reader(&p, p.poold_dir().join("store.secondary"))
+            forkd_snapshot::store::open_reader(&p, p.poold_dir().join("store.secondary"))
         })
         .await??
     };
@@ -236,7 +233,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         metrics: metrics::Metrics::new(cfg.branch_concurrency),
         refill_slots: Arc::new(Semaphore::new(cfg.refill_concurrency)),
         branch_slots: Arc::new(Semaphore::new(cfg.branch_concurrency)),
-        cgroups: cgroup::Hierarchy::detect().ok(),
+        cgroups: forkd_vmm::Hierarchy::detect().ok(),
         audit: audit::AuditLog::open(&audit_path)?,
         state: state::Persisted::start(file, saved.clone()),
         paths,

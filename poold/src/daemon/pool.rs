@@ -17,8 +17,8 @@
 
 use super::config::PoolSpec;
 use super::state::PooledRecord;
-use crate::vm::Vm;
-use serde::{Deserialize, Serialize};
+pub use forkd_api::PoolStatus;
+use forkd_vmm::Vm;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
 
@@ -67,19 +67,6 @@ impl<V> Default for Pool<V> {
     }
 }
 
-/// What `GET /v1/pools` shows for one pool.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PoolStatus {
-    pub tag: String,
-    pub min_ready: usize,
-    pub max_ready: usize,
-    pub warm: bool,
-    pub ready: usize,
-    pub in_flight: usize,
-    pub hits: u64,
-    pub misses: u64,
-}
-
 /// A refill the daemon should start now.
 #[derive(Debug)]
 pub struct RefillTicket {
@@ -91,12 +78,15 @@ pub struct RefillTicket {
 /// All pools.
 pub struct Pools<V = PooledVm> {
     inner: Mutex<BTreeMap<String, Pool<V>>>,
+    /// Woken whenever a refill ends, for [`Pools::wait_refills_done`].
+    refill_done: tokio::sync::Notify,
 }
 
 impl<V> Default for Pools<V> {
     fn default() -> Self {
         Pools {
             inner: Mutex::default(),
+            refill_done: tokio::sync::Notify::new(),
         }
     }
 }
@@ -199,6 +189,24 @@ impl<V: Parked> Pools<V> {
             .map_or(0, |p| p.in_flight)
     }
 
+    /// Waits until no restore is in flight for any of `tags` (woken by
+    /// [`Pools::finish_refill`], no polling). False if `timeout` passed first.
+    pub async fn wait_refills_done(&self, tags: &[String], timeout: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            // Registered before the check, so a finish in between still wakes us.
+            let done = self.refill_done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if tags.iter().all(|t| self.in_flight(t) == 0) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, done).await.is_err() {
+                return false;
+            }
+        }
+    }
+
     /// Pools that need children, one ticket per child to restore now, and
     /// marks them in flight. `budget` is how many restores may start.
     pub fn plan_refills(&self, budget: usize) -> Vec<RefillTicket> {
@@ -244,6 +252,7 @@ impl<V: Parked> Pools<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(t.tag.clone()).or_default();
         p.in_flight = p.in_flight.saturating_sub(1);
+        self.refill_done.notify_waiters();
         let vm = vm?;
         let room = p.spec.is_some_and(|s| p.ready.len() < s.max());
         if p.generation == t.generation && room {
@@ -366,6 +375,31 @@ mod tests {
             (3, 0, 3, 5)
         );
         assert!(p.plan_refills(10).is_empty(), "full at min_ready");
+    }
+
+    #[tokio::test]
+    async fn waiting_for_refills_is_woken_by_their_end() {
+        let p = Arc::new(Pools::<Fake>::default());
+        p.set("a", spec(2, None));
+        let t = p.plan_refills(2);
+        let tags = vec!["a".to_string()];
+        let short = std::time::Duration::from_millis(50);
+        assert!(!p.wait_refills_done(&tags, short).await, "two in flight");
+        let waiter = {
+            let p = p.clone();
+            let tags = tags.clone();
+            tokio::spawn(async move {
+                p.wait_refills_done(&tags, std::time::Duration::from_secs(30))
+                    .await
+            })
+        };
+        tokio::time::sleep(short).await;
+        p.finish_refill(&t[0], None);
+        tokio::time::sleep(short).await;
+        assert!(!waiter.is_finished(), "one refill is still in flight");
+        p.finish_refill(&t[1], None);
+        assert!(waiter.await.unwrap());
+        assert!(p.wait_refills_done(&["other".into()], short).await);
     }
 
     #[test]

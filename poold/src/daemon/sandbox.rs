@@ -32,7 +32,7 @@
 //! checked field.
 
 use super::state::SandboxRecord;
-use crate::vm::{AgentClient, Vm, VmDir};
+use forkd_vmm::{AgentClient, Vm, VmDir};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 

@@ -43,7 +43,7 @@ async fn auth(State(d): State<Arc<Daemon>>, mut req: Request, next: Next) -> Res
                 .headers()
                 .get(header::AUTHORIZATION)
                 .and_then(|v| v.to_str().ok());
-            if crate::auth::bearer_matches(got, want) {
+            if forkd_hub::auth::bearer_matches(got, want) {
                 "ok"
             } else if got.is_none() {
                 "missing"

@@ -298,3 +298,27 @@ mod persisted_tests {
         assert_eq!(StateFile::new(d.path()).load().unwrap().pools.len(), 20);
     }
 }
+
+impl From<SandboxRecord> for forkd_api::SandboxInfo {
+    fn from(r: SandboxRecord) -> forkd_api::SandboxInfo {
+        forkd_api::SandboxInfo {
+            id: r.id,
+            snapshot_tag: r.snapshot_tag,
+            netns: None,
+            guest_addr: None,
+            created_at_unix: r.created_at_unix,
+            pid: Some(r.pid),
+            memory_limit_mib: r.memory_limit_mib,
+            has_branched: r.branch_count > 0,
+            last_branch_memory_path: None,
+            branch_count: r.branch_count,
+            snapshot_id: r.snapshot_id,
+            hostname: r.hostname,
+            expires_at_unix: r.expires_at_unix,
+            pool_hit: r.pool_hit,
+            spawn_ms: r.spawn_ms,
+            cpus: r.cpus,
+            pids_max: r.pids_max,
+        }
+    }
+}

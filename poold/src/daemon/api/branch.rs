@@ -5,14 +5,14 @@
 
 use super::sandboxes::get_sandbox;
 use super::snapshots::info_of;
-use super::types::SnapshotInfo;
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::sandbox::Phase;
 use crate::daemon::Daemon;
-use crate::snapshot::branch::{self, Mode};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use forkd_api::SnapshotInfo;
+use forkd_snapshot::branch::{self, Mode};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -40,7 +40,10 @@ pub struct BranchBody {
 /// forkd's default tag: `branch-<id>-<unix>-<suffix 04x>`.
 fn default_tag(id: &str) -> String {
     let suffix: u16 = rand::random();
-    format!("branch-{id}-{}-{suffix:04x}", crate::util::unix_now())
+    format!(
+        "branch-{id}-{}-{suffix:04x}",
+        forkd_snapshot::util::unix_now()
+    )
 }
 
 /// The mode the body asks for, checked in forkd's order.
@@ -136,7 +139,7 @@ async fn branch_work(
             )));
         }
     }
-    let parent = crate::snapshot::restore::read_record(&d.mount, &rec.snapshot_id)
+    let parent = forkd_snapshot::restore::read_record(&d.mount, &rec.snapshot_id)
         .map_err(|e| ApiError::conflict(format!("the sandbox's snapshot is gone: {e:#}")))?;
 
     d.metrics.branches_in_flight.inc();

@@ -7,7 +7,6 @@ pub mod files;
 pub mod pools;
 pub mod sandboxes;
 pub mod snapshots;
-pub mod types;
 
 use super::Daemon;
 use axum::extract::{DefaultBodyLimit, State};

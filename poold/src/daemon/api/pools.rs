@@ -8,11 +8,11 @@
 use crate::daemon::config::PoolSpec;
 use crate::daemon::error::{check_tag, ApiError, ApiResult};
 use crate::daemon::lifecycle::discard_pooled;
-use crate::daemon::pool::PoolStatus;
 use crate::daemon::Daemon;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
+use forkd_api::PoolStatus;
 use std::sync::Arc;
 
 type D = State<Arc<Daemon>>;

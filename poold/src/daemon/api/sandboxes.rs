@@ -1,17 +1,17 @@
 //! `/v1/sandboxes`: spawn, list, get, delete, and the agent calls forkd
 //! has (ping, exec, eval), plus ours: streaming exec, console logs, TTL.
 
-use super::types::{EvalBody, EvalReply, ExecBody, ExecReply, SandboxInfo, SpawnBody};
 use crate::daemon::error::{agent_error, detached, ApiError, ApiResult};
 use crate::daemon::lifecycle::{self, SpawnRequest};
 use crate::daemon::sandbox::Sandbox;
 use crate::daemon::Daemon;
-use crate::vm::agent::CallError;
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use forkd_api::{EvalBody, EvalReply, ExecBody, ExecReply, SandboxInfo, SpawnBody};
+use forkd_vmm::CallError;
 use rootfs_init::protocol::{ErrorKind, ExecSpec, Reply};
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -304,7 +304,7 @@ pub async fn set_ttl(
     let expires = if b.ttl_secs == 0 {
         0
     } else {
-        crate::util::unix_now() + b.ttl_secs
+        forkd_snapshot::util::unix_now() + b.ttl_secs
     };
     sb.record.lock().unwrap().expires_at_unix = expires;
     let rec = sb.record();

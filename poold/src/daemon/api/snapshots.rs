@@ -1,16 +1,16 @@
 //! `/v1/snapshots`: list, create (a warm snapshot of an image), delete
 //! (forkd's 409 / cascade / force rules), info and compact.
 
-use super::types::{CreateSnapshotBody, SnapshotInfo};
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::Daemon;
-use crate::snapshot::create::{create, CreateSpec, ImageSource};
-use crate::snapshot::delete::{delete, Dependents};
-use crate::vm::Lifetime;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::Json;
+use forkd_api::{CreateSnapshotBody, SnapshotInfo};
 use forkd_layers::{SnapshotRecord, StoreView};
+use forkd_snapshot::create::{create, CreateSpec, ImageSource};
+use forkd_snapshot::delete::Dependents;
+use forkd_vmm::Lifetime;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -55,7 +55,7 @@ pub fn info_of(d: &Daemon, view: &StoreView, tag: &str, rec: &SnapshotRecord) ->
         .into(),
         bootable: missing.is_empty(),
         id: Some(rec.id.to_string()),
-        parent_tag: rec.parent.map(|p| crate::snapshot::info::label(view, &p)),
+        parent_tag: rec.parent.map(|p| forkd_snapshot::info::label(view, &p)),
         image: rec
             .config
             .get("image")
@@ -88,7 +88,7 @@ pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
         } else {
             out.push(SnapshotInfo {
                 dir: String::new(),
-                created_at_unix: crate::util::unix_now(),
+                created_at_unix: forkd_snapshot::util::unix_now(),
                 status: "writing".into(),
                 bootable: false,
                 ..empty_info(&tag)
@@ -206,7 +206,7 @@ async fn create_work(
         image,
         mem_mib: b.mem_mib.unwrap_or(512),
         vcpus: b.vcpus.unwrap_or(1),
-        accel: crate::vm::accel::AccelChoice::from_env()
+        accel: forkd_vmm::AccelChoice::from_env()
             .and_then(|a| a.resolve())
             .map_err(ApiError::from_anyhow)?,
         warmup_cmd: b.warmup.clone(),
@@ -256,88 +256,9 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
     }
     let deps = Dependents::from_flags(cascade, force);
     let rec = resolve(&d, &tag)?;
-    // Everything about to go: its ids and tags. Dependents are refused
-    // before any pool is touched.
-    let (ids, tags, dependents) = d
-        .read(move |v| {
-            let mut ids = vec![rec.id];
-            if cascade {
-                let mut i = 0;
-                while i < ids.len() {
-                    ids.extend(v.dependents(&ids[i])?);
-                    i += 1;
-                }
-            }
-            let mut tags = Vec::new();
-            for id in &ids {
-                tags.extend(v.tags_of(id)?);
-            }
-            let deps: Vec<String> = v
-                .dependents(&rec.id)?
-                .iter()
-                .map(|c| crate::snapshot::info::label(v, c))
-                .collect();
-            Ok((ids, tags, deps))
-        })
+    super::super::lifecycle::delete_snapshot(&d, rec, &tag, deps)
         .await
-        .map_err(ApiError::from_anyhow)?;
-    if deps == Dependents::Refuse && !dependents.is_empty() {
-        return Err(ApiError::conflict(format!(
-            "snapshot {tag} has dependent snapshots: {}; delete them first, or use cascade (delete them too) or force (keep them, orphaned)",
-            dependents.join(", ")
-        )));
-    }
-    // Pooled children map the snapshots: stop refilling their pools, wait
-    // for restores in flight, and destroy every ready child of them.
-    let id_strings: Vec<String> = ids.iter().map(|i| i.to_string()).collect();
-    let saved: Vec<_> = tags.iter().map(|t| (t.clone(), d.pools.spec(t))).collect();
-    let mut doomed = Vec::new();
-    for t in &tags {
-        doomed.extend(d.pools.set(t, None));
-    }
-    for _ in 0..600 {
-        if tags.iter().all(|t| d.pools.in_flight(t) == 0) {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-    }
-    doomed.extend(d.pools.drain_snapshots(&id_strings));
-    let vm_ids: Vec<String> = doomed.iter().map(|v| v.record.vm_id.clone()).collect();
-    futures::future::join_all(doomed.into_iter().map(|v| v.vm.destroy())).await;
-    d.state
-        .commit(move |s| {
-            for id in &vm_ids {
-                s.pooled.remove(id);
-            }
-        })
-        .await
-        .map_err(ApiError::from_anyhow)?;
-    let p = d.paths.clone();
-    let t = tag.clone();
-    let result = crate::store::with_rw(&d.paths, move |store| delete(&p, store, &t, deps))
-        .await
-        .map_err(ApiError::from_anyhow);
-    match &result {
-        Ok(_) => {
-            // The pools of deleted tags go with them.
-            let gone = tags.clone();
-            d.state
-                .commit(move |s| {
-                    for t in &gone {
-                        s.pools.remove(t);
-                    }
-                })
-                .await
-                .map_err(ApiError::from_anyhow)?;
-        }
-        Err(_) => {
-            for (t, spec) in saved {
-                d.pools.set(&t, spec);
-            }
-            d.refill_wake.notify_one();
-        }
-    }
-    result.map(|_| StatusCode::NO_CONTENT)
+        .map(|()| StatusCode::NO_CONTENT)
 }
 
 /// `GET /v1/snapshots/:tag/info`: forkd's fields, plus the chain with the
@@ -347,10 +268,10 @@ pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>
     let mount = d.mount.clone();
     let v = d
         .read(move |v| {
-            let det = crate::snapshot::info::detail(v, &rec)?;
+            let det = forkd_snapshot::info::detail(v, &rec)?;
             let mem = rec.files.get("memory.bin");
             let mem_zero = det.files.get("memory.bin").map_or(0, |f| f.zero_bytes);
-            let parent_tag = rec.parent.map(|p| crate::snapshot::info::label(v, &p));
+            let parent_tag = rec.parent.map(|p| forkd_snapshot::info::label(v, &p));
             let ancestors: Vec<String> = det
                 .ancestors
                 .iter()
@@ -416,7 +337,7 @@ async fn compact_work(
         .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} is being written", b.to)))?;
     let to = b.to.clone();
     let from = tag.clone();
-    let new = crate::store::with_rw(&d.paths, move |store| {
+    let new = forkd_snapshot::store::with_rw(&d.paths, move |store| {
         if store.tag(&to)?.is_some() {
             return Ok(None);
         }

@@ -1,0 +1,13 @@
+//! forkd's REST API as a contract: the request and response bodies of
+//! `/v1` (forkd v0.5.3's field names first, ours as additions a forkd
+//! client ignores) and a small HTTP client for them.
+//!
+//! Shared by the daemon that serves the API, the CLI and benchmarks that
+//! call it, and any Rust program that drives poold. Knows nothing of how
+//! a request is carried out.
+
+mod client;
+mod types;
+
+pub use client::{Client, Method, StatusCode, DEFAULT_URL};
+pub use types::*;

@@ -1,0 +1,64 @@
+//! forkd's snapshots: warm parents and copy-on-write children
+//! (docs/design.md, "The VMM and its QMP sequences"), the guest images they
+//! boot from, and the data dir and layer store they live in.
+//!
+//! This crate turns `forkd-vmm`'s mechanisms into create, restore, branch
+//! and delete, and checks compatibility before anything starts. It must not
+//! know pools, sandboxes or HTTP: `poold` decides when; this crate does.
+//!
+//! - [`boot`]: cold-boot a VM from an image;
+//! - [`create`]: boot a parent, warm it up, pause, save, ingest into the
+//!   layer store as one snapshot;
+//! - [`restore`]: start one child paused from a snapshot served by forkd-fs,
+//!   then hand it out (resume + identity);
+//! - [`fork`]: N children at once, with per-phase timings;
+//! - [`config`]: what a snapshot records about its VM, and the check that
+//!   refuses a restore this host cannot do;
+//! - [`staging`]: scratch directories that never outlive their owner;
+//! - [`SnapshotError`]: why a snapshot cannot be read, restored or made.
+
+pub mod boot;
+pub mod branch;
+pub mod config;
+pub mod create;
+pub mod delete;
+mod error;
+pub mod fork;
+pub mod images;
+pub mod info;
+pub mod paths;
+pub mod progress;
+pub mod restore;
+pub mod staging;
+pub mod store;
+pub mod util;
+
+pub use error::SnapshotError;
+
+use crate::paths::Paths;
+use anyhow::{Context, Result};
+
+/// The forkd-fs mount of this data dir, started (or recovered) if needed.
+/// Blocking: call from a blocking context.
+pub fn ensure_mount(paths: &Paths) -> Result<forkd_fs::MountConfig> {
+    let cfg = forkd_fs::MountConfig::new(paths.mount_dir(), paths.store_dir());
+    if !paths.store_dir().join("db").is_dir() {
+        // forkd-fs reads a secondary view, which needs an existing store.
+        drop(crate::store::open_rw(paths)?);
+    }
+    forkd_fs::ensure_mounted(&cfg).with_context(|| {
+        format!(
+            "mounting the layer store at {} (forkd-fs)",
+            paths.mount_dir().display()
+        )
+    })?;
+    Ok(cfg)
+}
+
+/// [`ensure_mount`] from async code.
+pub async fn ensure_mount_async(paths: &Paths) -> Result<forkd_fs::MountConfig> {
+    let p = paths.clone();
+    tokio::task::spawn_blocking(move || ensure_mount(&p))
+        .await
+        .context("mount task panicked")?
+}

@@ -1,0 +1,191 @@
+//! Restoring children from a snapshot served by forkd-fs (docs/design.md,
+//! "The VMM and its QMP sequences", "Restore a child"): RAM is a private
+//! copy-on-write mapping of the snapshot's `memory.bin`, the disk a private
+//! qcow2 overlay over its `rootfs.img`, and
+//! the device state comes from its `vmstate`. A restored child is paused
+//! until [`hand_out`] resumes it and gives it its own identity.
+
+use super::config::VmConfig;
+use super::create::{ms, MEMORY, ROOTFS, VMSTATE};
+use super::SnapshotError;
+use crate::paths::Paths;
+use anyhow::{anyhow, Result};
+use forkd_layers::{SnapshotId, SnapshotRecord};
+use forkd_vmm::{Boot, DiskBase, Lifetime, Memory, StartSpec, Vm, VmDir};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// How long a resumed child may take to answer its first request.
+pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A snapshot as children see it: its files on the forkd-fs mount.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub id: SnapshotId,
+    pub dir: PathBuf,
+    pub config: VmConfig,
+    pub rootfs_size: u64,
+}
+
+impl Source {
+    /// Resolves a tag or snapshot id through the mount (its `snapshot.json`),
+    /// so forking never needs the store's write lock.
+    pub fn resolve(mount: &std::path::Path, tag_or_id: &str) -> Result<Source> {
+        Source::new(mount, &read_record(mount, tag_or_id)?)
+    }
+
+    /// The snapshot `rec` served from the mount at `mount`. Checks that this
+    /// host can restore it and that its files are there; a refusal is a
+    /// [`SnapshotError`] (`Incompatible`, `MissingFile`, `FileUnreadable`).
+    pub fn new(mount: &std::path::Path, rec: &SnapshotRecord) -> Result<Source> {
+        let incompatible = |e: anyhow::Error| SnapshotError::Incompatible {
+            reason: format!("{e:#}"),
+        };
+        let config = VmConfig::from_record(rec).map_err(incompatible)?;
+        config.check_restorable().map_err(incompatible)?;
+        let dir = forkd_fs::prefetch::file_path(mount, &rec.id, MEMORY)
+            .parent()
+            .map(PathBuf::from)
+            .ok_or_else(|| anyhow!("bad mount path"))?;
+        for f in [MEMORY, VMSTATE, ROOTFS] {
+            if !rec.files.contains_key(f) {
+                return Err(SnapshotError::MissingFile {
+                    id: rec.id,
+                    file: f,
+                }
+                .into());
+            }
+            let path = dir.join(f);
+            if let Err(source) = std::fs::metadata(&path) {
+                return Err(SnapshotError::FileUnreadable {
+                    id: rec.id,
+                    file: f,
+                    path,
+                    source,
+                }
+                .into());
+            }
+        }
+        Ok(Source {
+            id: rec.id,
+            dir,
+            config,
+            rootfs_size: rec.files[ROOTFS].size,
+        })
+    }
+
+    pub fn memory(&self) -> PathBuf {
+        self.dir.join(MEMORY)
+    }
+    pub fn vmstate(&self) -> PathBuf {
+        self.dir.join(VMSTATE)
+    }
+    pub fn rootfs(&self) -> PathBuf {
+        self.dir.join(ROOTFS)
+    }
+}
+
+/// Reads a snapshot record from the mount by tag or id. The name is
+/// validated before it touches a path. Fails with a [`SnapshotError`]
+/// (`NotFound`, `Unreadable`, `Corrupt`) inside the chain.
+pub fn read_record(mount: &std::path::Path, tag_or_id: &str) -> Result<SnapshotRecord> {
+    // A tag wins over an id spelled the same (as in the store's resolve).
+    let as_tag = forkd_layers::validate_tag(tag_or_id).map(|()| mount.join(tag_or_id));
+    let dir = match (as_tag, tag_or_id.parse::<SnapshotId>()) {
+        (Ok(link), _) if link.join("snapshot.json").exists() => link,
+        (_, Ok(id)) => mount.join("by-id").join(id.to_string()),
+        (Ok(link), Err(_)) => link,
+        (Err(e), Err(_)) => return Err(e.into()),
+    };
+    let json = dir.join("snapshot.json");
+    let bytes = std::fs::read(&json).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::NotFound {
+            SnapshotError::NotFound {
+                tag: tag_or_id.to_string(),
+            }
+        } else {
+            SnapshotError::Unreadable {
+                path: json.clone(),
+                source,
+            }
+        }
+    })?;
+    Ok(serde_json::from_slice(&bytes)
+        .map_err(|source| SnapshotError::Corrupt { path: json, source })?)
+}
+
+/// When each phase of one child's start finished, in ms from its start.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ChildTimings {
+    /// QEMU started and its QMP and agent sockets connected.
+    pub process_ms: u64,
+    /// Device state loaded (migration-in completed); still paused.
+    pub restored_ms: u64,
+    /// vCPUs running.
+    pub resumed_ms: u64,
+    /// The agent answered (identity applied).
+    pub ready_ms: u64,
+}
+
+/// Starts QEMU for one child of `src` and loads its state; the child is
+/// left paused. On failure nothing of it is left behind.
+pub async fn restore_paused(
+    paths: &Paths,
+    src: &Source,
+    id: &str,
+    lifetime: Lifetime,
+    timings: &mut ChildTimings,
+) -> Result<Vm> {
+    let t0 = Instant::now();
+    let spec = StartSpec {
+        id: id.to_string(),
+        machine: src.config.machine.clone(),
+        memory: Memory::Private(src.memory()),
+        boot: Boot::Incoming,
+        disk: DiskBase::Snapshot {
+            path: src.rootfs(),
+            size: src.rootfs_size,
+        },
+        lifetime,
+        nic: None,
+    };
+    Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
+        timings.process_ms = ms(t0.elapsed());
+        vm.load_state(&src.vmstate())
+            .await
+            .map_err(|e| e.context(format!("QEMU log:\n{}", vm.dir.qemu_log_tail(10))))?;
+        timings.restored_ms = ms(t0.elapsed());
+        Ok(())
+    })
+    .await
+}
+
+/// Resumes a restored child and gives it its own identity (fresh entropy,
+/// the host's wall clock, its hostname, a reseeded interpreter). Returns once
+/// the agent has answered. `t0` is when this child's start began.
+pub async fn hand_out(
+    vm: &mut Vm,
+    hostname: &str,
+    t0: Instant,
+    timings: &mut ChildTimings,
+) -> Result<()> {
+    vm.resume().await?;
+    timings.resumed_ms = ms(t0.elapsed());
+    let agent = vm.agent.clone();
+    let identity = async {
+        tokio::time::timeout(READY_TIMEOUT, agent.identity(Some(hostname)))
+            .await
+            .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
+            .map_err(anyhow::Error::from)
+    };
+    identity.await.map_err(|e| {
+        e.context(format!(
+            "child {} did not become ready; console tail:\n{}",
+            vm.id,
+            vm.dir.console_tail(20)
+        ))
+    })?;
+    timings.ready_ms = ms(t0.elapsed());
+    Ok(())
+}

@@ -1,0 +1,572 @@
+//! forkd's VM runner: start QEMU jailed in a VM directory, talk to it over
+//! QMP and to its agent, limit it with cgroups, and tear it down.
+//!
+//! This crate knows QEMU, the guest's devices and the host's process and
+//! cgroup machinery. It must not know snapshots, the layer store's layout,
+//! pools or the daemon: callers (`forkd-snapshot`, `poold`) say what to run
+//! and where; this crate runs it and cleans up after it.
+//!
+//! Each VM owns a directory (`$FORKD_HOME/run/vms/<id>/`) holding its
+//! sockets, console log, disk overlay and a `vm.json` record naming the QEMU
+//! process and the process that owns it. Records let a later run prove which
+//! leftovers are dead and sweep them.
+
+mod accel;
+mod agent;
+mod cgroup;
+mod disk;
+mod jail;
+mod migrate;
+mod process;
+mod qemu;
+mod qmp;
+
+use anyhow::{anyhow, bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+pub use accel::{kvm_usable, Accel, AccelChoice};
+pub use agent::{AgentClient, CallError};
+pub use cgroup::{Controller, Hierarchy, Limits};
+pub use disk::{create_overlay_on, OverlayView};
+pub use jail::{backing_chain, own as set_owner, JailConfig};
+pub use process::ProcId;
+pub use qemu::{
+    check_qemu, kernel_cmdline, qemu_version, Boot, Device, Launch, Machine, Memory, Nic,
+    MACHINE_TYPE,
+};
+pub use qmp::{MigrationStatus, Qmp, RunState};
+
+/// Who is responsible for a VM's lifetime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Lifetime {
+    /// Dies with the process that started it (a CLI run): QEMU gets
+    /// PR_SET_PDEATHSIG, and the directory is swept once the owner is gone.
+    Ephemeral,
+    /// Outlives its owner (the daemon), which re-adopts it after a restart.
+    Detached,
+}
+
+/// The persistent record of one VM (`vm.json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct VmRecord {
+    pub id: String,
+    pub qemu: ProcId,
+    pub owner: ProcId,
+    pub lifetime: Lifetime,
+    pub created_at_unix: u64,
+    /// The uid QEMU runs as when jailed (see [`jail`]); None when unjailed.
+    #[serde(default)]
+    pub jail_uid: Option<u32>,
+}
+
+/// Files of one VM directory.
+#[derive(Debug, Clone)]
+pub struct VmDir {
+    pub path: PathBuf,
+}
+
+impl VmDir {
+    pub fn new(path: PathBuf) -> VmDir {
+        VmDir { path }
+    }
+    /// The one directory the jailed QEMU may create files in: its sockets.
+    /// Everything else in the VM directory is root's (see [`jail`]).
+    pub fn sock_dir(&self) -> PathBuf {
+        self.path.join("sock")
+    }
+    pub fn qmp(&self) -> PathBuf {
+        self.sock_dir().join("qmp.sock")
+    }
+    pub fn agent(&self) -> PathBuf {
+        self.sock_dir().join("agent.sock")
+    }
+    /// The socket a branch collector receives its migration on.
+    pub fn migrate_sock(&self) -> PathBuf {
+        self.sock_dir().join("migrate.sock")
+    }
+    pub fn console(&self) -> PathBuf {
+        self.path.join("console.log")
+    }
+    pub fn qemu_log(&self) -> PathBuf {
+        self.path.join("qemu.log")
+    }
+    pub fn disk(&self) -> PathBuf {
+        self.path.join("disk.qcow2")
+    }
+    pub fn record(&self) -> PathBuf {
+        self.path.join("vm.json")
+    }
+
+    pub fn read_record(&self) -> Result<VmRecord> {
+        let text = std::fs::read(self.record())
+            .with_context(|| format!("reading {}", self.record().display()))?;
+        serde_json::from_slice(&text)
+            .with_context(|| format!("parsing {}", self.record().display()))
+    }
+
+    fn write_record(&self, r: &VmRecord) -> Result<()> {
+        let tmp = self.path.join("vm.json.tmp");
+        std::fs::write(&tmp, serde_json::to_vec_pretty(r)?)?;
+        std::fs::rename(&tmp, self.record())?;
+        Ok(())
+    }
+
+    /// The last `lines` lines of the console log, for error messages.
+    pub fn console_tail(&self, lines: usize) -> String {
+        tail(&self.console(), lines)
+    }
+
+    /// The last `lines` lines of QEMU's own log, for error messages.
+    pub fn qemu_log_tail(&self, lines: usize) -> String {
+        tail(&self.qemu_log(), lines)
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// The read-only base a VM's private qcow2 disk overlay sits on.
+#[derive(Debug, Clone)]
+pub enum DiskBase {
+    /// A built image (raw ext4); checked to exist before the overlay is made.
+    Image(PathBuf),
+    /// A snapshot's `rootfs.img` on the forkd-fs mount, whose size is known
+    /// from the snapshot record (no `stat` through FUSE on the hot path).
+    Snapshot { path: PathBuf, size: u64 },
+}
+
+/// What to start: everything but the VM's file paths, which come from its
+/// directory ([`VmDir`]).
+#[derive(Debug, Clone)]
+pub struct StartSpec {
+    pub id: String,
+    pub machine: Machine,
+    pub memory: Memory,
+    pub boot: Boot,
+    pub disk: DiskBase,
+    pub lifetime: Lifetime,
+    pub nic: Option<qemu::Nic>,
+}
+
+/// Removes a VM directory when dropped, unless disarmed: a start that fails,
+/// panics or is cancelled leaves no directory behind.
+struct DirGuard<'a>(Option<&'a Path>);
+
+impl Drop for DirGuard<'_> {
+    fn drop(&mut self) {
+        if let Some(p) = self.0 {
+            let _ = std::fs::remove_dir_all(p);
+        }
+    }
+}
+
+/// A running VM with its control channels.
+pub struct Vm {
+    pub id: String,
+    pub dir: VmDir,
+    pub record: VmRecord,
+    pub qmp: Qmp,
+    pub agent: AgentClient,
+    child: Option<process::Spawned>,
+}
+
+impl Vm {
+    /// The one way a VM is started: makes its directory `dir` and disk
+    /// overlay, starts QEMU, then runs `init` on it (load a snapshot's
+    /// state, wait for the agent, arm a migration). If anything fails, QEMU
+    /// is destroyed and the directory removed: nothing of the VM is left.
+    pub async fn start<F>(dir: VmDir, spec: StartSpec, init: F) -> Result<Vm>
+    where
+        F: AsyncFnOnce(&mut Vm) -> Result<()>,
+    {
+        std::fs::create_dir_all(&dir.path)
+            .with_context(|| format!("creating {}", dir.path.display()))?;
+        let mut guard = DirGuard(Some(&dir.path));
+        match &spec.disk {
+            DiskBase::Image(base) => disk::create_overlay(base, &dir.disk()).await?,
+            DiskBase::Snapshot { path, size } => {
+                disk::create_overlay_unchecked(path, *size, &dir.disk()).await?
+            }
+        }
+        let launch = Launch {
+            name: spec.id.clone(),
+            machine: spec.machine,
+            memory: spec.memory,
+            boot: spec.boot,
+            disk: dir.disk(),
+            qmp_socket: dir.qmp(),
+            agent_socket: dir.agent(),
+            console_log: dir.console(),
+            nic: spec.nic,
+        };
+        let mut vm = Vm::spawn(&spec.id, dir.clone(), &launch, spec.lifetime).await?;
+        if let Err(e) = init(&mut vm).await {
+            vm.destroy().await;
+            return Err(e);
+        }
+        guard.0 = None;
+        Ok(vm)
+    }
+
+    /// Starts QEMU for `launch` in `dir` (which must exist and hold the disk
+    /// overlay) and connects QMP and the agent socket. The guest may still be
+    /// booting (or paused, for an incoming restore) when this returns.
+    pub async fn spawn(id: &str, dir: VmDir, launch: &Launch, lifetime: Lifetime) -> Result<Vm> {
+        let jail_cfg = jail::JailConfig::get()?;
+        let binary = jail::resolve_binary(&qemu::qemu_binary())?;
+        std::fs::create_dir_all(dir.sock_dir())?;
+        for s in [&launch.qmp_socket, &launch.agent_socket] {
+            crate::check_socket_path(s)?;
+            let _ = std::fs::remove_file(s);
+        }
+        let log = std::fs::File::create(dir.qemu_log())?;
+        let mut cmd = std::process::Command::new(&binary);
+        // argv[0] stays the plain name, as tools that find QEMUs expect.
+        std::os::unix::process::CommandExt::arg0(&mut cmd, qemu::qemu_binary());
+        cmd.args(launch.args())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log);
+        // The jail goes first: PR_SET_PDEATHSIG is cleared by a uid change.
+        let claim = if jail_cfg.enabled {
+            Some(prepare_jail(&dir, launch, jail_cfg, &mut cmd, &binary)?)
+        } else {
+            None
+        };
+        let ephemeral = lifetime == Lifetime::Ephemeral;
+        // SAFETY: setsid and prctl are async-signal-safe.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(move || {
+                nix::unistd::setsid().map_err(std::io::Error::from)?;
+                if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+        let mut child = match process::spawn(cmd).await {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(c) = &claim {
+                    c.release();
+                }
+                return Err(e).with_context(|| {
+                    format!(
+                        "starting {} (is QEMU >= 10 installed? run scripts/setup.sh; \
+                         a jail error names the path it could not set up)",
+                        binary.display()
+                    )
+                });
+            }
+        };
+        let pid = child.id();
+        let record = VmRecord {
+            id: id.to_string(),
+            qemu: ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 }),
+            owner: ProcId::current(),
+            lifetime,
+            created_at_unix: crate::unix_now(),
+            jail_uid: claim.as_ref().map(|c| c.uid),
+        };
+        dir.write_record(&record)?;
+        let connect = async {
+            let qmp = Qmp::connect(&launch.qmp_socket, Duration::from_secs(10)).await?;
+            let agent = AgentClient::connect(&launch.agent_socket, Duration::from_secs(10)).await?;
+            Ok::<_, anyhow::Error>((qmp, agent))
+        };
+        let (qmp, agent) = tokio::select! {
+            r = connect => r,
+            status = child.wait() => Err(anyhow!("QEMU exited during start-up ({})", status.map(|s| s.to_string()).unwrap_or_default())),
+        }
+        .map_err(|e| {
+            child.start_kill();
+            e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20)))
+        })?;
+        Ok(Vm {
+            id: id.to_string(),
+            dir,
+            record,
+            qmp,
+            agent,
+            child: Some(child),
+        })
+    }
+
+    /// Re-attaches to a VM started by an earlier process (after a daemon
+    /// restart): reconnects QMP and the agent socket.
+    /// The record then names this process as the owner.
+    pub async fn adopt(dir: VmDir) -> Result<Vm> {
+        let mut record = dir.read_record()?;
+        if !record.qemu.is_alive() {
+            bail!("VM {}: QEMU pid {} is gone", record.id, record.qemu.pid);
+        }
+        let qmp = Qmp::connect(&dir.qmp(), Duration::from_secs(5)).await?;
+        let agent = AgentClient::connect(&dir.agent(), Duration::from_secs(5)).await?;
+        record.owner = ProcId::current();
+        dir.write_record(&record)?;
+        Ok(Vm {
+            id: record.id.clone(),
+            dir,
+            record,
+            qmp,
+            agent,
+            child: None,
+        })
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.record.qemu.pid
+    }
+
+    /// Waits until the agent answers, failing early if QEMU dies; errors carry
+    /// the console tail.
+    pub async fn wait_agent(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<rootfs_init::protocol::PingResult> {
+        let ready = self.agent.wait_ready(timeout);
+        let res = match self.child.as_mut() {
+            Some(child) => tokio::select! {
+                r = ready => r,
+                s = child.wait() => Err(anyhow!("QEMU exited ({})", s.map(|s| s.to_string()).unwrap_or_default())),
+            },
+            None => ready.await,
+        };
+        res.map_err(|e| {
+            e.context(format!(
+                "VM {} did not become ready; console tail:\n{}\nQEMU log:\n{}",
+                self.id,
+                self.dir.console_tail(25),
+                tail(&self.dir.qemu_log(), 10)
+            ))
+        })
+    }
+
+    /// Stops QEMU at once (SIGKILL) and removes the VM directory.
+    pub async fn destroy(mut self) {
+        self.kill_now().await;
+        let _ = std::fs::remove_dir_all(&self.dir.path);
+        if let Some(uid) = self.record.jail_uid {
+            jail::UidClaim::release_for(uid, &self.dir.path);
+        }
+    }
+
+    /// Hands a file poold made for this VM (a disk overlay, a vmstate to
+    /// write) to its jailed QEMU: owned by its uid, mode 0600. A no-op for
+    /// an unjailed VM.
+    pub fn give(&self, path: &Path) -> Result<()> {
+        match self.record.jail_uid {
+            Some(uid) => jail::own(path, uid, jail::JailConfig::get()?.gid, 0o600),
+            None => Ok(()),
+        }
+    }
+
+    /// Stops QEMU at once (SIGKILL) and waits for it; the VM directory stays.
+    pub async fn kill_now(&mut self) {
+        match self.child.as_mut() {
+            Some(c) => {
+                c.start_kill();
+                let _ = c.wait().await;
+            }
+            None => kill_proc(&self.record.qemu).await,
+        }
+    }
+
+    /// Waits for QEMU to exit by itself (e.g. after a guest power-off).
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let wait = async {
+            match self.child.as_mut() {
+                Some(c) => {
+                    let _ = c.wait().await;
+                }
+                None => {
+                    while self.record.qemu.is_alive() {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| anyhow!("VM {} did not exit within {timeout:?}", self.id))
+    }
+}
+
+/// Claims a uid for the VM in `dir`, hands it the files it writes, and
+/// makes `cmd` enter a jail holding exactly what `launch` needs (see
+/// [`jail`] for the invariants). On failure the claim is released.
+fn prepare_jail(
+    dir: &VmDir,
+    launch: &Launch,
+    cfg: &jail::JailConfig,
+    cmd: &mut std::process::Command,
+    binary: &Path,
+) -> Result<jail::UidClaim> {
+    let claim = jail::UidClaim::acquire(cfg, &dir.path)?;
+    let r = jail_spec(dir, launch, cfg, claim.uid).and_then(|spec| jail::apply(cmd, &spec, binary));
+    if r.is_err() {
+        claim.release();
+    }
+    r.map(|()| claim)
+}
+
+fn jail_spec(
+    dir: &VmDir,
+    launch: &Launch,
+    cfg: &jail::JailConfig,
+    uid: u32,
+) -> Result<jail::JailSpec> {
+    use jail::{own, Bind};
+    let gid = cfg.gid;
+    // Root's directory: QEMU may traverse it and use the files it owns.
+    own(&dir.path, 0, gid, 0o710)?;
+    own(&dir.sock_dir(), uid, gid, 0o700)?;
+    create_file(&launch.console_log)?;
+    own(&launch.console_log, uid, gid, 0o600)?;
+    own(&launch.disk, uid, gid, 0o600)?;
+    let mut binds = vec![Bind::rw(&dir.path)];
+    for f in jail::backing_chain(&launch.disk)?.into_iter().skip(1) {
+        if f.starts_with(&dir.path) {
+            own(&f, uid, gid, 0o600)?;
+        } else {
+            jail::grant_group_read(&f, gid)?;
+            binds.push(Bind::ro(f));
+        }
+    }
+    match &launch.memory {
+        Memory::Anonymous => {}
+        Memory::Shared(p) => {
+            // A parent's or collector's RAM, in a staging directory of root's.
+            create_file(p)?;
+            own(p, uid, gid, 0o600)?;
+            let parent = p.parent().context("memory file without a directory")?;
+            own(parent, 0, gid, 0o710)?;
+            binds.push(Bind::rw(parent));
+        }
+        // A child's RAM and vmstate: the snapshot's directory on forkd-fs.
+        Memory::Private(p) => binds.push(Bind::ro(
+            p.parent().context("memory file without a directory")?,
+        )),
+    }
+    if let Boot::Kernel { kernel, initrd, .. } = &launch.boot {
+        for f in [kernel, initrd] {
+            jail::grant_group_read(f, gid)?;
+            binds.push(Bind::ro(f));
+        }
+    }
+    let mut devices: Vec<PathBuf> = ["/dev/null", "/dev/zero", "/dev/urandom", "/dev/random"]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+    let mut groups = Vec::new();
+    if launch.machine.accel == accel::Accel::Kvm {
+        use std::os::unix::fs::MetadataExt;
+        let kvm = Path::new("/dev/kvm");
+        let m = std::fs::metadata(kvm).context("KVM was chosen but /dev/kvm is missing")?;
+        groups.push(m.gid());
+        devices.push(kvm.to_path_buf());
+    }
+    if launch.machine.net {
+        devices.push("/dev/net/tun".into());
+    }
+    Ok(jail::JailSpec {
+        uid,
+        gid,
+        groups,
+        root: PathBuf::from("/run/forkd/jail-root"),
+        binds: jail::minimize(binds),
+        devices,
+    })
+}
+
+/// Creates an empty file unless it exists (never following a symlink).
+fn create_file(p: &Path) -> Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(p)
+        .map(drop)
+        .with_context(|| format!("creating {}", p.display()))
+}
+
+/// SIGKILLs a process we did not spawn (after checking it is still the same
+/// process) and waits for it to disappear.
+pub async fn kill_proc(p: &ProcId) {
+    if !p.is_alive() {
+        return;
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(p.pid as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    for _ in 0..500 {
+        if !p.is_alive() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Removes VM directories whose owner is provably gone: ephemeral VMs whose
+/// owner process died (their QEMU is killed if it somehow survived) and
+/// directories without a readable record that are older than a minute.
+/// Detached VMs are left to their daemon. Returns the ids swept.
+pub async fn sweep(vms_dir: &Path) -> Vec<String> {
+    let mut swept = Vec::new();
+    let Ok(rd) = std::fs::read_dir(vms_dir) else {
+        return swept;
+    };
+    for ent in rd.flatten() {
+        let dir = VmDir::new(ent.path());
+        let name = ent.file_name().to_string_lossy().into_owned();
+        match dir.read_record() {
+            Ok(r) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
+                kill_proc(&r.qemu).await;
+            }
+            Ok(_) => continue,
+            Err(_) if older_than(&ent.path(), Duration::from_secs(60)) => {}
+            Err(_) => continue,
+        }
+        if std::fs::remove_dir_all(ent.path()).is_ok() {
+            swept.push(name);
+        }
+    }
+    swept
+}
+
+fn older_than(p: &Path, age: Duration) -> bool {
+    std::fs::metadata(p)
+        .and_then(|m| m.modified())
+        .map(|t| t.elapsed().unwrap_or_default() > age)
+        .unwrap_or(false)
+}
+
+/// Seconds since the Unix epoch.
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Checks that a unix socket path fits in `sun_path` (108 bytes with NUL).
+pub fn check_socket_path(p: &Path) -> anyhow::Result<()> {
+    let len = p.as_os_str().len();
+    if len >= 108 {
+        anyhow::bail!(
+            "socket path {} is {len} bytes, over the 107-byte unix socket limit; use a shorter FORKD_HOME",
+            p.display()
+        );
+    }
+    Ok(())
+}
