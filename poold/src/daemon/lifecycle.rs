@@ -140,7 +140,11 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             let mut t = ChildTimings::default();
             let mut vm = h.vm;
             let id = vm.id.clone();
-            match hand_out(&mut vm, &id, t0, &mut t).await {
+            let handed = async {
+                confine(d, &vm, &limits)?;
+                hand_out(&mut vm, &id, t0, &mut t).await
+            };
+            match handed.await {
                 Ok(()) => Ok((vm, t, true)),
                 Err(e) => {
                     // A pooled child that died while parked: restore a
@@ -148,8 +152,10 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
                     tracing::warn!(
                         "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
                     );
-                    vm.destroy().await;
-                    restore_one(d, &src, t0).await.map(|(vm, t)| (vm, t, false))
+                    discard(d, vm, &limits).await;
+                    restore_one(d, &src, t0, &limits)
+                        .await
+                        .map(|(vm, t)| (vm, t, false))
                 }
             }
         }
@@ -160,7 +166,11 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     let restored = stream::iter(0..req.n - n_hits)
         .map(|_| {
             let src = src2.clone();
-            async move { restore_one(d, &src, t0).await.map(|(vm, t)| (vm, t, false)) }
+            async move {
+                restore_one(d, &src, t0, &limits)
+                    .await
+                    .map(|(vm, t)| (vm, t, false))
+            }
         })
         .buffer_unordered(d.cfg.spawn_parallel)
         .collect::<Vec<_>>();
@@ -177,7 +187,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         }
     }
     if let Some(e) = first_err {
-        futures::future::join_all(vms.into_iter().map(|(vm, _, _)| vm.destroy())).await;
+        futures::future::join_all(vms.into_iter().map(|(vm, _, _)| discard(d, vm, &limits))).await;
         return Err(ApiError::from_anyhow(e.context("spawning sandboxes")));
     }
 
@@ -209,7 +219,6 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         made.push(Arc::new(Sandbox::new(vm, rec.clone())));
         out.push(rec);
     }
-    let limit_err = apply_limits(d, &made);
     let records = out.clone();
     let committed = d
         .state
@@ -223,7 +232,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         d.sandboxes.insert(sb.clone());
     }
     d.metrics.sandboxes.set(d.sandboxes.len() as i64);
-    if let Err(e) = limit_err.and(committed) {
+    if let Err(e) = committed {
         for sb in made {
             destroy(d, &sb.id).await;
         }
@@ -232,34 +241,45 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     Ok(out)
 }
 
-/// Restores one child of `src` on demand and hands it out.
+/// Restores one child of `src` on demand, confines it and hands it out.
 async fn restore_one(
     d: &Arc<Daemon>,
     src: &Source,
     t0: Instant,
+    limits: &Limits,
 ) -> anyhow::Result<(Vm, ChildTimings)> {
     let id = new_id();
     let mut t = ChildTimings::default();
     let mut vm = restore_paused(&d.paths, src, &id, Lifetime::Detached, &mut t).await?;
-    match hand_out(&mut vm, &id, t0, &mut t).await {
+    let handed = async {
+        confine(d, &vm, limits)?;
+        hand_out(&mut vm, &id, t0, &mut t).await
+    };
+    match handed.await {
         Ok(()) => Ok((vm, t)),
         Err(e) => {
-            vm.destroy().await;
+            discard(d, vm, limits).await;
             Err(e)
         }
     }
 }
 
-/// Puts each sandbox with limits into its own cgroups.
-fn apply_limits(d: &Daemon, made: &[Arc<Sandbox>]) -> anyhow::Result<()> {
-    for sb in made {
-        let r = sb.record();
-        let l = limits_of(&r);
-        if let (false, Some(h)) = (l.is_empty(), &d.cgroups) {
-            h.limit(&r.id, r.pid, &l)?;
-        }
+/// Puts a paused child into its cgroups before it is resumed, so not one
+/// guest instruction runs outside its limits.
+fn confine(d: &Daemon, vm: &Vm, l: &Limits) -> anyhow::Result<()> {
+    match (&d.cgroups, l.is_empty()) {
+        (Some(h), false) => h.limit(&vm.id, vm.pid(), l),
+        _ => Ok(()),
     }
-    Ok(())
+}
+
+/// Destroys a child that never became a sandbox, with its cgroups.
+async fn discard(d: &Daemon, vm: Vm, l: &Limits) {
+    let id = vm.id.clone();
+    vm.destroy().await;
+    if let (Some(h), false) = (&d.cgroups, l.is_empty()) {
+        h.remove(&id);
+    }
 }
 
 /// The limits a sandbox record carries.
