@@ -19,7 +19,7 @@
 
 pub mod boot;
 pub mod branch;
-pub mod config;
+mod config;
 pub mod create;
 pub mod delete;
 mod error;
@@ -29,10 +29,11 @@ pub mod info;
 pub mod paths;
 pub mod progress;
 pub mod restore;
-pub mod staging;
+mod staging;
 pub mod store;
 pub mod util;
 
+pub use config::VmConfig;
 pub use error::SnapshotError;
 
 use crate::paths::Paths;
