@@ -126,6 +126,9 @@ pub struct Status {
     pub reads: ReadCounters,
     /// Inode numbers handed out so far.
     pub inodes: u64,
+    /// The group that may read the mount (`--gid`), if any.
+    #[serde(default)]
+    pub gid: Option<u32>,
 }
 
 /// Errors the daemon answers that a caller may want to tell apart.
@@ -319,6 +322,7 @@ fn status(sh: &Shared) -> Status {
             misses: c.misses,
         },
         reads: sh.stats.snapshot(),
+        gid: sh.group,
         inodes: sh.inodes.len() as u64,
     }
 }

@@ -38,6 +38,11 @@ pub struct ServeOptions {
     /// Largest FUSE read request, KiB (4..=1024). Smaller than the readahead
     /// window, one window becomes several requests served in parallel.
     pub max_read_kib: u32,
+    /// The group that may read the mount (the VM jail's gid). With it,
+    /// files are `0440 root:<gid>`, directories `0550`, and the mount has
+    /// `allow_other` (jailed QEMUs are not root); without it only root
+    /// reads the mount. The kernel enforces modes (`default_permissions`).
+    pub gid: Option<u32>,
     /// Take SIGTERM/SIGINT/SIGHUP (blocked beforehand with
     /// [`block_signals`]) as the order to unmount. Off when a program serves
     /// a mount in-process (fs-bench) and unmounts it itself.
@@ -117,7 +122,7 @@ fn check_mountpoint(mp: &Path, control: &Path) -> Result<()> {
     }
 }
 
-fn mount_config(threads: usize) -> Config {
+fn mount_config(threads: usize, gid: Option<u32>) -> Config {
     let root = nix::unistd::geteuid().is_root();
     let mut c = Config::default();
     c.mount_options = vec![
@@ -135,7 +140,13 @@ fn mount_config(threads: usize) -> Config {
             MountOption::Subtype(mount::SUBTYPE.into())
         },
     ];
-    c.acl = SessionACL::All;
+    // `allow_other` only for a reading group: jailed QEMUs run as uids of
+    // their own. Without one only root (the owner) gets through at all.
+    c.acl = if gid.is_some() {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
     c.n_threads = Some(threads.max(1));
     c.clone_fd = true;
     c
@@ -189,7 +200,7 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
         opts.cache_bytes,
     )
     .with_context(|| format!("opening the store {} read-only", opts.store_dir.display()))?;
-    let shared = Shared::new(reader.view(), opts.store_dir.clone(), mp.clone());
+    let shared = Shared::new(reader.view(), opts.store_dir.clone(), mp.clone(), opts.gid);
 
     let (listener, sock_id) = bind_control(&opts.control_socket)?;
     let tuning = KernelTuning {
@@ -197,7 +208,7 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
         ..KernelTuning::default()
     };
     let fs = ForkdFs::new(shared.clone(), tuning);
-    let session = Session::new(fs, &mp, &mount_config(opts.threads)).with_context(|| {
+    let session = Session::new(fs, &mp, &mount_config(opts.threads, opts.gid)).with_context(|| {
         format!(
             "mounting FUSE at {} (needs /dev/fuse, and root or fusermount3)",
             mp.display()

@@ -53,6 +53,11 @@ enum Cmd {
         /// requests of this size, served in parallel).
         #[arg(long, default_value_t = 256)]
         max_read_kib: u32,
+        /// The group that may read served files (the VM jail's gid): files
+        /// are served 0440 root:GID, directories 0550, with allow_other.
+        /// Without it only root reads the mount.
+        #[arg(long)]
+        gid: Option<u32>,
         /// Stay in the foreground, logging to stderr.
         #[arg(long)]
         foreground: bool,
@@ -146,6 +151,7 @@ fn run(cli: Cli) -> Result<()> {
             threads,
             readahead_kib,
             max_read_kib,
+            gid,
             foreground,
             notify_ready,
         } => {
@@ -168,6 +174,7 @@ fn run(cli: Cli) -> Result<()> {
                 threads,
                 readahead_kib,
                 max_read_kib,
+                gid,
                 handle_signals: true,
             };
             if foreground {
@@ -264,6 +271,7 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         .arg(opts.max_read_kib.to_string())
         .arg("--foreground")
         .arg("--notify-ready")
+        .args(opts.gid.map(|g| format!("--gid={g}")))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);

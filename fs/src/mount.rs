@@ -39,6 +39,10 @@ pub struct MountConfig {
     /// The `forkd-fs` binary; default: next to the current executable (or
     /// one level up from a cargo `deps/` dir), else `forkd-fs` on PATH.
     pub binary: Option<PathBuf>,
+    /// The group that may read the mount (`forkd-fs mount --gid`): the VM
+    /// jail's. None: root only. A live mount serving another group is
+    /// remounted when unused, else refused.
+    pub gid: Option<u32>,
 }
 
 impl MountConfig {
@@ -340,7 +344,21 @@ pub fn ensure_mounted(cfg: &MountConfig) -> Result<()> {
     let mp = absolute(&cfg.mountpoint)?;
     let control = absolute(&cfg.control())?;
     match state(&mp, &control)? {
-        State::Live(_) => return Ok(()),
+        State::Live(st) if st.gid == cfg.gid => return Ok(()),
+        State::Live(st) => {
+            // Served for another group (or by a forkd-fs from before
+            // groups): remount with the right one if nothing is open.
+            unmount(&mp).with_context(|| {
+                format!(
+                    "the forkd-fs mount at {} serves group {:?}, this caller needs {:?}; \
+                     it must be remounted but is in use: stop the VMs using it, or unmount it",
+                    mp.display(),
+                    st.gid,
+                    cfg.gid
+                )
+            })?;
+            tracing::info!(mountpoint = %mp.display(), old = ?st.gid, new = ?cfg.gid, "remounting forkd-fs for another group");
+        }
         State::Free => {}
         State::Stale { entry, hung } => {
             recover_stale(&mp, &entry, hung)?;
@@ -392,6 +410,9 @@ fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
         .arg(control);
     if let Some(d) = &cfg.secondary_dir {
         cmd.arg("--secondary-dir").arg(absolute(d)?);
+    }
+    if let Some(g) = cfg.gid {
+        cmd.arg("--gid").arg(g.to_string());
     }
     let out = cmd.output().with_context(|| {
         format!(

@@ -72,7 +72,12 @@ impl ForkdFs {
     }
 }
 
-fn attr(ino: u64, kind: FileType, perm: u16, size: u64, mtime: SystemTime) -> FileAttr {
+/// Mode of served directories and files: root and the reading group only
+/// (the mount has `default_permissions`, so the kernel enforces it).
+const DIR_MODE: u16 = 0o550;
+const FILE_MODE: u16 = 0o440;
+
+fn attr(ino: u64, kind: FileType, perm: u16, size: u64, mtime: SystemTime, gid: u32) -> FileAttr {
     FileAttr {
         ino: INodeNo(ino),
         size,
@@ -85,7 +90,7 @@ fn attr(ino: u64, kind: FileType, perm: u16, size: u64, mtime: SystemTime) -> Fi
         perm,
         nlink: if kind == FileType::Directory { 2 } else { 1 },
         uid: 0,
-        gid: 0,
+        gid,
         rdev: 0,
         blksize: 4096,
         flags: 0,
@@ -103,19 +108,19 @@ const TAG_TARGET_LEN: u64 = 6 + 32;
 impl Shared {
     fn node_attr(&self, node: &Node, ino: u64) -> (FileAttr, Duration) {
         let epoch = SystemTime::UNIX_EPOCH;
+        let gid = self.group.unwrap_or(0);
+        let dir = |mtime| attr(ino, FileType::Directory, DIR_MODE, 0, mtime, gid);
         match node {
-            Node::Root => (attr(ino, FileType::Directory, 0o555, 0, epoch), DIR_TTL),
-            Node::ById => (attr(ino, FileType::Directory, 0o555, 0, epoch), DIR_TTL),
-            Node::Dir(s) => (
-                attr(ino, FileType::Directory, 0o555, 0, s.mtime),
-                IMMUTABLE_TTL,
-            ),
+            Node::Root => (dir(epoch), DIR_TTL),
+            Node::ById => (dir(epoch), DIR_TTL),
+            Node::Dir(s) => (dir(s.mtime), IMMUTABLE_TTL),
             Node::File(f) => (
-                attr(ino, FileType::RegularFile, 0o444, f.size, f.mtime),
+                attr(ino, FileType::RegularFile, FILE_MODE, f.size, f.mtime, gid),
                 IMMUTABLE_TTL,
             ),
+            // A symlink's mode is never checked; what it names is.
             Node::Tag(_) => (
-                attr(ino, FileType::Symlink, 0o777, TAG_TARGET_LEN, epoch),
+                attr(ino, FileType::Symlink, 0o777, TAG_TARGET_LEN, epoch, gid),
                 TAG_TTL,
             ),
         }

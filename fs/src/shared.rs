@@ -46,10 +46,18 @@ pub struct Shared {
     /// or deleted snapshots.
     pub notifier: Mutex<Option<fuser::Notifier>>,
     pub started: Instant,
+    /// The group that may read the mount (the VM jail's), or None: root
+    /// only. Files are served `0440 root:<group>`, directories `0550`.
+    pub group: Option<u32>,
 }
 
 impl Shared {
-    pub fn new(view: StoreView, store_dir: PathBuf, mountpoint: PathBuf) -> Arc<Shared> {
+    pub fn new(
+        view: StoreView,
+        store_dir: PathBuf,
+        mountpoint: PathBuf,
+        group: Option<u32>,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
             catchup: CatchUp::new(view.clone()),
             view,
@@ -61,6 +69,7 @@ impl Shared {
             stats: ReadStats::default(),
             notifier: Mutex::new(None),
             started: Instant::now(),
+            group,
         })
     }
 

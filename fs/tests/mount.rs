@@ -574,3 +574,72 @@ fn sigterm_unmounts_cleanly() {
     forkd_fs::unmount(&m.mountpoint).unwrap();
     assert!(mount::mount_at(&m.mountpoint).unwrap().is_none());
 }
+
+/// Runs `cat path` as uid 65534 (nobody) with primary group `gid` and no
+/// other groups; true when it could read the file.
+fn reads_as(gid: u32, path: &std::path::Path) -> bool {
+    std::process::Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            &format!("--regid={gid}"),
+            "--clear-groups",
+            "cat",
+        ])
+        .arg(path)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .expect("setpriv (util-linux)")
+        .success()
+}
+
+#[test]
+fn only_root_and_the_jail_group_read_the_mount() {
+    if no_fuse() {
+        return;
+    }
+    const JAIL_GID: u32 = 0x7000_0000 + 4242;
+    let ts = TestStore::new();
+    // Let anyone traverse down to the mount point: only the mount's own
+    // modes stand between another user and the files.
+    std::fs::set_permissions(ts.dir.path(), PermissionsExt::from_mode(0o755)).unwrap();
+    let data = synth::mixed_file(7, MIB, 65536);
+    let src = ts.source("m", &data);
+    let rec = ts.commit(&[("memory.bin", &src)], Some("t"));
+
+    let m = ts.mount_gid(Some(JAIL_GID));
+    let file = m.file(&rec.id, "memory.bin");
+    let md = std::fs::metadata(&file).unwrap();
+    assert_eq!(
+        (md.uid(), md.gid(), md.mode() & 0o7777),
+        (0, JAIL_GID, 0o440)
+    );
+    let dir = std::fs::metadata(file.parent().unwrap()).unwrap();
+    assert_eq!((dir.gid(), dir.mode() & 0o7777), (JAIL_GID, 0o550));
+    assert_eq!(m.client().status().unwrap().gid, Some(JAIL_GID));
+    // The jail group reads, through the id and through the tag; nobody
+    // does not, by either path; root does.
+    assert!(reads_as(JAIL_GID, &file), "the jail group cannot read");
+    assert!(reads_as(JAIL_GID, &m.path("t/memory.bin")));
+    assert!(!reads_as(65534, &file), "nobody read {}", file.display());
+    assert!(!reads_as(65534, &m.path("t/memory.bin")));
+    assert_eq!(std::fs::read(&file).unwrap(), data);
+    // The check itself can succeed: nobody reads a world-readable file.
+    assert!(reads_as(65534, std::path::Path::new("/etc/hostname")));
+
+    // Asking for another group remounts (nothing is open); asking for none
+    // leaves root alone: not even the former group gets in.
+    drop(m);
+    let mut m = ts.mount_gid(None);
+    m.note_pid();
+    assert_eq!(m.client().status().unwrap().gid, None);
+    assert!(!reads_as(JAIL_GID, &file), "group read without --gid");
+    assert_eq!(std::fs::read(&file).unwrap(), data);
+    // ensure_mounted with a group now remounts the live mount for it.
+    let mut cfg = ts.config();
+    cfg.gid = Some(JAIL_GID);
+    forkd_fs::ensure_mounted(&cfg).unwrap();
+    m.note_pid();
+    assert_eq!(m.client().status().unwrap().gid, Some(JAIL_GID));
+    assert!(reads_as(JAIL_GID, &file));
+}

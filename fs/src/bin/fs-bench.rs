@@ -334,6 +334,7 @@ fn main() -> Result<()> {
         threads: args.threads,
         readahead_kib: args.readahead_kib,
         max_read_kib: args.max_read_kib,
+        gid: None,
         handle_signals: false,
     };
     let fuse_path = forkd_fs::prefetch::file_path(&mountpoint, &id, "memory.bin");

@@ -96,12 +96,19 @@ impl TestStore {
             secondary_dir: None,
             control_socket: None,
             binary: Some(PathBuf::from(BIN)),
+            gid: None,
         }
     }
 
     /// Mounts with `ensure_mounted` and returns the guard.
     pub fn mount(&self) -> Mounted {
-        let cfg = self.config();
+        self.mount_gid(None)
+    }
+
+    /// Mounts readable by group `gid` too (`forkd-fs mount --gid`).
+    pub fn mount_gid(&self, gid: Option<u32>) -> Mounted {
+        let mut cfg = self.config();
+        cfg.gid = gid;
         let guard = Mounted {
             mountpoint: cfg.mountpoint.clone(),
             control: cfg.control(),

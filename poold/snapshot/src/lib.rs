@@ -42,7 +42,7 @@ use anyhow::{Context, Result};
 /// The forkd-fs mount of this data dir, started (or recovered) if needed.
 /// Blocking: call from a blocking context.
 pub fn ensure_mount(paths: &Paths) -> Result<forkd_fs::MountConfig> {
-    let cfg = forkd_fs::MountConfig::new(paths.mount_dir(), paths.store_dir());
+    let cfg = mount_config(paths)?;
     if !paths.store_dir().join("db").is_dir() {
         // forkd-fs reads a secondary view, which needs an existing store.
         drop(crate::store::open_rw(paths)?);
@@ -53,6 +53,16 @@ pub fn ensure_mount(paths: &Paths) -> Result<forkd_fs::MountConfig> {
             paths.mount_dir().display()
         )
     })?;
+    Ok(cfg)
+}
+
+/// How this data dir's store is mounted: readable by root and, when VMs
+/// are jailed, by the jail group (files 0440, directories 0550; nobody
+/// else, docs/security.md).
+pub fn mount_config(paths: &Paths) -> Result<forkd_fs::MountConfig> {
+    let jail = crate::vm::jail::JailConfig::get()?;
+    let mut cfg = forkd_fs::MountConfig::new(paths.mount_dir(), paths.store_dir());
+    cfg.gid = jail.enabled.then_some(jail.gid);
     Ok(cfg)
 }
 
