@@ -2,6 +2,10 @@
 //! add what forkd needs, then `mkfs.ext4 -d`. Everything happens in a
 //! staging directory; the finished image replaces the old one by rename, so a
 //! failed build leaves the previous image untouched.
+//!
+//! The source is untrusted: nothing it holds (symlinks, `..`, absolute
+//! names, hard links) may make a write land outside the root
+//! ([`super::rootfs`] says how).
 
 use super::recipe::{Recipe, RootSource};
 use super::{Image, ImageInfo};
@@ -36,6 +40,8 @@ pub fn build(name: &str, recipe: &Recipe, dirs: &BuildDirs, step: &dyn Fn(&str))
     );
     let root = staging.0.join("root");
     std::fs::create_dir_all(&root)?;
+    // The guest's `/`: mkfs.ext4 -d copies this mode.
+    std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     populate(&recipe.root, &root, &staging.0, &dirs.cache, step)?;
     step("adding forkd's files");
     fixups(&root, recipe)?;
@@ -100,8 +106,14 @@ fn populate(
             if !path.is_dir() {
                 bail!("recipe root directory {} does not exist", path.display());
             }
+            // `cp -a` copies symlinks as symlinks (-P) into a fresh root, so
+            // it never writes through one; forkd's own files are added
+            // afterwards without following any (`fixups`).
             let mut cmd = Command::new("cp");
-            cmd.arg("-a").arg(format!("{}/.", path.display())).arg(root);
+            cmd.arg("-a")
+                .arg("--no-dereference")
+                .arg(format!("{}/.", path.display()))
+                .arg(root);
             run_logged(cmd, &staging.join("cp.log"), "cp")
         }
         RootSource::Tar { path } => {
@@ -109,13 +121,7 @@ fn populate(
             if !path.is_file() {
                 bail!("recipe tarball {} does not exist", path.display());
             }
-            let mut cmd = Command::new("tar");
-            cmd.arg("-xf")
-                .arg(path)
-                .arg("-C")
-                .arg(root)
-                .arg("--numeric-owner");
-            run_logged(cmd, &staging.join("tar.log"), "tar")
+            super::rootfs::unpack_tar(path, root)
         }
     }
 }
@@ -130,13 +136,17 @@ fn slim_debian(root: &Path) -> Result<()> {
         "usr/share/man",
         "usr/share/info",
     ] {
-        let p = root.join(d);
-        if let Ok(rd) = std::fs::read_dir(&p) {
+        // Never through a symlink: a package could make one a link to a
+        // host directory.
+        if !super::rootfs::exists_plain(root, Path::new(d)) {
+            continue;
+        }
+        if let Ok(rd) = std::fs::read_dir(root.join(d)) {
             for e in rd.flatten() {
                 if e.file_name() == "partial" || e.file_name() == "lock" {
                     continue;
                 }
-                let _ = if e.path().is_dir() {
+                let _ = if e.file_type().is_ok_and(|t| t.is_dir()) {
                     std::fs::remove_dir_all(e.path())
                 } else {
                     std::fs::remove_file(e.path())
@@ -189,8 +199,11 @@ fn busybox(root: &Path) -> Result<()> {
     Ok(())
 }
 
-/// What every forkd guest needs in its root, whatever the source.
+/// What every forkd guest needs in its root, whatever the source. Written
+/// without following symlinks ([`super::rootfs::write_file`]): a source
+/// whose `etc` is a symlink is refused, a symlinked `etc/hostname` replaced.
 fn fixups(root: &Path, recipe: &Recipe) -> Result<()> {
+    use super::rootfs::{ensure_dir, exists_plain, write_file};
     for d in [
         "proc",
         "sys",
@@ -201,19 +214,19 @@ fn fixups(root: &Path, recipe: &Recipe) -> Result<()> {
         "etc/forkd",
         "var/tmp",
     ] {
-        std::fs::create_dir_all(root.join(d))?;
+        ensure_dir(root, Path::new(d))?;
     }
-    std::fs::write(root.join("etc/forkd/agent.env"), recipe.agent_env())?;
-    std::fs::write(root.join("etc/hostname"), "forkd\n")?;
-    std::fs::write(
-        root.join("etc/hosts"),
-        "127.0.0.1 localhost\n::1 localhost\n",
-    )?;
-    if !root.join("etc/passwd").exists() {
-        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n")?;
-        std::fs::write(root.join("etc/group"), "root:x:0:\n")?;
+    let write = |rel: &str, data: &[u8]| write_file(root, Path::new(rel), data, 0o644);
+    write("etc/forkd/agent.env", recipe.agent_env().as_bytes())?;
+    write("etc/hostname", b"forkd\n")?;
+    write("etc/hosts", b"127.0.0.1 localhost\n::1 localhost\n")?;
+    if !exists_plain(root, Path::new("etc/passwd")) {
+        write("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")?;
+        write("etc/group", b"root:x:0:\n")?;
     }
-    let _ = std::fs::remove_file(root.join("etc/machine-id"));
+    if std::fs::symlink_metadata(root.join("etc/machine-id")).is_ok() {
+        std::fs::remove_file(root.join("etc/machine-id"))?;
+    }
     Ok(())
 }
 

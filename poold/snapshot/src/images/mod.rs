@@ -4,6 +4,7 @@
 pub mod apt;
 pub mod build;
 pub mod recipe;
+pub mod rootfs;
 
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
