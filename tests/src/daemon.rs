@@ -142,6 +142,55 @@ impl Poold {
         })
     }
 
+    /// What poold has written to stderr so far (its log, `POOLD_LOG=warn`),
+    /// without waiting for more.
+    pub fn stderr_now(&mut self) -> String {
+        use std::io::Read;
+        use std::os::unix::io::AsRawFd;
+        let Some(err) = self.child.stderr.as_mut() else {
+            return String::new();
+        };
+        // SAFETY: fcntl on a pipe fd we own.
+        unsafe {
+            let fd = err.as_raw_fd();
+            let fl = libc::fcntl(fd, libc::F_GETFL);
+            libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
+        let mut out = Vec::new();
+        let mut buf = [0u8; 8192];
+        while let Ok(n) = err.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            out.extend_from_slice(&buf[..n]);
+        }
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    /// Sends one raw HTTP/1.1 request with the given `Host` header over TCP
+    /// (the CLI client always sends the right one); returns the status and
+    /// the body.
+    pub fn raw_get(&self, path: &str, host: Option<&str>) -> (u16, String) {
+        use std::io::{Read, Write};
+        let addr = self
+            .url
+            .strip_prefix("http://")
+            .expect("raw_get needs a TCP poold");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let host = host.map_or(String::new(), |h| format!("Host: {h}\r\n"));
+        write!(s, "GET {path} HTTP/1.1\r\n{host}Connection: close\r\n\r\n").unwrap();
+        let mut resp = String::new();
+        s.read_to_string(&mut resp).unwrap();
+        let status = resp
+            .split_whitespace()
+            .nth(1)
+            .and_then(|c| c.parse().ok())
+            .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
+        let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        (status, body.to_string())
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

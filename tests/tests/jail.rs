@@ -56,8 +56,18 @@ fn assert_jailed(pid: u32) {
 
 /// Runs `cat path` as `nobody`; true when it could read it.
 fn nobody_reads(path: &Path) -> bool {
+    reads_as(65534, path)
+}
+
+/// Runs `cat path` as uid 65534 with primary group `gid` and no other.
+fn reads_as(gid: u32, path: &Path) -> bool {
     std::process::Command::new("setpriv")
-        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "cat"])
+        .args([
+            "--reuid=65534",
+            &format!("--regid={gid}"),
+            "--clear-groups",
+            "cat",
+        ])
         .arg(path)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -130,6 +140,52 @@ fn every_qemu_is_jailed_and_private() {
         assert!(!nobody_reads(&disk), "nobody read {}", disk.display());
         // The check itself can succeed: nobody reads a world-readable file.
         assert!(nobody_reads(Path::new("/etc/hostname")));
+
+        // Even with every directory on the way opened for traversal, the
+        // files' own modes keep nobody out: poold creates them private.
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let vm = home.dir.join("run/vms").join(&sb[1]);
+        for d in [
+            home.dir.clone(),
+            home.dir.join("poold"),
+            home.dir.join("run"),
+            home.dir.join("run/vms"),
+            vm.clone(),
+        ] {
+            std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o711)).unwrap();
+        }
+        for f in [
+            home.dir.join("poold/state.json"),
+            home.dir.join("poold/audit.jsonl"),
+            home.dir.join("poold/poold.lock"),
+            vm.join("vm.json"),
+            vm.join("qemu.log"),
+            vm.join("console.log"),
+            vm.join("disk.qcow2"),
+        ] {
+            let m = std::fs::metadata(&f).unwrap_or_else(|e| panic!("{}: {e}", f.display()));
+            assert_eq!(
+                m.mode() & 0o077,
+                0,
+                "{} is mode {:o}",
+                f.display(),
+                m.mode() & 0o7777
+            );
+            assert!(!nobody_reads(&f), "nobody read {}", f.display());
+        }
+        // The snapshot on forkd-fs: root's and the jail group's only. A
+        // process of the jail group (as a jailed QEMU is) reads it.
+        let jail_gid = forkd_vmm::JailConfig::get().unwrap().gid;
+        let m = std::fs::metadata(&memory).unwrap();
+        assert_eq!((m.uid(), m.gid(), m.mode() & 0o7777), (0, jail_gid, 0o440));
+        let by_id = std::fs::canonicalize(&memory).unwrap();
+        std::fs::set_permissions(&home.dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+        assert!(!nobody_reads(&by_id), "nobody read {}", by_id.display());
+        assert!(
+            reads_as(jail_gid, &by_id),
+            "the jail group cannot read {}",
+            by_id.display()
+        );
     });
 }
 

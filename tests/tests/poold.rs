@@ -874,3 +874,77 @@ fn unix_socket_serves_api_and_cli() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn foreign_host_headers_are_refused_and_audited() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &["--allow-host", "poold.internal"], None);
+    // A DNS-rebinding page's requests name its own host: refused on every
+    // route, /healthz included, with advice on what to configure.
+    for path in ["/healthz", "/version", "/v1/sandboxes"] {
+        let (st, body) = p.raw_get(path, Some("evil.example:8889"));
+        assert_eq!(st, 421, "{path}: {body}");
+        let v: Value = serde_json::from_str(body.trim()).unwrap_or_else(|_| {
+            // chunked bodies: take the JSON object out
+            let s = &body[body.find('{').unwrap()..=body.rfind('}').unwrap()];
+            serde_json::from_str(s).unwrap()
+        });
+        let e = v["error"].as_str().unwrap();
+        assert!(e.contains("--allow-host evil.example"), "{e}");
+    }
+    assert_eq!(p.raw_get("/healthz", None).0, 421, "no Host at all");
+    // The names poold is known by pass, with or without the port.
+    let port = p.url.rsplit(':').next().unwrap().to_string();
+    for host in [
+        "localhost".to_string(),
+        format!("localhost:{port}"),
+        format!("127.0.0.1:{port}"),
+        "127.0.0.1".to_string(),
+        "[::1]".to_string(),
+        "poold.internal".to_string(),
+        format!("POOLD.internal:{port}"),
+    ] {
+        let (st, body) = p.raw_get("/healthz", Some(&host));
+        assert_eq!(st, 200, "{host}: {body}");
+    }
+    let audit = std::fs::read_to_string(home.dir.join("poold/audit.jsonl")).unwrap();
+    let refused: Vec<Value> = audit
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .filter(|e| e["status"] == 421)
+        .collect();
+    assert_eq!(refused.len(), 4, "{audit}");
+    assert_eq!(refused[0]["host"], "evil.example:8889");
+    assert_eq!(refused[0]["path"], "/healthz");
+}
+
+#[test]
+fn version_reports_the_accelerator_and_tcg_warns_at_start() {
+    let home = Home::new();
+    let mut p = Poold::start(&home.dir, &[], None);
+    let want = forkd_vmm::AccelChoice::from_env()
+        .unwrap()
+        .resolve()
+        .unwrap();
+    block_on(async {
+        let (st, v) = p.get("/version").await;
+        assert_eq!(st, 200);
+        assert_eq!(v["api"], "v1");
+        assert!(v["version"].is_string(), "{v}");
+        assert_eq!(v["accelerator"], want.as_str(), "{v}");
+        assert_eq!(v["jail"], true, "{v}");
+        let iso = v["isolation"].as_str().unwrap();
+        if want == forkd_vmm::Accel::Tcg {
+            assert!(iso.contains("TCG") && iso.contains("weaker"), "{iso}");
+        }
+    });
+    let log = p.stderr_now();
+    let warned = log
+        .lines()
+        .any(|l| l.contains("WARN") && l.contains("TCG") && l.contains("docs/security.md"));
+    assert_eq!(
+        warned,
+        want == forkd_vmm::Accel::Tcg,
+        "TCG warning at start iff TCG; log:\n{log}"
+    );
+}

@@ -60,7 +60,7 @@ pub fn ensure_mount(paths: &Paths) -> Result<forkd_fs::MountConfig> {
 /// are jailed, by the jail group (files 0440, directories 0550; nobody
 /// else, docs/security.md).
 pub fn mount_config(paths: &Paths) -> Result<forkd_fs::MountConfig> {
-    let jail = crate::vm::jail::JailConfig::get()?;
+    let jail = forkd_vmm::JailConfig::get()?;
     let mut cfg = forkd_fs::MountConfig::new(paths.mount_dir(), paths.store_dir());
     cfg.gid = jail.enabled.then_some(jail.gid);
     Ok(cfg)

@@ -18,10 +18,10 @@ impl Staging {
     /// Creates `staging_root/<prefix>-<random>` owned by this process.
     pub fn create(staging_root: &Path, prefix: &str) -> Result<Staging> {
         let path = staging_root.join(format!("{prefix}-{}", crate::util::random_hex(6)));
-        std::fs::create_dir_all(&path)
+        forkd_vmm::private::create_dir_all(&path)
             .with_context(|| format!("creating staging dir {}", path.display()))?;
-        std::fs::write(
-            path.join("owner.json"),
+        forkd_vmm::private::write(
+            &path.join("owner.json"),
             serde_json::to_vec(&ProcId::current())?,
         )?;
         Ok(Staging { path })

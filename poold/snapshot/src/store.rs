@@ -59,7 +59,7 @@ pub fn open_reader(paths: &Paths, secondary_dir: PathBuf) -> Result<StoreReader>
         // A secondary needs an existing store: create an empty one.
         drop(open_rw(paths)?);
     }
-    std::fs::create_dir_all(&secondary_dir)
+    forkd_vmm::private::create_dir_all(&secondary_dir)
         .with_context(|| format!("creating {}", secondary_dir.display()))?;
     StoreReader::open_secondary(&dir, &secondary_dir).with_context(|| {
         format!(

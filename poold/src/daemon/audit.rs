@@ -1,4 +1,4 @@
-//! The audit log: one JSON line per HTTP request, rejected ones (401)
+//! The audit log: one JSON line per HTTP request, rejected ones (421, 401)
 //! included, appended to a file (`$FORKD_HOME/poold/audit.jsonl` by default).
 
 use anyhow::{Context, Result};
@@ -16,6 +16,9 @@ pub struct Entry<'a> {
     pub status: u16,
     /// Client address, or `unix` for the unix socket.
     pub remote: &'a str,
+    /// The `Host` header as sent (a 421 names a host poold refused).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub host: Option<&'a str>,
     /// `ok`, `none` (auth off), `missing` or `bad`.
     pub auth: &'a str,
     pub duration_ms: u64,
@@ -29,12 +32,10 @@ pub struct AuditLog {
 impl AuditLog {
     pub fn open(path: &Path) -> Result<AuditLog> {
         if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
+            forkd_vmm::private::create_dir_all(d)?;
         }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
+        // Who asked for what: root's only (an older, wider file is narrowed).
+        let file = forkd_vmm::private::open_append(path)
             .with_context(|| format!("opening audit log {}", path.display()))?;
         Ok(AuditLog {
             file: Mutex::new(file),

@@ -46,6 +46,10 @@ pub struct Args {
     /// Extra directory POST /v1/snapshots may read kernel/rootfs from (repeatable).
     #[arg(long = "allow-path")]
     pub allowed_paths: Vec<PathBuf>,
+    /// A host name clients reach poold by, besides localhost and IP
+    /// addresses (repeatable; DNS-rebinding protection refuses others).
+    #[arg(long = "allow-host", value_name = "NAME")]
+    pub allowed_hosts: Vec<String>,
     #[arg(long)]
     pub branch_concurrency: Option<usize>,
     /// A pool: TAG=MIN[:MAX] (repeatable); add ",cold" to park children
@@ -86,6 +90,7 @@ impl Args {
             c.branch_concurrency = v;
         }
         c.allowed_paths.extend(self.allowed_paths.iter().cloned());
+        c.allowed_hosts.extend(self.allowed_hosts.iter().cloned());
         for p in &self.pools {
             let (tag, spec) = parse_pool(p)?;
             c.pools.insert(tag, spec);
@@ -127,6 +132,9 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
 
 /// Entry point of the poold binary.
 pub fn main() -> ExitCode {
+    // Files poold creates hold sandbox data: private even where a mode is
+    // not set explicitly (RocksDB, qemu-img, forkd-fs's socket and log).
+    forkd_vmm::private::restrict_umask();
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_env("POOLD_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));

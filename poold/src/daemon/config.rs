@@ -11,6 +11,7 @@
 //! spawn_parallel = 4
 //! default_ttl_secs = 0             # 0: sandboxes live until deleted
 //! allowed_paths = ["/srv/images"]  # where POST /v1/snapshots may read kernel/rootfs
+//! allowed_hosts = ["poold.internal"] # Host names answered besides localhost and IPs
 //! default_cpus = 1.0               # CPU quota of a sandbox that asks for none (unset: unlimited)
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
 //! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
@@ -54,6 +55,9 @@ pub struct Config {
     /// Extra directories `POST /v1/snapshots` may read `kernel`/`rootfs`
     /// from (besides the data dir).
     pub allowed_paths: Vec<PathBuf>,
+    /// Host names (`Host` header) poold answers to besides `localhost` and
+    /// IP addresses (DNS-rebinding protection, `daemon::hosts`).
+    pub allowed_hosts: Vec<String>,
     /// Concurrent branches (forkd's cap); more get 503.
     pub branch_concurrency: usize,
     /// Pools by snapshot tag.
@@ -78,6 +82,7 @@ impl Default for Config {
             spawn_parallel: 4,
             default_ttl_secs: 0,
             allowed_paths: Vec::new(),
+            allowed_hosts: Vec::new(),
             branch_concurrency: 4,
             pools: BTreeMap::new(),
             default_cpus: None,
@@ -137,6 +142,18 @@ impl Config {
             forkd_layers::validate_tag(tag).with_context(|| format!("pool {tag:?}"))?;
             p.validate().with_context(|| format!("pool {tag:?}"))?;
         }
+        for h in &self.allowed_hosts {
+            let ok = !h.is_empty()
+                && h.len() <= 253
+                && h.trim_end_matches('.').split('.').all(|l| {
+                    !l.is_empty()
+                        && l.len() <= 63
+                        && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                });
+            if !ok {
+                bail!("allowed_hosts entry {h:?} is not a host name (letters, digits, '-' and '.'; no port, no scheme)");
+            }
+        }
         for p in &self.allowed_paths {
             if !p.is_absolute() {
                 bail!("allowed_paths entry {} must be absolute", p.display());
@@ -162,6 +179,15 @@ mod tests {
         assert!(toml::from_str::<Config>("bnid = \"x\"").is_err());
         let bad: Config = toml::from_str("[pools.\"../x\"]\nmin_ready = 1\n").unwrap();
         assert!(bad.validate().is_err());
+        let c: Config = toml::from_str("allowed_hosts = [\"poold.internal\"]").unwrap();
+        c.validate().unwrap();
+        for bad in ["http://x", "x:80", "", "a..b", "a b"] {
+            let c = Config {
+                allowed_hosts: vec![bad.into()],
+                ..Config::default()
+            };
+            assert!(c.validate().is_err(), "{bad:?}");
+        }
         let bad: Config = toml::from_str("[pools.a]\nmin_ready = 4\nmax_ready = 2\n").unwrap();
         assert!(bad.validate().is_err());
     }

@@ -494,7 +494,7 @@ fn rotate_console(path: &std::path::Path) {
         let _ = f.seek(SeekFrom::Start(m.len() - keep));
         let _ = f.take(keep).read_to_end(&mut tail);
     }
-    let _ = std::fs::write(path.with_extension("log.1"), &tail);
+    let _ = forkd_vmm::private::write(&path.with_extension("log.1"), &tail);
     if let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) {
         let _ = f.set_len(0);
     }

@@ -7,6 +7,7 @@
 //! - [`sandbox`], [`pool`]: live handles;
 //! - [`lifecycle`]: spawn, destroy, refill, adopt after a restart, TTLs;
 //! - [`api`]: the HTTP routes; [`server`]: listeners, auth and audit;
+//!   [`hosts`]: DNS-rebinding protection (the `Host` check);
 //! - [`cgroup`]: memory limits; [`metrics`]: Prometheus.
 
 pub mod api;
@@ -14,6 +15,7 @@ pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod error;
+pub mod hosts;
 pub mod lifecycle;
 pub mod metrics;
 pub mod pool;
@@ -52,6 +54,9 @@ pub struct Daemon {
     pub audit: audit::AuditLog,
     /// Bearer token, when auth is on.
     pub token: Option<String>,
+    /// What sandboxes run under, resolved once at start (`FORKD_ACCEL`);
+    /// snapshots created through the API use it, `GET /version` reports it.
+    pub accel: forkd_vmm::Accel,
     /// Sandboxes being spawned (counted against `max_sandboxes`).
     reserved: std::sync::atomic::AtomicUsize,
 }
@@ -167,14 +172,10 @@ pub struct InstanceLock {
 impl InstanceLock {
     pub fn acquire(paths: &Paths) -> Result<InstanceLock> {
         let dir = paths.poold_dir();
-        std::fs::create_dir_all(&dir)?;
+        forkd_vmm::private::create_dir_all(&dir)?;
         let p = dir.join("poold.lock");
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&p)
-            .with_context(|| format!("opening {}", p.display()))?;
+        let f =
+            forkd_vmm::private::open_append(&p).with_context(|| format!("opening {}", p.display()))?;
         let flock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| {
                 anyhow::anyhow!(
@@ -215,7 +216,20 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
             cfg.bind
         );
     }
-    let mount = forkd_snapshot::ensure_mount_async(&paths).await?.mountpoint;
+    let accel = forkd_vmm::AccelChoice::from_env()
+        .and_then(|a| a.resolve())
+        .context("choosing the accelerator (FORKD_ACCEL)")?;
+    if accel == forkd_vmm::Accel::Tcg {
+        tracing::warn!(
+            "sandboxes run under TCG (software emulation, no hardware virtualization): \
+             guest code is translated and run inside the QEMU process, a large attack surface, \
+             and the VM jail is the only boundary left; use a host with KVM for untrusted code \
+             (see docs/security.md, \"KVM and TCG\")"
+        );
+    }
+    let mount = forkd_snapshot::ensure_mount_async(&paths)
+        .await?
+        .mountpoint;
     let reader = {
         let p = paths.clone();
         tokio::task::spawn_blocking(move || {
@@ -245,6 +259,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         token,
+        accel,
         cfg,
     });
     // Pools set through the API override the config file's.

@@ -1,7 +1,8 @@
 //! The HTTP server: a TCP listener (127.0.0.1:8889 by default) or a unix
-//! socket, bearer-token auth on everything but `/healthz`, an audit line per
-//! request (the outermost layer, so 401s are logged too), and errors always
-//! as `{"error": "..."}`.
+//! socket, the `Host` check against DNS rebinding on every route
+//! ([`super::hosts`]), bearer-token auth on everything but `/healthz`, an
+//! audit line per request (the outermost layer, so 421s and 401s are logged
+//! too), and errors always as `{"error": "..."}`.
 
 use super::audit::Entry;
 use super::Daemon;
@@ -24,7 +25,24 @@ pub fn app(d: Arc<Daemon>) -> Router {
         .route("/healthz/", get(healthz))
         .merge(api)
         .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(host_policy(&d.cfg)),
+            super::hosts::check_host,
+        ))
         .layer(middleware::from_fn_with_state(d, audit))
+}
+
+/// Which `Host` values this listener answers: any on a unix socket (no
+/// browser reaches it), else localhost, IPs and `allowed_hosts`.
+fn host_policy(cfg: &super::config::Config) -> super::hosts::HostPolicy {
+    if cfg.unix.is_some() {
+        super::hosts::HostPolicy {
+            any: true,
+            names: Vec::new(),
+        }
+    } else {
+        super::hosts::HostPolicy::tcp(&cfg.allowed_hosts)
+    }
 }
 
 async fn healthz() -> Json<serde_json::Value> {
@@ -109,6 +127,10 @@ async fn audit(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Respon
     let t0 = Instant::now();
     let method = req.method().to_string();
     let path = req.uri().path().to_string();
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
     let remote = req
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -123,6 +145,7 @@ async fn audit(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Respon
         path: &path,
         status: r.status().as_u16(),
         remote: &remote,
+        host: host.as_deref(),
         auth,
         duration_ms: t0.elapsed().as_millis() as u64,
     });
@@ -156,7 +179,7 @@ pub async fn serve(d: Arc<Daemon>) -> Result<()> {
         Some(path) => {
             remove_stale_socket(path)?;
             if let Some(dir) = path.parent() {
-                std::fs::create_dir_all(dir)?;
+                forkd_vmm::private::create_dir_all(dir)?;
             }
             let l = tokio::net::UnixListener::bind(path)
                 .with_context(|| format!("binding {}", path.display()))?;

@@ -112,10 +112,10 @@ impl StateFile {
     /// Replaces the file with `state`, durably.
     pub fn save(&self, state: &State) -> Result<()> {
         let dir = self.path.parent().context("state file has no directory")?;
-        std::fs::create_dir_all(dir)?;
+        forkd_vmm::private::create_dir_all(dir)?;
         let tmp = self.path.with_extension("json.tmp");
         let mut f =
-            std::fs::File::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+            forkd_vmm::private::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
         f.write_all(&serde_json::to_vec_pretty(state)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &self.path)

@@ -10,14 +10,24 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<()> {
     if !base.exists() {
         bail!("disk base {} does not exist", base.display());
     }
+    precreate(overlay)?;
     qemu_img(
         "create",
         &["-q", "-f", "qcow2", "-F", "raw", "-b"],
         &[base.as_os_str(), overlay.as_os_str()],
         overlay,
     )
-    .await
-    .map(drop)
+    .await?;
+    private_disk(overlay)
+}
+
+/// Creates `p` empty and private before qemu-img writes it (qemu-img keeps
+/// an existing file's mode), so a disk is never readable by others, not
+/// even for a moment.
+fn precreate(p: &Path) -> Result<()> {
+    crate::private::create(p)
+        .map(drop)
+        .with_context(|| format!("creating {}", p.display()))
 }
 
 /// Creates `overlay` (qcow2) over a raw base without opening the base
@@ -35,14 +45,26 @@ pub async fn create_overlay_on(
     overlay: &Path,
 ) -> Result<()> {
     let size = size.to_string();
+    precreate(overlay)?;
     qemu_img(
         "create",
         &["-q", "-f", "qcow2", "-F", base_format, "-u", "-b"],
         &[base.as_os_str(), overlay.as_os_str(), size.as_ref()],
         overlay,
     )
-    .await
-    .map(drop)
+    .await?;
+    private_disk(overlay)
+}
+
+/// A disk overlay holds what its VM wrote: root's only (qemu-img creates it
+/// with the umask's mode). The jail then hands it to the VM's uid, 0600.
+fn private_disk(p: &Path) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(
+        p,
+        std::fs::Permissions::from_mode(crate::private::FILE_MODE),
+    )
+    .with_context(|| format!("making {} private", p.display()))
 }
 
 /// One extent of `qemu-img map --output=json`.

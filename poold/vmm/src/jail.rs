@@ -130,7 +130,9 @@ impl UidClaim {
 
     fn acquire_in(dir: &Path, cfg: &JailConfig, vm_dir: &Path) -> Result<UidClaim> {
         use std::io::Write;
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        use std::os::unix::fs::OpenOptionsExt;
+        crate::private::create_dir_all(dir)
+            .with_context(|| format!("creating {}", dir.display()))?;
         let slots = cfg.uid_count - 1;
         let start = rand::random::<u32>() % slots;
         for i in 0..slots {
@@ -140,6 +142,7 @@ impl UidClaim {
                 match std::fs::OpenOptions::new()
                     .write(true)
                     .create_new(true)
+                    .mode(crate::private::FILE_MODE)
                     .open(&file)
                 {
                     Ok(mut f) => {

@@ -17,6 +17,7 @@ mod cgroup;
 mod disk;
 mod jail;
 mod migrate;
+pub mod private;
 mod process;
 mod qemu;
 mod qmp;
@@ -109,7 +110,7 @@ impl VmDir {
 
     fn write_record(&self, r: &VmRecord) -> Result<()> {
         let tmp = self.path.join("vm.json.tmp");
-        std::fs::write(&tmp, serde_json::to_vec_pretty(r)?)?;
+        crate::private::write(&tmp, &serde_json::to_vec_pretty(r)?)?;
         std::fs::rename(&tmp, self.record())?;
         Ok(())
     }
@@ -186,7 +187,7 @@ impl Vm {
     where
         F: AsyncFnOnce(&mut Vm) -> Result<()>,
     {
-        std::fs::create_dir_all(&dir.path)
+        private::create_dir_all(&dir.path)
             .with_context(|| format!("creating {}", dir.path.display()))?;
         let mut guard = DirGuard(Some(&dir.path));
         match &spec.disk {
@@ -221,12 +222,12 @@ impl Vm {
     pub async fn spawn(id: &str, dir: VmDir, launch: &Launch, lifetime: Lifetime) -> Result<Vm> {
         let jail_cfg = jail::JailConfig::get()?;
         let binary = jail::resolve_binary(&qemu::qemu_binary())?;
-        std::fs::create_dir_all(dir.sock_dir())?;
+        crate::private::create_dir_all(&dir.sock_dir())?;
         for s in [&launch.qmp_socket, &launch.agent_socket] {
             crate::check_socket_path(s)?;
             let _ = std::fs::remove_file(s);
         }
-        let log = std::fs::File::create(dir.qemu_log())?;
+        let log = crate::private::create(&dir.qemu_log())?;
         let mut cmd = std::process::Command::new(&binary);
         // argv[0] stays the plain name, as tools that find QEMUs expect.
         std::os::unix::process::CommandExt::arg0(&mut cmd, qemu::qemu_binary());
@@ -493,6 +494,7 @@ fn create_file(p: &Path) -> Result<()> {
     std::fs::OpenOptions::new()
         .create(true)
         .append(true)
+        .mode(crate::private::FILE_MODE)
         .custom_flags(libc::O_NOFOLLOW)
         .open(p)
         .map(drop)

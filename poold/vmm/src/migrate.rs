@@ -53,7 +53,7 @@ impl Vm {
     pub async fn save_state(&self, path: &Path) -> Result<()> {
         let uri = file_uri(path)?;
         // A jailed QEMU can write only files made for it.
-        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        crate::private::create(path).with_context(|| format!("creating {}", path.display()))?;
         self.give(path)?;
         self.set_ignore_shared(true).await?;
         self.qmp

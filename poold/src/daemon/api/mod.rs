@@ -62,11 +62,25 @@ pub fn routes(d: Arc<Daemon>) -> Router {
         .with_state(d)
 }
 
-async fn version() -> Json<serde_json::Value> {
+/// The version, plus what isolates sandboxes on this host: the
+/// accelerator poold resolved at start and whether QEMUs are jailed, so a
+/// client can tell a KVM host from a weaker TCG one (docs/security.md).
+async fn version(State(d): State<Arc<Daemon>>) -> Json<serde_json::Value> {
+    use forkd_vmm::Accel;
+    let jailed = forkd_vmm::JailConfig::get().is_ok_and(|j| j.enabled);
+    let isolation = match (d.accel, jailed) {
+        (Accel::Kvm, true) => "hardware virtualization (KVM) and a jailed QEMU per sandbox",
+        (Accel::Kvm, false) => "hardware virtualization (KVM); the QEMU jail is off",
+        (Accel::Tcg, true) => "software emulation (TCG): no hardware boundary, the jailed QEMU process is the only one; weaker than KVM, see docs/security.md",
+        (Accel::Tcg, false) => "software emulation (TCG) with the QEMU jail off: a QEMU bug is host root; for debugging only",
+    };
     Json(serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "api": "v1",
         "compat": "forkd 0.5.3",
+        "accelerator": d.accel.as_str(),
+        "jail": jailed,
+        "isolation": isolation,
     }))
 }
 

@@ -206,9 +206,7 @@ async fn create_work(
         image,
         mem_mib: b.mem_mib.unwrap_or(512),
         vcpus: b.vcpus.unwrap_or(1),
-        accel: forkd_vmm::AccelChoice::from_env()
-            .and_then(|a| a.resolve())
-            .map_err(ApiError::from_anyhow)?,
+        accel: d.accel,
         warmup_cmd: b.warmup.clone(),
         eval_warmup: b.eval_warmup.clone(),
         replace_tag: false,
