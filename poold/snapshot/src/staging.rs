@@ -22,7 +22,7 @@ impl Staging {
             .with_context(|| format!("creating staging dir {}", path.display()))?;
         forkd_vmm::private::write(
             &path.join("owner.json"),
-            serde_json::to_vec(&ProcId::current())?,
+            &serde_json::to_vec(&ProcId::current())?,
         )?;
         Ok(Staging { path })
     }
