@@ -174,8 +174,8 @@ impl InstanceLock {
         let dir = paths.poold_dir();
         forkd_vmm::private::create_dir_all(&dir)?;
         let p = dir.join("poold.lock");
-        let f =
-            forkd_vmm::private::open_append(&p).with_context(|| format!("opening {}", p.display()))?;
+        let f = forkd_vmm::private::open_append(&p)
+            .with_context(|| format!("opening {}", p.display()))?;
         let flock = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
             .map_err(|(_, e)| {
                 anyhow::anyhow!(
@@ -227,9 +227,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
              (see docs/security.md, \"KVM and TCG\")"
         );
     }
-    let mount = forkd_snapshot::ensure_mount_async(&paths)
-        .await?
-        .mountpoint;
+    let mount = forkd_snapshot::ensure_mount_async(&paths).await?.mountpoint;
     let reader = {
         let p = paths.clone();
         tokio::task::spawn_blocking(move || {

@@ -114,8 +114,8 @@ impl StateFile {
         let dir = self.path.parent().context("state file has no directory")?;
         forkd_vmm::private::create_dir_all(dir)?;
         let tmp = self.path.with_extension("json.tmp");
-        let mut f =
-            forkd_vmm::private::create(&tmp).with_context(|| format!("writing {}", tmp.display()))?;
+        let mut f = forkd_vmm::private::create(&tmp)
+            .with_context(|| format!("writing {}", tmp.display()))?;
         f.write_all(&serde_json::to_vec_pretty(state)?)?;
         f.sync_all()?;
         std::fs::rename(&tmp, &self.path)
