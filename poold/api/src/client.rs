@@ -119,18 +119,22 @@ impl Client {
             .with_context(|| format!("decoding the answer to {method} {path}"))
     }
 
+    /// `GET path`, decoding the JSON answer (see [`Client::call`]).
     pub async fn get<T: DeserializeOwned>(&self, path: &str) -> Result<T> {
         self.call(Method::GET, path, None).await
     }
 
+    /// `POST path` with a JSON body, decoding the JSON answer.
     pub async fn post<T: DeserializeOwned>(&self, path: &str, body: Value) -> Result<T> {
         self.call(Method::POST, path, Some(body)).await
     }
 
+    /// `PUT path` with a JSON body, decoding the JSON answer.
     pub async fn put<T: DeserializeOwned>(&self, path: &str, body: Value) -> Result<T> {
         self.call(Method::PUT, path, Some(body)).await
     }
 
+    /// `DELETE path`; any 2xx answer is success and its body is ignored.
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.call::<Value>(Method::DELETE, path, None)
             .await

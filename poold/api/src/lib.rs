@@ -6,6 +6,8 @@
 //! call it, and any Rust program that drives poold. Knows nothing of how
 //! a request is carried out.
 
+#![warn(missing_docs)]
+
 mod client;
 mod types;
 

@@ -7,30 +7,42 @@ use serde::{Deserialize, Serialize};
 /// forkd's `SnapshotInfo`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SnapshotInfo {
+    /// Name the snapshot is addressed by in the API (`/v1/snapshots/:tag`).
     pub tag: String,
     /// Where the snapshot's files are (the forkd-fs directory).
     pub dir: String,
+    /// When the snapshot was committed, seconds since the Unix epoch.
     pub created_at_unix: u64,
+    /// Id of the sandbox it was branched from (`compact:<tag>` for a compaction); absent for a created snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub branched_from: Option<String>,
+    /// QEMU's STOP → RESUME time on the branched sandbox, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pause_ms: Option<f64>,
+    /// Time to store the branch in the layer store, ms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff_ms: Option<f64>,
+    /// Bytes the branch added to the store beyond what its parent already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff_physical_bytes: Option<u64>,
+    /// forkd's uncompressed size of the branch's changes, bytes; set only when a branch recorded it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff_logical_bytes: Option<u64>,
+    /// Why the snapshot cannot boot (e.g. the files it lacks); absent when it can.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warning: Option<String>,
     /// `writing`, `ready` or `failed`.
     pub status: String,
+    /// Whether every file a restore needs is present.
     pub bootable: bool,
     // Ours.
+    /// Ours: the layer store's snapshot id (what `parent_content_hash` names).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub id: Option<String>,
+    /// Ours: tag (or id, when untagged) of the snapshot this one was branched from.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub parent_tag: Option<String>,
+    /// Ours: the guest image it was booted from, when it came from one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
 }
@@ -38,21 +50,34 @@ pub struct SnapshotInfo {
 /// forkd's `SandboxInfo`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct SandboxInfo {
+    /// Sandbox id, `sb-` + 24 hex digits; also its hostname and VM directory name.
     pub id: String,
+    /// Tag of the snapshot it was restored from.
     pub snapshot_tag: String,
+    /// forkd's per-child network namespace; always null (guests have no network device).
     pub netns: Option<String>,
+    /// forkd's guest IP address; always null (guests are reached through the agent).
     pub guest_addr: Option<String>,
+    /// When the sandbox was spawned, seconds since the Unix epoch.
     pub created_at_unix: u64,
+    /// Pid of the sandbox's QEMU process on the host.
     pub pid: Option<u32>,
+    /// Memory limit of its cgroup, MiB; absent when unlimited.
     pub memory_limit_mib: Option<u64>,
+    /// Whether a snapshot has ever been branched from it (`branch_count > 0`).
     pub has_branched: bool,
+    /// forkd's path of the last branch's memory file; always null (branches live in the layer store).
     pub last_branch_memory_path: Option<String>,
+    /// How many snapshots have been branched from this sandbox.
     pub branch_count: u32,
     // Ours.
+    /// Layer store id of the snapshot it was restored from (stable across re-tagging).
     pub snapshot_id: String,
+    /// The guest's hostname: the sandbox id.
     pub hostname: String,
     /// 0 when it never expires.
     pub expires_at_unix: u64,
+    /// Whether it was handed out from a pool (a hit) rather than restored on demand.
     pub pool_hit: bool,
     /// Spawn request received → this sandbox's agent answered, ms.
     pub spawn_ms: u64,
@@ -68,11 +93,15 @@ pub struct SandboxInfo {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnBody {
+    /// Tag of the snapshot to restore the children from.
     pub snapshot_tag: String,
+    /// How many sandboxes to spawn, 1..=1000.
     #[serde(default = "one")]
     pub n: usize,
+    /// forkd: a network namespace per child. Refused (400): guests have no network device.
     #[serde(default)]
     pub per_child_netns: bool,
+    /// Memory limit per child, MiB (cgroup-enforced); unset takes the config default.
     #[serde(default)]
     pub memory_limit_mib: Option<u64>,
     /// Ours: CPU quota in CPUs (0.5 = half a core), cgroup-enforced.
@@ -89,6 +118,7 @@ pub struct SpawnBody {
     /// copy-on-write mapping already.
     #[serde(default)]
     pub live_fork: bool,
+    /// forkd: hugepage-backed guest RAM. Accepted; changes nothing here.
     #[serde(default)]
     pub hugepages: bool,
     /// Ours: kill the sandboxes after this many seconds.
@@ -104,6 +134,7 @@ fn one() -> usize {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshotBody {
+    /// Tag to store the new snapshot under; must not exist yet.
     pub tag: String,
     /// Ours: an image name (`forkd image ls`).
     #[serde(default)]
@@ -114,14 +145,19 @@ pub struct CreateSnapshotBody {
     /// forkd: a root filesystem image path (same rule).
     #[serde(default)]
     pub rootfs: Option<String>,
+    /// forkd: a writable root filesystem. Accepted for compatibility.
     #[serde(default)]
     pub rw: bool,
+    /// forkd: a host tap device for the guest. Refused (400): guests have no network.
     #[serde(default)]
     pub tap: Option<String>,
+    /// forkd: seconds to wait for the guest to boot, at most 60.
     #[serde(default)]
     pub boot_wait_secs: Option<u64>,
+    /// Guest RAM, MiB (default 512).
     #[serde(default)]
     pub mem_mib: Option<u64>,
+    /// Guest vCPUs (default 1).
     #[serde(default)]
     pub vcpus: Option<u32>,
     /// Shell command run before the snapshot.
@@ -136,15 +172,19 @@ pub struct CreateSnapshotBody {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
+    /// forkd: the program and its arguments, run without a shell; required unless `cmd`.
     #[serde(default)]
     pub args: Vec<String>,
     /// Ours: a shell command instead of `args`.
     #[serde(default)]
     pub cmd: Option<String>,
+    /// Seconds before the process group is killed and the reply says `timed_out` (default 30).
     #[serde(default = "thirty")]
     pub timeout_secs: f64,
+    /// Ours: environment variables added for the command.
     #[serde(default)]
     pub env: std::collections::BTreeMap<String, String>,
+    /// Ours: working directory in the guest (absolute).
     #[serde(default)]
     pub cwd: Option<String>,
     /// Ours: bytes for stdin (UTF-8 text).
@@ -159,12 +199,18 @@ fn thirty() -> f64 {
 /// forkd's exec reply, plus what we know beyond it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ExecReply {
+    /// The command's standard output (lossy UTF-8).
     pub stdout: String,
+    /// The command's standard error (lossy UTF-8).
     pub stderr: String,
+    /// The command's exit status; not meaningful when `signal` is set or `timed_out`.
     pub exit_code: i64,
+    /// Ours: the signal that ended the command, if one did.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// Ours: the timeout elapsed and the process group was killed.
     pub timed_out: bool,
+    /// Ours: how long the command ran, ms.
     pub duration_ms: u64,
 }
 
@@ -172,7 +218,9 @@ pub struct ExecReply {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EvalBody {
+    /// Python source: statements and/or a final expression whose value is returned.
     pub code: String,
+    /// Ours: seconds before the evaluation is abandoned (504).
     #[serde(default)]
     pub timeout_secs: Option<f64>,
 }
@@ -180,12 +228,18 @@ pub struct EvalBody {
 /// forkd's eval reply (`result` or `error`, `exit_code`), plus ours.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct EvalReply {
+    /// `repr()` of the final expression's value; absent when there was none, it was `None`, or the code raised.
     pub result: Option<String>,
+    /// The raised exception (`Type: message`); absent on success.
     pub error: Option<String>,
+    /// 0 on success, 1 when the code raised.
     pub exit_code: i64,
+    /// Ours: the Python traceback of the raised exception.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub traceback: Option<String>,
+    /// Ours: what the code printed to standard output.
     pub stdout: String,
+    /// Ours: what the code printed to standard error.
     pub stderr: String,
 }
 
@@ -235,12 +289,20 @@ impl PoolSpec {
 /// What `GET /v1/pools` shows for one pool.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PoolStatus {
+    /// Tag of the snapshot whose children the pool holds.
     pub tag: String,
+    /// Paused children the pool refills to.
     pub min_ready: usize,
+    /// Upper bound on ready children (the effective one, never below `min_ready`).
     pub max_ready: usize,
+    /// Whether children are warmed (resumed once, paused again) before parking.
     pub warm: bool,
+    /// Children ready to hand out now.
     pub ready: usize,
+    /// Children being restored for the pool now.
     pub in_flight: usize,
+    /// Spawns served from the pool since poold started.
     pub hits: u64,
+    /// Spawns that found the pool empty and restored on demand.
     pub misses: u64,
 }
