@@ -8,9 +8,12 @@ use std::path::Path;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum AccelChoice {
+    /// KVM if this host can run a Linux guest with it, TCG otherwise.
     #[default]
     Auto,
+    /// KVM or fail: never fall back to TCG.
     Kvm,
+    /// TCG even where KVM works (slow, but runs anywhere).
     Tcg,
 }
 
@@ -18,11 +21,14 @@ pub enum AccelChoice {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
+    /// Hardware virtualization through /dev/kvm.
     Kvm,
+    /// QEMU's software emulator.
     Tcg,
 }
 
 impl Accel {
+    /// QEMU's `-accel` name: `kvm` or `tcg`.
     pub fn as_str(self) -> &'static str {
         match self {
             Accel::Kvm => "kvm",

@@ -44,6 +44,7 @@ pub enum CallError {
     /// The channel to the agent failed.
     #[error("agent channel: {0}")]
     Channel(String),
+    /// The agent sent no reply within this long; the channel stays usable.
     #[error("no reply from the agent within {0:?}")]
     Timeout(Duration),
 }
@@ -197,6 +198,7 @@ impl AgentClient {
         }
     }
 
+    /// One ping round trip, failing after `timeout`: the agent's version, uptime and warm-interpreter state.
     pub async fn ping(&self, timeout: Duration) -> Result<PingResult, CallError> {
         Ok(self.call_typed(Op::Ping, &[], timeout).await?.0)
     }
@@ -255,12 +257,14 @@ impl AgentClient {
             .map(|_| ())
     }
 
+    /// Sends `signal` to the process group of the running exec `target`.
     pub async fn signal(&self, target: u64, signal: i32) -> Result<(), CallError> {
         self.call(Op::Signal { target, signal }, &[], Duration::from_secs(10))
             .await
             .map(|_| ())
     }
 
+    /// Runs Python `code` in the guest's warm interpreter with the agent-side `timeout_ms`; the call itself waits that (5 min when `None`) plus a margin.
     pub async fn eval(&self, code: &str, timeout_ms: Option<u64>) -> Result<EvalResult, CallError> {
         let spec = EvalSpec {
             code: code.to_string(),
@@ -276,6 +280,7 @@ impl AgentClient {
             .0)
     }
 
+    /// Reads `len` bytes of a guest file from `offset` (to the end when `None`).
     pub async fn read_file(
         &self,
         path: &str,
@@ -290,6 +295,7 @@ impl AgentClient {
         self.call_typed(op, &[], Duration::from_secs(120)).await
     }
 
+    /// Writes a guest file (atomically unless `append`), creating its parents; returns its stat.
     pub async fn write_file(
         &self,
         path: &str,
@@ -306,6 +312,7 @@ impl AgentClient {
         Ok(self.call_typed(op, data, Duration::from_secs(120)).await?.0)
     }
 
+    /// Lists a guest directory.
     pub async fn list(&self, path: &str) -> Result<ListResult, CallError> {
         Ok(self
             .call_typed(
@@ -317,6 +324,7 @@ impl AgentClient {
             .0)
     }
 
+    /// Stats a guest path.
     pub async fn stat(&self, path: &str) -> Result<FileStat, CallError> {
         Ok(self
             .call_typed(Op::Stat { path: path.into() }, &[], Duration::from_secs(60))
@@ -324,6 +332,7 @@ impl AgentClient {
             .0)
     }
 
+    /// Creates a guest directory (and its missing parents when `parents`); returns its stat.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, CallError> {
         let op = Op::Mkdir {
             path: path.into(),
@@ -333,6 +342,7 @@ impl AgentClient {
         Ok(self.call_typed(op, &[], Duration::from_secs(60)).await?.0)
     }
 
+    /// Removes a guest file or empty directory; a whole tree when `recursive`.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), CallError> {
         let op = Op::Remove {
             path: path.into(),

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 /// The limits of one sandbox; `None` is unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Limits {
+    /// Memory limit, MiB (memory.max, which QEMU's RAM counts against).
     pub memory_mib: Option<u64>,
     /// CPU time per wall time, in CPUs (0.5 = half a core).
     pub cpus: Option<f64>,
@@ -30,6 +31,7 @@ pub const MIN_PIDS: u64 = 32;
 pub const MAX_CPUS: f64 = 1024.0;
 
 impl Limits {
+    /// True when nothing is limited, so no cgroup is needed.
     pub fn is_empty(&self) -> bool {
         self.memory_mib.is_none() && self.cpus.is_none() && self.pids_max.is_none()
     }
@@ -65,8 +67,11 @@ impl Limits {
 /// A controller.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Controller {
+    /// `memory`: caps the VM process's memory.
     Memory,
+    /// `cpu`: the CFS quota.
     Cpu,
+    /// `pids`: caps the number of tasks.
     Pids,
 }
 
@@ -85,13 +90,18 @@ impl Controller {
 pub enum Hierarchy {
     /// cgroup v2 mounted at `root`, offering `controllers`.
     V2 {
+        /// The unified mount, normally `/sys/fs/cgroup`.
         root: PathBuf,
+        /// Controllers listed in the root's `cgroup.controllers`.
         controllers: Vec<String>,
     },
     /// cgroup v1: each controller's own mount, when it has one.
     V1 {
+        /// Mount of the v1 memory controller.
         memory: Option<PathBuf>,
+        /// Mount of the v1 cpu controller.
         cpu: Option<PathBuf>,
+        /// Mount of the v1 pids controller.
         pids: Option<PathBuf>,
     },
 }

@@ -41,7 +41,9 @@ pub const DEFAULT_UID_COUNT: u32 = 65536;
 pub struct JailConfig {
     /// False only when switched off (`FORKD_JAIL=off`) or not running as root.
     pub enabled: bool,
+    /// First uid of the jail range; each VM gets its own uid from it.
     pub uid_base: u32,
+    /// Number of uids in the range (slot 0 is the group, so one less VM at once).
     pub uid_count: u32,
     /// The group every jailed QEMU runs in; it may read the shared,
     /// read-only inputs (images, kernel) and nothing else.

@@ -11,6 +11,8 @@
 //! process and the process that owns it. Records let a later run prove which
 //! leftovers are dead and sweep them.
 
+#![warn(missing_docs)]
+
 mod accel;
 mod agent;
 mod cgroup;
@@ -53,10 +55,15 @@ pub enum Lifetime {
 /// The persistent record of one VM (`vm.json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct VmRecord {
+    /// VM id; also the VM directory's name.
     pub id: String,
+    /// The QEMU process, by pid and start time so a reused pid is not mistaken for it.
     pub qemu: ProcId,
+    /// The process responsible for the VM (see [`Lifetime`]); sweeps check whether it is still alive.
     pub owner: ProcId,
+    /// Whether the VM dies with its owner or is re-adopted.
     pub lifetime: Lifetime,
+    /// When the VM was started, seconds since the Unix epoch.
     pub created_at_unix: u64,
     /// The uid QEMU runs as when jailed (see [`jail`]); None when unjailed.
     #[serde(default)]
@@ -66,10 +73,12 @@ pub struct VmRecord {
 /// Files of one VM directory.
 #[derive(Debug, Clone)]
 pub struct VmDir {
+    /// The directory, `$FORKD_HOME/run/vms/<id>/`.
     pub path: PathBuf,
 }
 
 impl VmDir {
+    /// Wraps an existing or to-be-made VM directory; touches nothing.
     pub fn new(path: PathBuf) -> VmDir {
         VmDir { path }
     }
@@ -78,9 +87,11 @@ impl VmDir {
     pub fn sock_dir(&self) -> PathBuf {
         self.path.join("sock")
     }
+    /// QEMU's QMP socket.
     pub fn qmp(&self) -> PathBuf {
         self.sock_dir().join("qmp.sock")
     }
+    /// The virtio-serial socket the guest agent is reached through.
     pub fn agent(&self) -> PathBuf {
         self.sock_dir().join("agent.sock")
     }
@@ -88,19 +99,24 @@ impl VmDir {
     pub fn migrate_sock(&self) -> PathBuf {
         self.sock_dir().join("migrate.sock")
     }
+    /// The guest's serial console output.
     pub fn console(&self) -> PathBuf {
         self.path.join("console.log")
     }
+    /// QEMU's own stderr and log.
     pub fn qemu_log(&self) -> PathBuf {
         self.path.join("qemu.log")
     }
+    /// The VM's private qcow2 disk overlay.
     pub fn disk(&self) -> PathBuf {
         self.path.join("disk.qcow2")
     }
+    /// The persistent record, `vm.json`.
     pub fn record(&self) -> PathBuf {
         self.path.join("vm.json")
     }
 
+    /// Reads and parses `vm.json`.
     pub fn read_record(&self) -> Result<VmRecord> {
         let text = std::fs::read(self.record())
             .with_context(|| format!("reading {}", self.record().display()))?;
@@ -140,19 +156,31 @@ pub enum DiskBase {
     Image(PathBuf),
     /// A snapshot's `rootfs.img` on the forkd-fs mount, whose size is known
     /// from the snapshot record (no `stat` through FUSE on the hot path).
-    Snapshot { path: PathBuf, size: u64 },
+    Snapshot {
+        /// `MOUNT/by-id/<snapshot-id>/rootfs.img`.
+        path: PathBuf,
+        /// Its size in bytes, from the snapshot record.
+        size: u64,
+    },
 }
 
 /// What to start: everything but the VM's file paths, which come from its
 /// directory ([`VmDir`]).
 #[derive(Debug, Clone)]
 pub struct StartSpec {
+    /// VM id; its directory's name and QEMU's `-name`.
     pub id: String,
+    /// The guest hardware; a child's must equal its snapshot's.
     pub machine: Machine,
+    /// How guest RAM is backed.
     pub memory: Memory,
+    /// Cold boot or incoming migration.
     pub boot: Boot,
+    /// What the disk overlay is created on.
     pub disk: DiskBase,
+    /// Whether the VM dies with this process or outlives it.
     pub lifetime: Lifetime,
+    /// A tap device for a guest NIC; None for no network.
     pub nic: Option<qemu::Nic>,
 }
 
@@ -170,10 +198,15 @@ impl Drop for DirGuard<'_> {
 
 /// A running VM with its control channels.
 pub struct Vm {
+    /// VM id; also its directory's name.
     pub id: String,
+    /// Its directory: sockets, logs, disk overlay, record.
     pub dir: VmDir,
+    /// Its persistent record, as written to `vm.json`.
     pub record: VmRecord,
+    /// QMP connection to its QEMU.
     pub qmp: Qmp,
+    /// Channel to its guest agent.
     pub agent: AgentClient,
     child: Option<process::Spawned>,
 }
@@ -323,6 +356,7 @@ impl Vm {
         })
     }
 
+    /// Pid of its QEMU process.
     pub fn pid(&self) -> u32 {
         self.record.qemu.pid
     }

@@ -7,6 +7,7 @@ use serde::{Deserialize, Serialize};
 /// A specific process instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcId {
+    /// The process id (may be reused once the process is gone).
     pub pid: u32,
     /// Clock ticks after boot at which the process started.
     pub start_time: u64,

@@ -56,10 +56,13 @@ pub fn check_qemu() -> anyhow::Result<String> {
 /// a child must be started with an identical one.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Machine {
+    /// KVM or TCG.
     pub accel: Accel,
     /// CPU model: `max` under TCG, `host` under KVM.
     pub cpu: String,
+    /// Guest RAM, MiB.
     pub mem_mib: u64,
+    /// Number of vCPUs.
     pub vcpus: u32,
     /// Whether the guest has a virtio-net device.
     #[serde(default)]
@@ -67,6 +70,7 @@ pub struct Machine {
 }
 
 impl Machine {
+    /// The machine for `accel`, with the CPU model that accelerator needs and no NIC.
     pub fn new(accel: Accel, mem_mib: u64, vcpus: u32) -> Machine {
         let cpu = match accel {
             Accel::Kvm => "host",
@@ -218,8 +222,11 @@ pub enum Memory {
 pub enum Boot {
     /// Cold boot a kernel.
     Kernel {
+        /// The guest kernel image.
         kernel: PathBuf,
+        /// The initrd (forkd-init).
         initrd: PathBuf,
+        /// The kernel command line.
         cmdline: String,
     },
     /// Wait for an incoming migration (a restore), started over QMP.
@@ -229,22 +236,32 @@ pub enum Boot {
 /// A tap device for the guest's NIC.
 #[derive(Debug, Clone)]
 pub struct Nic {
+    /// Host tap device name.
     pub tap: String,
+    /// The guest NIC's MAC address.
     pub mac: String,
 }
 
 /// One QEMU invocation.
 #[derive(Debug, Clone)]
 pub struct Launch {
+    /// QEMU's `-name`: the VM id.
     pub name: String,
+    /// The guest hardware; a child's must equal its snapshot's.
     pub machine: Machine,
+    /// How guest RAM is backed.
     pub memory: Memory,
+    /// Cold boot or incoming migration.
     pub boot: Boot,
     /// The root disk: a qcow2 overlay private to this VM.
     pub disk: PathBuf,
+    /// QMP socket QEMU listens on.
     pub qmp_socket: PathBuf,
+    /// Socket of the agent's virtio-serial port.
     pub agent_socket: PathBuf,
+    /// File the serial console is appended to.
     pub console_log: PathBuf,
+    /// A tap-backed virtio-net NIC; None for no network device.
     pub nic: Option<Nic>,
 }
 
