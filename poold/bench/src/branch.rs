@@ -19,8 +19,11 @@ use std::path::Path;
 /// The benchmark's knobs.
 #[derive(Debug, Clone)]
 pub struct BranchBench {
+    /// Guest image the busy source is booted from (`forkd image ls`).
     pub image: String,
+    /// Guest RAM of every VM, MiB.
     pub mem_mib: u64,
+    /// Accelerator every VM runs under.
     pub accel: Accel,
     /// Live branches of the busy source.
     pub branches: usize,
@@ -39,6 +42,7 @@ fn tag(run: &str, what: &str) -> String {
     format!("bench-br-{run}-{what}")
 }
 
+/// Runs the branch benchmark and prints its report; every snapshot it made is deleted at the end.
 pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
     let qemu = forkd_vmm::check_qemu()?;
     let run = forkd_snapshot::util::random_hex(3);

@@ -18,12 +18,17 @@ use std::time::Instant;
 /// The benchmark's knobs.
 #[derive(Debug, Clone)]
 pub struct ForkBench {
+    /// Guest image the snapshot and the cold boots start from.
     pub image: String,
+    /// Guest RAM of every VM, MiB.
     pub mem_mib: u64,
+    /// Accelerator every VM runs under.
     pub accel: Accel,
+    /// The child counts N measured, one fork per value.
     pub ns: Vec<usize>,
     /// Cold boots measured (sequentially) to extrapolate cold totals.
     pub cold_samples: usize,
+    /// Most children restored at once during a fork.
     pub parallel: usize,
     /// The code every child evaluates to count as ready.
     pub probe: String,

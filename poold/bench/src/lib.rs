@@ -2,6 +2,8 @@
 //! `forkd bench spawn` and `forkd bench branch`. Results and the commands that produced them are
 //! recorded in docs/BENCHMARKS.md.
 
+#![warn(missing_docs)]
+
 pub mod branch;
 pub mod fork;
 pub mod mem;

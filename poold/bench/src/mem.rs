@@ -11,8 +11,11 @@ use std::path::Path;
 /// file.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ProcMem {
+    /// PSS of the whole process, KiB.
     pub pss_kib: u64,
+    /// PSS of the mappings of the chosen file, KiB.
     pub file_pss_kib: u64,
+    /// RSS of the mappings of the chosen file, KiB (counts shared pages once per process).
     pub file_rss_kib: u64,
 }
 
@@ -89,6 +92,7 @@ pub fn resident_bytes(path: &Path) -> std::io::Result<u64> {
 /// The host memory N children of one snapshot use, in MiB per child.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ChildrenMem {
+    /// Number of children measured.
     pub children: usize,
     /// Σ each QEMU's PSS outside memory.bin.
     pub private_mib: f64,

@@ -15,9 +15,13 @@ use std::time::{Duration, Instant};
 /// The benchmark's knobs.
 #[derive(Debug, Clone)]
 pub struct SpawnBench {
+    /// Tag of the snapshot to spawn from (through poold).
     pub tag: String,
+    /// Sandboxes spawned per phase.
     pub n: usize,
+    /// Cold boots measured locally to extrapolate the cold-boot phase.
     pub cold_samples: usize,
+    /// Python each child evaluates to count as ready.
     pub probe: String,
 }
 
@@ -30,6 +34,7 @@ struct Phase {
     hits: usize,
 }
 
+/// Runs the spawn benchmark against the poold of `Client::from_env` and prints its report.
 pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
     let c = Client::from_env()?;
     let info: Value = c
