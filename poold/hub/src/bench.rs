@@ -19,13 +19,17 @@ use std::sync::Arc;
 /// What to benchmark.
 #[derive(Debug, Clone)]
 pub struct BenchOptions {
+    /// Tag of the local snapshot pushed and pulled first.
     pub base: String,
+    /// Tag of the local snapshot on top of `base` (e.g. one chain link), whose unique chunks are the expected traffic.
     pub head: String,
     /// `None`: a scratch `file://` hub; `"serve"`: a scratch `forkd hub serve`
     /// on 127.0.0.1; otherwise a hub URL (a scratch prefix or subdirectory is
     /// used for `s3://` and `file://`).
     pub hub: Option<String>,
+    /// Bearer token for an HTTP hub.
     pub token: Option<String>,
+    /// Concurrent object transfers (default: per hub kind).
     pub jobs: Option<usize>,
     /// Scratch space (hub directory, scratch stores); removed afterwards.
     pub work_dir: PathBuf,
@@ -34,18 +38,24 @@ pub struct BenchOptions {
 /// One measured step.
 #[derive(Debug, Clone)]
 pub struct BenchStep {
+    /// What the step did, e.g. "push head (hub has base)".
     pub name: &'static str,
+    /// What it moved and how long it took.
     pub report: TransferReport,
 }
 
 /// The benchmark's results.
 #[derive(Debug, Clone)]
 pub struct BenchResult {
+    /// The hub URL used (the scratch one when none was given).
     pub hub: String,
     /// The head's chunks the base lacks (`Store::diff`).
     pub unique_chunks: u64,
+    /// Stored (compressed) bytes of those chunks.
     pub unique_stored_bytes: u64,
+    /// Uncompressed bytes of those chunks.
     pub unique_raw_bytes: u64,
+    /// Each measured step, in the order run.
     pub steps: Vec<BenchStep>,
 }
 

@@ -32,9 +32,13 @@ pub const MAX_TAG_OBJECT_BYTES: u64 = 4096;
 /// One object of a hub, named by what it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Key {
+    /// A chunk, `chunks/<fan-out>/<hex>`.
     Chunk(ChunkId),
+    /// A file manifest, `manifests/<fan-out>/<hex>`.
     Manifest(ManifestId),
+    /// A snapshot record, `snapshots/<id>.json`.
     Snapshot(SnapshotId),
+    /// A tag naming a snapshot, `tags/<name>`.
     Tag(String),
 }
 

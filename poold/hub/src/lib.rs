@@ -9,6 +9,8 @@
 //!   verification, resume); [`compat`]: the QEMU check before a pull;
 //!   [`bench`]: `forkd hub bench`.
 
+#![warn(missing_docs)]
+
 pub mod auth;
 pub mod bench;
 mod compat;
@@ -30,8 +32,11 @@ pub use transfer::{pull, push, PullOptions, PushOptions, TransferReport};
 /// Where snapshots are sent to or fetched from.
 #[derive(Clone)]
 pub enum Hub {
+    /// A directory, `file:///abs/dir`.
     File(file::FileHub),
+    /// A `forkd hub serve` server, `http(s)://host:port[/path]`.
     Http(http::HttpHub),
+    /// An S3 bucket, `s3://bucket[/prefix]`.
     S3(s3::S3Hub),
     /// A pack file (read-only).
     Pack(pack::PackReader),

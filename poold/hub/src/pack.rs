@@ -43,6 +43,7 @@ pub const MAX_INDEX_BYTES: u64 = 256 << 20;
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PackIndex {
+    /// Index format version; 1.
     pub format: u32,
     /// The tag the pack was made from, if any.
     pub tag: Option<String>,
@@ -55,9 +56,13 @@ pub struct PackIndex {
 /// What [`write_pack`] wrote.
 #[derive(Debug, Clone, Default)]
 pub struct PackSummary {
+    /// Snapshot records written (the head and its parent chain).
     pub snapshots: u64,
+    /// Distinct file manifests written.
     pub manifests: u64,
+    /// Distinct chunks written, as stored (compressed).
     pub chunks: u64,
+    /// Size of the pack file, bytes.
     pub bytes: u64,
 }
 
