@@ -12,14 +12,19 @@ pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// What to boot.
 pub struct BootSpec {
+    /// VM id; names its directory under `run/vms/`.
     pub id: String,
     /// The root disk image (raw ext4); never written (the VM gets an overlay).
     pub rootfs: PathBuf,
     /// Boot this kernel instead of the data dir's.
     pub kernel: Option<PathBuf>,
+    /// The guest hardware.
     pub machine: Machine,
+    /// How guest RAM is backed (a shared file for a future parent).
     pub memory: Memory,
+    /// Guest hostname, passed on the kernel command line.
     pub hostname: String,
+    /// Whether the VM dies with this process or outlives it.
     pub lifetime: Lifetime,
 }
 

@@ -47,6 +47,7 @@ pub enum Mode {
 }
 
 impl Mode {
+    /// The mode's API name: `live`, `diff` or `full`.
     pub fn as_str(self) -> &'static str {
         match self {
             Mode::Live => "live",
@@ -71,15 +72,20 @@ pub struct Captured {
     /// The child's disk as it stood in the pause (now a read-only backing
     /// file of the child's new overlay).
     frozen_disk: PathBuf,
+    /// Time between QEMU's STOP and RESUME events on the child, ms.
     pub pause_ms: f64,
+    /// Whole capture, from its start until the child ran again, ms.
     pub capture_ms: u64,
+    /// The mode it was captured in.
     pub mode: Mode,
 }
 
 /// A committed branch.
 #[derive(Debug, Clone)]
 pub struct Branched {
+    /// The committed snapshot record.
     pub record: SnapshotRecord,
+    /// Time between QEMU's STOP and RESUME events on the child, ms.
     pub pause_ms: f64,
     /// From the start of the capture until the snapshot was committed.
     pub total_ms: u64,

@@ -19,18 +19,23 @@ use std::path::Path;
 /// compatibility check (`hub::compat`), so their names are fixed.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct VmConfig {
+    /// QEMU version that took the snapshot; a restore needs the same one.
     pub qemu_version: String,
     /// Machine type, CPU model and device list (see [`Machine::signature`]).
     pub machine_signature: String,
+    /// QEMU's `-machine` value (forkd-vmm's `MACHINE_TYPE`).
     pub machine_type: String,
     /// Accelerator, CPU model, memory, vCPUs, NIC.
     pub machine: Machine,
     /// blake3 of the kernel and initramfs the parent booted.
     pub kernel_blake3: String,
+    /// blake3 of the initramfs the parent booted.
     pub initrd_blake3: String,
+    /// Kernel command line the parent booted with.
     pub cmdline: String,
     /// The image the parent booted, and when that image was built.
     pub image: String,
+    /// When that image was built, seconds since the Unix epoch.
     pub image_built_at_unix: u64,
     /// Under KVM the guest sees the host's own CPU (`cpu=host`), and its
     /// vmstate carries that CPU's features: the host CPU it was taken on

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 /// Snapshot file names.
 pub const MEMORY: &str = "memory.bin";
+/// The device state QEMU saved (everything but RAM).
 pub const VMSTATE: &str = "vmstate";
+/// The guest's root disk, flattened to a raw image.
 pub const ROOTFS: &str = "rootfs.img";
 
 /// How long a warm-up command or eval may run.
@@ -37,7 +39,9 @@ pub enum ImageSource {
     /// A raw root filesystem image and optionally a kernel, by path (forkd's
     /// `rootfs`/`kernel`); the caller has checked the paths are allowed.
     Files {
+        /// The raw root filesystem image.
         rootfs: std::path::PathBuf,
+        /// A kernel to boot instead of the data dir's.
         kernel: Option<std::path::PathBuf>,
     },
 }
@@ -55,10 +59,15 @@ impl ImageSource {
 /// What to snapshot.
 #[derive(Debug, Clone)]
 pub struct CreateSpec {
+    /// Tag the snapshot is committed under.
     pub tag: String,
+    /// What the parent boots.
     pub image: ImageSource,
+    /// Guest RAM, MiB.
     pub mem_mib: u64,
+    /// Guest vCPUs.
     pub vcpus: u32,
+    /// Accelerator the parent (and so every child) runs under.
     pub accel: Accel,
     /// A shell command run in the parent before the pause; must exit 0.
     pub warmup_cmd: Option<String>,
@@ -75,18 +84,24 @@ pub struct CreateSpec {
 /// Where the time went.
 #[derive(Debug, Clone, Default, serde::Serialize)]
 pub struct CreateTimings {
+    /// Cold boot, from the start of the create until the VM was up, ms.
     pub boot_ms: u64,
+    /// Warm-up (the warm interpreter, the warm-up command and eval) until the pause, ms.
     pub warmup_ms: u64,
     /// From `stop` to the device state on disk.
     pub save_ms: u64,
+    /// Reading the files into the layer store and committing, ms.
     pub ingest_ms: u64,
+    /// The whole create, ms.
     pub total_ms: u64,
 }
 
 /// A committed snapshot and what it cost.
 #[derive(Debug, Clone)]
 pub struct Created {
+    /// The committed snapshot record.
     pub record: SnapshotRecord,
+    /// Where the time went.
     pub timings: CreateTimings,
     /// Pack bytes this snapshot added to the store (what dedup did not save).
     pub new_stored_bytes: u64,
@@ -314,15 +329,20 @@ pub async fn wait_warm_interpreter(vm: &Vm) -> Result<rootfs_init::protocol::Pin
 
 /// How to commit what [`ingest`] reads.
 pub struct Commit {
+    /// Tag to commit the snapshot under.
     pub tag: String,
+    /// Move the tag if it already names another snapshot.
     pub replace_tag: bool,
+    /// The snapshot this one is a link on top of; None for a root.
     pub parent: Option<forkd_layers::SnapshotId>,
     /// The parent's rootfs manifest: only the ranges the disk's overlays
     /// hold are read; all others are taken from it unread.
     pub base_rootfs: Option<forkd_layers::ManifestId>,
     /// The parent's memory manifest (chunk size and dedup reference).
     pub base_memory: Option<forkd_layers::ManifestId>,
+    /// The VM configuration to record (`VmConfig` as JSON).
     pub config: Value,
+    /// Where the snapshot came from (`branched_from`, `pause_ms`, ...), kept in the record.
     pub lineage: BTreeMap<String, Value>,
 }
 

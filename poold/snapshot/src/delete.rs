@@ -40,15 +40,25 @@ impl Dependents {
 /// Why a delete was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum DeleteError {
+    /// No snapshot has this tag or id.
     #[error("no snapshot {0:?}")]
     NotFound(String),
+    /// Other snapshots are links on top of it (neither cascade nor force was asked).
     #[error("snapshot {what} has dependent snapshots: {}; delete them first, or use cascade (delete them too) or force (keep them, orphaned)", .dependents.join(", "))]
     HasDependents {
+        /// The snapshot asked for, as given.
         what: String,
+        /// Tags (or ids) of its direct children.
         dependents: Vec<String>,
     },
+    /// Running VMs still have its files open.
     #[error("snapshot {what} is in use: {open_handles} of its files are open by running VMs (its sandboxes, pooled children, or a branch in progress); delete its sandboxes and its pool (DELETE /v1/pools/<tag>, `forkd pool rm`) first")]
-    InUse { what: String, open_handles: u64 },
+    InUse {
+        /// The snapshot asked for, as given.
+        what: String,
+        /// Its files open through forkd-fs now.
+        open_handles: u64,
+    },
 }
 
 /// Deletes the snapshot `tag_or_id` names (and, with `Cascade`, its

@@ -16,7 +16,9 @@ pub fn default_parallel() -> usize {
 
 /// A running, handed-out child.
 pub struct Child {
+    /// The child's VM, started and handed out (resumed, with its own identity).
     pub vm: Vm,
+    /// The guest hostname, `forkd-<hex>` from its VM id `fork-<hex>`.
     pub hostname: String,
     /// Phase times from this child's own start.
     pub timings: ChildTimings,
@@ -26,6 +28,7 @@ pub struct Child {
 
 /// The outcome of [`fork`].
 pub struct Forked {
+    /// The children, in start order.
     pub children: Vec<Child>,
     /// From the fork's start until every child answered.
     pub all_ready_ms: u64,

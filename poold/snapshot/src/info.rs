@@ -10,7 +10,9 @@ use std::collections::BTreeMap;
 /// One link of a snapshot's chain.
 #[derive(Debug, Clone, Serialize)]
 pub struct Link {
+    /// Snapshot id.
     pub id: String,
+    /// Tags naming this snapshot.
     pub tags: Vec<String>,
     /// Pack bytes of chunks this link has and its parent does not: what the
     /// link costs on disk (and on the wire to a host that has the parent).
@@ -22,9 +24,13 @@ pub struct Link {
 /// Detail of one snapshot.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotDetail {
+    /// Snapshot id.
     pub id: String,
+    /// Tags naming it.
     pub tags: Vec<String>,
+    /// Its parent's id; None for a root.
     pub parent: Option<String>,
+    /// When it was committed, seconds since the Unix epoch.
     pub created_at_unix: u64,
     /// Number of ancestors (0 for a root).
     pub chain_depth: usize,
@@ -36,13 +42,18 @@ pub struct SnapshotDetail {
     pub dependents: Vec<String>,
     /// File sizes (logical) and zero bytes (cost nothing).
     pub files: BTreeMap<String, FileDetail>,
+    /// Its recorded VM configuration (`VmConfig`).
     pub config: serde_json::Value,
+    /// Where it came from (`branched_from`, `pause_ms`, ...).
     pub lineage: BTreeMap<String, serde_json::Value>,
 }
 
+/// Size of one snapshot file.
 #[derive(Debug, Clone, Serialize)]
 pub struct FileDetail {
+    /// Logical size, bytes.
     pub size: u64,
+    /// Bytes in all-zero chunks, which cost nothing to store.
     pub zero_bytes: u64,
 }
 

@@ -17,6 +17,8 @@
 //! - [`staging`]: scratch directories that never outlive their owner;
 //! - [`SnapshotError`]: why a snapshot cannot be read, restored or made.
 
+#![warn(missing_docs)]
+
 pub mod boot;
 pub mod branch;
 mod config;

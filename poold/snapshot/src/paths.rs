@@ -9,6 +9,7 @@ pub const DEFAULT_HOME: &str = "/var/lib/forkd";
 /// Paths inside one data dir.
 #[derive(Debug, Clone)]
 pub struct Paths {
+    /// The data dir, `$FORKD_HOME`.
     pub home: PathBuf,
 }
 
@@ -22,6 +23,7 @@ impl Paths {
         Paths { home }
     }
 
+    /// The data dir at `home`.
     pub fn new(home: impl Into<PathBuf>) -> Paths {
         Paths { home: home.into() }
     }
@@ -30,12 +32,15 @@ impl Paths {
     pub fn kernel_dir(&self) -> PathBuf {
         self.home.join("kernel/current")
     }
+    /// The guest kernel in use.
     pub fn vmlinuz(&self) -> PathBuf {
         self.kernel_dir().join("vmlinuz")
     }
+    /// The initramfs in use (forkd-init).
     pub fn initramfs(&self) -> PathBuf {
         self.kernel_dir().join("initramfs.img")
     }
+    /// Built guest images, one directory each.
     pub fn images_dir(&self) -> PathBuf {
         self.home.join("images")
     }
@@ -59,6 +64,7 @@ impl Paths {
     pub fn vms_dir(&self) -> PathBuf {
         self.home.join("run/vms")
     }
+    /// Runtime directory of VM `id`.
     pub fn vm_dir(&self, id: &str) -> PathBuf {
         self.vms_dir().join(id)
     }

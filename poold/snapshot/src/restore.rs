@@ -22,9 +22,13 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(60);
 /// A snapshot as children see it: its files on the forkd-fs mount.
 #[derive(Debug, Clone)]
 pub struct Source {
+    /// The snapshot's id in the layer store.
     pub id: SnapshotId,
+    /// Its directory on the forkd-fs mount, `MOUNT/by-id/<id>/`.
     pub dir: PathBuf,
+    /// The VM configuration children must be started with.
     pub config: VmConfig,
+    /// Size of `rootfs.img`, bytes, so the overlay is made without a stat through FUSE.
     pub rootfs_size: u64,
 }
 
@@ -75,12 +79,15 @@ impl Source {
         })
     }
 
+    /// `memory.bin`, mapped privately by each child.
     pub fn memory(&self) -> PathBuf {
         self.dir.join(MEMORY)
     }
+    /// The device state children load.
     pub fn vmstate(&self) -> PathBuf {
         self.dir.join(VMSTATE)
     }
+    /// The disk each child's overlay sits on.
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join(ROOTFS)
     }

@@ -6,7 +6,9 @@ use std::path::Path;
 /// One `deb` source: its URI and suites.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Source {
+    /// Mirror URI, e.g. `http://deb.debian.org/debian`.
     pub uri: String,
+    /// Suites it serves, e.g. `bookworm`, `bookworm-updates`.
     pub suites: Vec<String>,
 }
 

@@ -16,7 +16,9 @@ use std::time::Instant;
 
 /// Where a build reads and writes.
 pub struct BuildDirs {
+    /// The data dir's `images/`; the finished image is renamed in here.
     pub images: PathBuf,
+    /// Scratch space for the build (removed however it ends).
     pub staging: PathBuf,
     /// Package cache shared by debootstrap runs.
     pub cache: PathBuf,

@@ -29,22 +29,31 @@ pub enum ImageError {
 /// `image.json`: what was built, from what, and when.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ImageInfo {
+    /// The image's name (`forkd image ls`); also its directory's.
     pub name: String,
+    /// The recipe it was built from.
     pub recipe: recipe::Recipe,
+    /// Size of `rootfs.ext4`, bytes.
     pub size_bytes: u64,
+    /// Bytes of the files put in it (what `du` says of the root).
     pub content_bytes: u64,
+    /// When it was built, seconds since the Unix epoch.
     pub built_at_unix: u64,
+    /// How long the build took, seconds.
     pub build_secs: f64,
 }
 
 /// A built image on disk.
 #[derive(Debug, Clone)]
 pub struct Image {
+    /// Its `image.json`.
     pub info: ImageInfo,
+    /// Its directory, `images/<name>/`.
     pub dir: PathBuf,
 }
 
 impl Image {
+    /// The image's root filesystem, raw ext4.
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join("rootfs.ext4")
     }

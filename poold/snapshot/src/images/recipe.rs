@@ -19,14 +19,19 @@ pub const BUILTIN: &[(&str, &str)] = &[
     ),
 ];
 
+/// An image recipe (TOML): where the root's files come from, the disk size and the agent's settings.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct Recipe {
+    /// One line shown by `forkd image ls`.
     #[serde(default)]
     pub description: String,
+    /// Where the root filesystem's files come from.
     pub root: RootSource,
+    /// How large the image is.
     #[serde(default)]
     pub disk: DiskSpec,
+    /// Settings for forkd-agent in the image.
     #[serde(default)]
     pub agent: AgentSpec,
 }
@@ -37,19 +42,28 @@ pub struct Recipe {
 pub enum RootSource {
     /// `debootstrap --variant=VARIANT --include=PACKAGES SUITE`.
     Debootstrap {
+        /// Debian suite (default `bookworm`).
         #[serde(default = "default_suite")]
         suite: String,
+        /// debootstrap variant (default `minbase`).
         #[serde(default = "default_variant")]
         variant: String,
+        /// Packages added with `--include`.
         #[serde(default)]
         packages: Vec<String>,
     },
     /// A static busybox and its applets.
     Busybox,
     /// A copy of a directory on the host.
-    Dir { path: PathBuf },
+    Dir {
+        /// The host directory, copied with `cp -a --no-dereference`.
+        path: PathBuf,
+    },
     /// A tarball (optionally compressed) on the host.
-    Tar { path: PathBuf },
+    Tar {
+        /// The tarball on the host (gzip, zstd, xz or bzip2, or none).
+        path: PathBuf,
+    },
 }
 
 fn default_suite() -> String {
@@ -59,6 +73,7 @@ fn default_variant() -> String {
     "minbase".into()
 }
 
+/// Size of the image's ext4 file system.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct DiskSpec {
@@ -96,6 +111,7 @@ pub struct AgentSpec {
 }
 
 impl Recipe {
+    /// Parses and validates a recipe; errors name `origin` (a file or built-in name).
     pub fn parse(text: &str, origin: &str) -> Result<Recipe> {
         let r: Recipe = toml::from_str(text).with_context(|| format!("recipe {origin}"))?;
         r.validate().with_context(|| format!("recipe {origin}"))?;
