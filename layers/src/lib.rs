@@ -21,6 +21,8 @@
 //! - a live pack record is never overwritten in place; GC removes whole packs
 //!   and cuts only garbage off the end of the active pack.
 
+#![warn(missing_docs)]
+
 mod annotation;
 mod cache;
 mod chunk;
