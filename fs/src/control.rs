@@ -46,29 +46,46 @@ fn default_file() -> String {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub enum Request {
+    /// `status`: the daemon's [`Status`].
     Status,
+    /// `in_use`: how many handles are open on the snapshot's files.
     InUse {
+        /// Snapshot id (not a tag), as in every request that takes one.
         id: String,
     },
+    /// `begin_delete`: hide the snapshot, refused while any of its files is open.
     BeginDelete {
+        /// Snapshot id.
         id: String,
     },
+    /// `end_delete`: finish the delete protocol.
     EndDelete {
+        /// Snapshot id.
         id: String,
+        /// True: the store delete happened, keep it hidden and drop its pages; false: show it again.
         deleted: bool,
     },
+    /// `refresh`: catch up with the store's writer now.
     Refresh,
+    /// `prefetch`: read ranges of a file through the mount so they land in the page cache.
     Prefetch {
+        /// Snapshot id.
         id: String,
+        /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
         file: String,
+        /// `[offset, len]` ranges; absent: the list stored with the snapshot, else all data extents.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         ranges: Option<RangeList>,
+        /// Answer once read (with `ms`) rather than once queued.
         #[serde(default)]
         wait: bool,
     },
+    /// `record_start`: start recording which ranges of a file the kernel reads.
     RecordStart {
+        /// Snapshot id.
         id: String,
+        /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
         file: String,
         /// Drop the file's cached pages first, so every range the next
@@ -76,13 +93,19 @@ pub enum Request {
         #[serde(default)]
         invalidate: bool,
     },
+    /// `record_stop`: stop recording and answer the ranges read, merged and sorted.
     RecordStop {
+        /// Snapshot id.
         id: String,
+        /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
         file: String,
     },
+    /// `ranges`: the range list stored with the snapshot, or null.
     Ranges {
+        /// Snapshot id.
         id: String,
+        /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
         file: String,
     },
@@ -91,10 +114,15 @@ pub enum Request {
 /// Decompressed-chunk cache counters.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
 pub struct CacheInfo {
+    /// Most bytes the cache may hold (`--cache-mib`).
     pub capacity_bytes: u64,
+    /// Bytes it holds now.
     pub bytes: u64,
+    /// Chunks it holds now.
     pub entries: u64,
+    /// Lookups served from the cache since start.
     pub hits: u64,
+    /// Lookups that had to read and decompress a chunk.
     pub misses: u64,
 }
 
@@ -116,13 +144,17 @@ pub struct Status {
     pub mountpoint: PathBuf,
     /// The store it serves from.
     pub store: PathBuf,
+    /// Pid of the `forkd-fs mount` process.
     pub pid: u32,
+    /// Time since it started, ms.
     pub uptime_ms: u64,
     /// Open file handles per snapshot id (only ids with any).
     pub open_handles: BTreeMap<String, u64>,
     /// Ids hidden between `begin_delete` and `end_delete`.
     pub hidden: Vec<String>,
+    /// Decompressed-chunk cache counters.
     pub cache: CacheInfo,
+    /// FUSE read counters.
     pub reads: ReadCounters,
     /// Inode numbers handed out so far.
     pub inodes: u64,
@@ -136,7 +168,12 @@ pub struct Status {
 pub enum ControlError {
     /// `begin_delete` refused: files of the snapshot are open (mapped by VMs).
     #[error("snapshot {id} is in use: {open_handles} open handles on the forkd-fs mount; stop the VMs using it, then retry")]
-    InUse { id: String, open_handles: u64 },
+    InUse {
+        /// The snapshot id asked about.
+        id: String,
+        /// Handles open on its files now.
+        open_handles: u64,
+    },
     /// Any other `{"error": ...}` reply.
     #[error("forkd-fs: {0}")]
     Refused(String),

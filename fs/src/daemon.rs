@@ -25,9 +25,13 @@ use crate::shared::Shared;
 /// Everything `forkd-fs mount` needs.
 #[derive(Debug, Clone)]
 pub struct ServeOptions {
+    /// Where to mount.
     pub mountpoint: PathBuf,
+    /// The layer store to serve (opened as a read-only secondary).
     pub store_dir: PathBuf,
+    /// RocksDB secondary directory of this process's view of the store.
     pub secondary_dir: PathBuf,
+    /// Unix socket the control requests are served on.
     pub control_socket: PathBuf,
     /// Decompressed-chunk cache, bytes.
     pub cache_bytes: usize,

@@ -15,6 +15,8 @@
 //!   (`begin_delete` / `end_delete`), refresh, prefetch, range recording;
 //! - [`prefetch::save_ranges`]: store a recorded range list with a snapshot.
 
+#![warn(missing_docs)]
+
 mod catchup;
 pub mod control;
 pub mod daemon;

@@ -101,8 +101,11 @@ fn absolute(p: &Path) -> Result<PathBuf> {
 pub struct MountEntry {
     /// `major:minor` of the mounted filesystem.
     pub dev: String,
+    /// Where it is mounted.
     pub mountpoint: PathBuf,
+    /// Filesystem type, e.g. `fuse.forkd-fs`.
     pub fstype: String,
+    /// Mount source (the field after the type), `forkd-fs` for ours.
     pub source: String,
 }
 
@@ -159,11 +162,13 @@ pub fn mount_at(mountpoint: &Path) -> Result<Option<MountEntry>> {
 /// `stat` of a path that may sit on a dead or hung FUSE mount.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Probe {
+    /// `stat` answered.
     Ok,
     /// ENOTCONN: nobody serves the mount any more.
     NotConnected,
     /// No answer within the timeout: the daemon is stuck.
     Hung,
+    /// Any other error, as text.
     Other(String),
 }
 
@@ -280,7 +285,12 @@ pub enum State {
     /// answer (another instance with a different `--control`, or starting).
     Silent,
     /// A forkd-fs mount nobody serves (or whose daemon hangs).
-    Stale { entry: MountEntry, hung: bool },
+    Stale {
+        /// The mount's line in mountinfo.
+        entry: MountEntry,
+        /// True when `statfs` did not answer (a hung daemon) rather than ENOTCONN.
+        hung: bool,
+    },
     /// Something else is mounted there.
     Foreign(MountEntry),
 }
