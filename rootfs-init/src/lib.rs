@@ -6,6 +6,8 @@
 //!   (and forkd's one-JSON-line TCP protocol on :8888).
 //! - [`init`]: forkd-init, PID 1 of every guest.
 
+#![warn(missing_docs)]
+
 pub mod agent;
 pub mod init;
 pub mod protocol;

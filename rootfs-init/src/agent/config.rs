@@ -9,6 +9,7 @@ use std::path::Path;
 /// process environment overrides both.
 pub const ENV_FILES: &[&str] = &["/etc/forkd-recipe.env", "/etc/forkd/agent.env"];
 
+/// The agent's settings, from [`ENV_FILES`] and its environment.
 #[derive(Debug, Clone)]
 pub struct AgentConfig {
     /// Modules the warm interpreter imports before it reports ready.

@@ -21,10 +21,15 @@ pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
 /// What ping reports about the interpreter.
 #[derive(Debug, Clone, Default)]
 pub struct Status {
+    /// The interpreter is running and finished its warm-up.
     pub ready: bool,
+    /// Why it is not running or its warm-up failed.
     pub error: Option<String>,
+    /// Pid of the interpreter process.
     pub pid: Option<u32>,
+    /// Its Python version.
     pub python_version: Option<String>,
+    /// numpy's version, when numpy imports.
     pub numpy_version: Option<String>,
 }
 
@@ -73,6 +78,7 @@ impl Interpreter {
         }
     }
 
+    /// The interpreter's state now, for `ping`.
     pub fn status(&self) -> Status {
         self.status.borrow().clone()
     }

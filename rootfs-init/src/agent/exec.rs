@@ -135,6 +135,7 @@ impl ExecRegistry {
         }
     }
 
+    /// Forgets exec `id` once it has finished (its process group is gone).
     pub fn remove(&self, id: u64) {
         self.running.lock().unwrap().remove(&id);
     }
@@ -151,8 +152,11 @@ struct Capture {
 /// The outcome of a finished exec: the result and, for a non-streaming exec,
 /// the captured output.
 pub struct Finished {
+    /// How the process ended.
     pub result: ExecResult,
+    /// Captured stdout, at most `output_limit` bytes.
     pub stdout: Vec<u8>,
+    /// Captured stderr, at most `output_limit` bytes.
     pub stderr: Vec<u8>,
 }
 

@@ -25,6 +25,7 @@ pub async fn blocking<T: Send + 'static>(
     })
 }
 
+/// Reads up to `len` bytes of `path` from `offset`; without `len`, the rest of the file if it fits one read.
 pub fn read(
     path: &str,
     offset: u64,
@@ -129,6 +130,7 @@ fn write_atomic(p: &Path, data: &[u8], mode: Option<u32>) -> Result<(), AgentErr
     Ok(())
 }
 
+/// Stats `path` without following a final symlink.
 pub fn stat(path: &str) -> Result<FileStat, AgentError> {
     validate_guest_path(path)?;
     let m = fs::symlink_metadata(path).map_err(|e| AgentError::io(path, &e))?;
@@ -147,6 +149,7 @@ pub fn stat(path: &str) -> Result<FileStat, AgentError> {
     })
 }
 
+/// Lists the directory `path`.
 pub fn list(path: &str) -> Result<ListResult, AgentError> {
     validate_guest_path(path)?;
     let rd = fs::read_dir(path).map_err(|e| AgentError::io(path, &e))?;
@@ -168,6 +171,7 @@ pub fn list(path: &str) -> Result<ListResult, AgentError> {
     Ok(ListResult { entries })
 }
 
+/// Creates the directory `path` (mode default 0o755; `parents` as `mkdir -p`).
 pub fn mkdir(path: &str, mode: Option<u32>, parents: bool) -> Result<FileStat, AgentError> {
     validate_guest_path(path)?;
     let mut b = fs::DirBuilder::new();
@@ -177,6 +181,7 @@ pub fn mkdir(path: &str, mode: Option<u32>, parents: bool) -> Result<FileStat, A
     stat(path)
 }
 
+/// Removes a file, symlink or empty directory; a whole tree when `recursive`.
 pub fn remove(path: &str, recursive: bool) -> Result<(), AgentError> {
     validate_guest_path(path)?;
     if Path::new(path).parent().is_none() {

@@ -30,6 +30,7 @@ pub struct Port {
 }
 
 impl Port {
+    /// Opens the port device at `path` non-blocking.
     pub fn open(path: &std::path::Path) -> io::Result<Port> {
         use std::os::unix::fs::OpenOptionsExt;
         let f = fs::OpenOptions::new()

@@ -17,7 +17,9 @@ use tokio::sync::mpsc;
 /// header), then its payload, kept apart so a file read of tens of MiB is
 /// not copied once more in a small guest's memory.
 pub struct OutFrame {
+    /// Magic, lengths and the JSON header, encoded.
     pub head: Bytes,
+    /// The frame's payload, written as is.
     pub payload: Bytes,
 }
 
@@ -39,6 +41,7 @@ pub struct Outbox {
 }
 
 impl Outbox {
+    /// A new outbox and the receiver its writer task drains.
     pub fn new() -> (Outbox, mpsc::Receiver<OutFrame>) {
         let (tx, rx) = mpsc::channel(256);
         (Outbox { tx }, rx)
@@ -67,12 +70,16 @@ impl Outbox {
 
 /// State shared by every request.
 pub struct Agent {
+    /// When the agent started (for `uptime_ms`).
     pub started: Instant,
+    /// Running execs, for `stdin`, `signal` and cleanup.
     pub exec: Arc<ExecRegistry>,
+    /// The warm Python interpreter behind `eval`.
     pub interp: Interpreter,
 }
 
 impl Agent {
+    /// The shared state around `interp`, with no exec running.
     pub fn new(interp: Interpreter) -> Arc<Agent> {
         Arc::new(Agent {
             started: Instant::now(),
@@ -160,6 +167,7 @@ impl Agent {
         }
     }
 
+    /// The reply to `ping`.
     pub fn ping(&self) -> PingResult {
         let st = self.interp.status();
         PingResult {

@@ -5,9 +5,11 @@
 pub struct BootParams {
     /// Root block device (`forkd.root`, default `/dev/vda`).
     pub root: String,
+    /// Root filesystem type (`forkd.rootfstype`, default `ext4`).
     pub rootfstype: String,
     /// Mount the root read-only (`forkd.ro`).
     pub read_only: bool,
+    /// Guest hostname (`forkd.hostname`, default `forkd`).
     pub hostname: String,
     /// Guest address with prefix for eth0 (`forkd.ip=10.42.0.2/24`).
     pub ip: Option<String>,

@@ -8,6 +8,7 @@ use std::fs::File;
 
 /// One module file name per line, relative to [`MODULE_DIR`].
 pub const ORDER_FILE: &str = "/etc/forkd/modules.order";
+/// Where the guest's kernel modules are.
 pub const MODULE_DIR: &str = "/lib/modules";
 
 /// Loads every listed module; a module already loaded or built in is fine.

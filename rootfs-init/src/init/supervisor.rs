@@ -16,7 +16,9 @@ pub const AGENT_PATH: &str = "/run/forkd/forkd-agent";
 /// What the loop ends with.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Ending {
+    /// Power the VM off (SIGUSR2, or the agent's `shutdown`).
     PowerOff,
+    /// Reboot (SIGTERM or SIGINT).
     Reboot,
 }
 

@@ -29,7 +29,9 @@ pub const MAX_PAYLOAD: usize = 32 << 20;
 /// One decoded frame: a JSON header and an opaque, binary-safe payload.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Frame {
+    /// The JSON header's bytes.
     pub header: Bytes,
+    /// The payload's bytes (binary, may be empty).
     pub payload: Bytes,
 }
 
@@ -37,10 +39,13 @@ pub struct Frame {
 /// past the bad bytes when this is returned, so the caller may keep decoding.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
+    /// Bytes skipped because they did not start with the frame magic.
     #[error("discarded {0} bytes that do not start a frame (bad magic)")]
     BadMagic(usize),
+    /// A frame announced a header of this many bytes, over [`MAX_HEADER`]; its magic was skipped.
     #[error("frame header of {0} bytes exceeds the {MAX_HEADER}-byte limit")]
     HeaderTooLarge(usize),
+    /// A frame announced a payload of this many bytes, over [`MAX_PAYLOAD`]; its magic was skipped.
     #[error("frame payload of {0} bytes exceeds the {MAX_PAYLOAD}-byte limit")]
     PayloadTooLarge(usize),
 }
@@ -79,6 +84,7 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
+    /// A decoder with nothing buffered.
     pub fn new() -> Self {
         Self::default()
     }

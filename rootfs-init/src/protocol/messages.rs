@@ -17,7 +17,9 @@ pub const AGENT_PORT_NAME: &str = "org.forkd.agent";
 /// Header of every host→agent frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct RequestHeader {
+    /// Chosen by the host, unique among its requests in flight; replies carry it back.
     pub id: u64,
+    /// The operation and its arguments (flattened: `"op"` plus its fields).
     #[serde(flatten)]
     pub op: Op,
 }
@@ -35,48 +37,73 @@ pub enum Op {
     Exec(ExecSpec),
     /// More stdin for a running streaming exec `target`. Payload: the bytes.
     Stdin {
+        /// Request id of the streaming exec.
         target: u64,
+        /// Close the process's stdin after these bytes.
         #[serde(default)]
         eof: bool,
     },
     /// Send `signal` to the process group of running exec `target`.
-    Signal { target: u64, signal: i32 },
+    Signal {
+        /// Request id of the running exec.
+        target: u64,
+        /// Signal number (e.g. 15 for SIGTERM).
+        signal: i32,
+    },
     /// Evaluate Python in the warm interpreter. Reply: [`EvalResult`].
     Eval(EvalSpec),
     /// Read up to `len` bytes at `offset`. Reply: [`ReadResult`], payload = bytes.
     ReadFile {
+        /// Absolute guest path.
         path: String,
+        /// Where to start reading.
         #[serde(default)]
         offset: u64,
+        /// Most bytes to read; None: to the end (within the frame limit).
         #[serde(default)]
         len: Option<u64>,
     },
     /// Write the payload to `path`: atomically (temp file + rename) unless
     /// `append`. Reply: [`FileStat`] of the result.
     WriteFile {
+        /// Absolute guest path.
         path: String,
+        /// Permission bits for a new file (default 0o644).
         #[serde(default)]
         mode: Option<u32>,
+        /// Append to the file instead of replacing it.
         #[serde(default)]
         append: bool,
+        /// Create missing parent directories.
         #[serde(default)]
         create_parents: bool,
     },
     /// Directory listing. Reply: [`ListResult`].
-    ListDir { path: String },
+    ListDir {
+        /// Absolute guest path of the directory.
+        path: String,
+    },
     /// Metadata (does not follow a final symlink). Reply: [`FileStat`].
-    Stat { path: String },
+    Stat {
+        /// Absolute guest path.
+        path: String,
+    },
     /// Create a directory (`parents` = `mkdir -p`). Reply: [`FileStat`].
     Mkdir {
+        /// Absolute guest path.
         path: String,
+        /// Permission bits (default 0o755).
         #[serde(default)]
         mode: Option<u32>,
+        /// Create missing parents; an existing directory is not an error.
         #[serde(default)]
         parents: bool,
     },
     /// Remove a file, symlink or empty directory (`recursive` removes trees).
     Remove {
+        /// Absolute guest path.
         path: String,
+        /// Remove a directory with everything in it.
         #[serde(default)]
         recursive: bool,
     },
@@ -85,6 +112,7 @@ pub enum Op {
     Identity(IdentitySpec),
     /// Stop everything and power the VM off (or reboot).
     Shutdown {
+        /// Reboot instead of powering off.
         #[serde(default)]
         reboot: bool,
     },
@@ -105,6 +133,7 @@ pub struct ExecSpec {
     /// Start from an empty environment instead of the base one.
     #[serde(default)]
     pub clear_env: bool,
+    /// Working directory (absolute); default `/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cwd: Option<String>,
     /// Kill the whole process group after this long.
@@ -131,7 +160,9 @@ pub const MAX_BUFFERED_OUTPUT_LIMIT: u64 = 15 << 20;
 /// Python to evaluate in the persistent warm interpreter.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct EvalSpec {
+    /// Python source: statements and/or a final expression.
     pub code: String,
+    /// Give up after this many ms; the interpreter is then restarted and its state lost.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
 }
@@ -142,6 +173,7 @@ pub struct IdentitySpec {
     /// Host wall clock, nanoseconds since the epoch.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unix_time_ns: Option<u64>,
+    /// New hostname for the child (set with sethostname).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hostname: Option<String>,
     /// Reseed the warm interpreter's `random` (and numpy's global RNG).
@@ -152,7 +184,9 @@ pub struct IdentitySpec {
 /// Header of every agent→host frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct ReplyHeader {
+    /// Id of the request this frame answers.
     pub id: u64,
+    /// The reply or event (flattened: `"type"` plus its fields).
     #[serde(flatten)]
     pub body: Reply,
 }
@@ -163,19 +197,23 @@ pub struct ReplyHeader {
 pub enum Reply {
     /// Final success; `result` is the op's result type as JSON.
     Ok {
+        /// The op's result, as JSON.
         #[serde(default)]
         result: serde_json::Value,
     },
     /// Final failure.
     Error {
+        /// Why it failed.
         error: AgentError,
     },
     /// Streaming exec started.
     Started {
+        /// Pid of the process in the guest.
         pid: u32,
     },
     /// Streaming exec output; payload is the chunk.
     Stdout,
+    /// Streaming exec error output; payload is the chunk.
     Stderr,
 }
 
@@ -191,11 +229,14 @@ impl Reply {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, thiserror::Error)]
 #[error("{kind}: {message}")]
 pub struct AgentError {
+    /// What went wrong, for programs.
     pub kind: ErrorKind,
+    /// What went wrong, for people (names the path or exec where there is one).
     pub message: String,
 }
 
 impl AgentError {
+    /// An error of `kind` with `message`.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
         AgentError {
             kind,
@@ -220,20 +261,33 @@ impl AgentError {
     }
 }
 
+/// Class of an [`AgentError`], stable on the wire (snake_case).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
+    /// The request is malformed or its arguments invalid.
     BadRequest,
+    /// The path (or exec target) does not exist.
     NotFound,
+    /// The guest refused access (EACCES/EPERM).
     PermissionDenied,
+    /// The path exists already.
     AlreadyExists,
+    /// A path component is not a directory.
     NotADirectory,
+    /// A directory where a file was wanted.
     IsADirectory,
+    /// The directory to remove is not empty (and not `recursive`).
     DirectoryNotEmpty,
+    /// The operation ran out of time.
     Timeout,
+    /// Any other I/O error.
     Io,
+    /// Not possible yet (the warm interpreter is down, the exec has not started); retry.
     NotReady,
+    /// The agent does not know this op.
     Unsupported,
+    /// A bug or broken state in the agent.
     Internal,
 }
 
@@ -244,39 +298,54 @@ impl std::fmt::Display for ErrorKind {
     }
 }
 
+/// Reply to `ping`: the agent's version, uptime and warm interpreter.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct PingResult {
+    /// forkd-agent's version (its crate version).
     pub agent_version: String,
+    /// The [`PROTOCOL_VERSION`] the agent speaks.
     pub protocol: u32,
+    /// Time since the agent started, ms.
     pub uptime_ms: u64,
+    /// The guest's hostname now.
     pub hostname: String,
     /// The warm interpreter has started and finished its warm-up imports.
     pub warm_ready: bool,
     /// Why the warm interpreter is not available, when it is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_error: Option<String>,
+    /// Pid of the warm interpreter's process.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub warm_pid: Option<u32>,
+    /// Python version of the warm interpreter.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub python_version: Option<String>,
+    /// numpy version, when the image has numpy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numpy_version: Option<String>,
 }
 
+/// Reply to `exec`: how the process ended and how much output there is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ExecResult {
+    /// Pid of the process in the guest.
     pub pid: u32,
     /// Exit status when the process exited normally.
     pub exit_code: Option<i32>,
     /// Signal number when the process was killed by a signal.
     pub signal: Option<i32>,
+    /// The timeout elapsed and the process group was killed.
     pub timed_out: bool,
+    /// From spawn to exit, ms.
     pub duration_ms: u64,
     /// Non-streaming exec: the reply payload is `stdout_len` bytes of stdout
     /// followed by `stderr_len` bytes of stderr. Streaming: bytes delivered.
     pub stdout_len: u64,
+    /// Bytes of stderr in the payload (or delivered, streaming).
     pub stderr_len: u64,
+    /// Stdout went over `output_limit`; the rest was discarded.
     pub stdout_truncated: bool,
+    /// Stderr went over `output_limit`; the rest was discarded.
     pub stderr_truncated: bool,
 }
 
@@ -291,71 +360,102 @@ impl ExecResult {
     }
 }
 
+/// Reply to `eval`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct EvalResult {
     /// `repr()` of the value of the last expression, if the code ended in one.
     pub result: Option<String>,
     /// `"<Type>: <message>"` when the code raised.
     pub error: Option<String>,
+    /// Python's formatted traceback when the code raised.
     pub traceback: Option<String>,
     /// What the code printed.
     pub stdout: String,
+    /// What the code wrote to stderr.
     pub stderr: String,
+    /// Evaluation time in the interpreter, ms.
     pub duration_ms: u64,
 }
 
+/// Reply to `read_file`; the payload holds the bytes.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ReadResult {
     /// Size of the whole file.
     pub size: u64,
+    /// Offset of the first byte in the payload.
     pub offset: u64,
     /// Bytes in the payload.
     pub len: u64,
 }
 
+/// What a path is (not following a final symlink).
 #[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "snake_case")]
 pub enum FileKind {
+    /// A regular file.
     File,
+    /// A directory.
     Dir,
+    /// A symbolic link.
     Symlink,
+    /// Anything else (device, FIFO, socket).
     Other,
 }
 
+/// Metadata of a guest path (`stat`, and the result of writes and mkdir).
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct FileStat {
+    /// The path as asked.
     pub path: String,
+    /// File, directory, symlink or other.
     pub kind: FileKind,
+    /// Size in bytes.
     pub size: u64,
     /// Permission bits (e.g. 0o644).
     pub mode: u32,
+    /// Owner uid in the guest.
     pub uid: u32,
+    /// Group gid in the guest.
     pub gid: u32,
+    /// Last modification, seconds since the Unix epoch.
     pub mtime_unix: i64,
+    /// Where a symlink points; None for anything else.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_target: Option<String>,
 }
 
+/// One entry of a directory listing.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DirEntry {
+    /// Name within the directory.
     pub name: String,
+    /// File, directory, symlink or other.
     pub kind: FileKind,
+    /// Size in bytes.
     pub size: u64,
+    /// Permission bits (e.g. 0o644).
     pub mode: u32,
+    /// Last modification, seconds since the Unix epoch.
     pub mtime_unix: i64,
 }
 
+/// Reply to `list_dir`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct ListResult {
+    /// The directory's entries, without `.` and `..`.
     pub entries: Vec<DirEntry>,
 }
 
+/// Reply to `identity`: what the child now is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct IdentityResult {
     /// Guest clock minus host clock before the clock was set, in ms.
     pub clock_skew_ms: Option<i64>,
+    /// The hostname now set.
     pub hostname: String,
+    /// Entropy bytes credited to the guest kernel's pool.
     pub entropy_bytes: usize,
+    /// Whether the warm interpreter's RNGs were reseeded.
     pub interpreter_reseeded: bool,
 }
 
