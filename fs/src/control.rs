@@ -55,12 +55,12 @@ pub enum Request {
     },
     /// `begin_delete`: hide the snapshot, refused while any of its files is open.
     BeginDelete {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
     },
     /// `end_delete`: finish the delete protocol.
     EndDelete {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
         /// True: the store delete happened, keep it hidden and drop its pages; false: show it again.
         deleted: bool,
@@ -69,7 +69,7 @@ pub enum Request {
     Refresh,
     /// `prefetch`: read ranges of a file through the mount so they land in the page cache.
     Prefetch {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
         /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
@@ -83,7 +83,7 @@ pub enum Request {
     },
     /// `record_start`: start recording which ranges of a file the kernel reads.
     RecordStart {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
         /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
@@ -95,7 +95,7 @@ pub enum Request {
     },
     /// `record_stop`: stop recording and answer the ranges read, merged and sorted.
     RecordStop {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
         /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]
@@ -103,7 +103,7 @@ pub enum Request {
     },
     /// `ranges`: the range list stored with the snapshot, or null.
     Ranges {
-        /// Snapshot id.
+        /// Snapshot id (hex; control requests take ids, not tags).
         id: String,
         /// File of the snapshot (default `memory.bin`).
         #[serde(default = "default_file")]

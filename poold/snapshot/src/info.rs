@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 /// One link of a snapshot's chain.
 #[derive(Debug, Clone, Serialize)]
 pub struct Link {
-    /// Snapshot id.
+    /// The snapshot's id in the layer store (hex).
     pub id: String,
     /// Tags naming this snapshot.
     pub tags: Vec<String>,
@@ -24,7 +24,7 @@ pub struct Link {
 /// Detail of one snapshot.
 #[derive(Debug, Clone, Serialize)]
 pub struct SnapshotDetail {
-    /// Snapshot id.
+    /// The snapshot's id in the layer store (hex).
     pub id: String,
     /// Tags naming it.
     pub tags: Vec<String>,
