@@ -91,7 +91,7 @@ install_packages() {
   . /etc/os-release
   local codename=${VERSION_CODENAME:-}
   local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
-              build-essential file iproute2 ca-certificates git)
+              build-essential file iproute2 nftables ca-certificates git)
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
   apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
   note "installed: ${base[*]}"

@@ -96,3 +96,54 @@ pub fn hostname() -> String {
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default()
 }
+
+/// Most nameservers resolv.conf honours (glibc's MAXNS).
+pub const MAX_NAMESERVERS: usize = 3;
+
+/// Replaces `/etc/resolv.conf` with `nameservers` (written to a temporary
+/// file, then renamed, so a reader never sees half a file). A symlinked
+/// resolv.conf is replaced by a file.
+pub fn write_resolv_conf(nameservers: &[std::net::Ipv4Addr]) -> Result<(), AgentError> {
+    write_resolv_conf_at(std::path::Path::new("/etc/resolv.conf"), nameservers)
+}
+
+fn write_resolv_conf_at(
+    path: &std::path::Path,
+    nameservers: &[std::net::Ipv4Addr],
+) -> Result<(), AgentError> {
+    if nameservers.len() > MAX_NAMESERVERS {
+        return Err(AgentError::new(
+            ErrorKind::BadRequest,
+            format!(
+                "{} nameservers given; resolv.conf holds at most {MAX_NAMESERVERS}",
+                nameservers.len()
+            ),
+        ));
+    }
+    let mut text = String::from("# written by forkd-agent at hand-out\n");
+    for ns in nameservers {
+        text.push_str(&format!("nameserver {ns}\n"));
+    }
+    text.push_str("options timeout:2 attempts:2\n");
+    let tmp = path.with_extension("forkd-tmp");
+    std::fs::write(&tmp, text).map_err(|e| AgentError::io(&tmp.to_string_lossy(), &e))?;
+    std::fs::rename(&tmp, path).map_err(|e| AgentError::io(&path.to_string_lossy(), &e))
+}
+
+#[cfg(test)]
+mod resolv_tests {
+    use super::*;
+
+    #[test]
+    fn resolv_conf_is_written_whole_and_bounded() {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("resolv.conf");
+        std::os::unix::fs::symlink("/nonexistent", &p).unwrap();
+        write_resolv_conf_at(&p, &["192.0.2.53".parse().unwrap()]).unwrap();
+        let text = std::fs::read_to_string(&p).unwrap();
+        assert!(text.contains("nameserver 192.0.2.53\n"), "{text}");
+        assert!(!p.symlink_metadata().unwrap().file_type().is_symlink());
+        let four = ["192.0.2.1".parse().unwrap(); 4];
+        assert!(write_resolv_conf_at(&p, &four).is_err());
+    }
+}

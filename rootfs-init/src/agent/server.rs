@@ -228,6 +228,13 @@ impl Agent {
         if let Some(h) = &spec.hostname {
             identity::set_hostname(h)?;
         }
+        let resolv_conf_written = match &spec.nameservers {
+            Some(ns) => {
+                identity::write_resolv_conf(ns)?;
+                true
+            }
+            None => false,
+        };
         let mut reseeded = false;
         if spec.reseed_interpreter && self.interp.status().ready {
             self.interp.reseed(entropy).await?;
@@ -238,6 +245,7 @@ impl Agent {
             hostname: identity::hostname(),
             entropy_bytes: entropy.len(),
             interpreter_reseeded: reseeded,
+            resolv_conf_written,
         })
     }
 }

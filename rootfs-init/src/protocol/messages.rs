@@ -179,6 +179,10 @@ pub struct IdentitySpec {
     /// Reseed the warm interpreter's `random` (and numpy's global RNG).
     #[serde(default)]
     pub reseed_interpreter: bool,
+    /// Nameservers for `/etc/resolv.conf` (a networked child's DNS, from the
+    /// host's upstream resolvers); the file is replaced when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nameservers: Option<Vec<std::net::Ipv4Addr>>,
 }
 
 /// Header of every agent→host frame.
@@ -457,6 +461,9 @@ pub struct IdentityResult {
     pub entropy_bytes: usize,
     /// Whether the warm interpreter's RNGs were reseeded.
     pub interpreter_reseeded: bool,
+    /// Whether `/etc/resolv.conf` was written.
+    #[serde(default)]
+    pub resolv_conf_written: bool,
 }
 
 /// Checks a guest path given by the host: absolute, no NUL, bounded length.

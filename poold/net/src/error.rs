@@ -1,0 +1,64 @@
+//! Typed errors of the network layer.
+
+use std::net::Ipv4Addr;
+
+/// What can go wrong setting up, changing or removing a child's network.
+#[derive(Debug, thiserror::Error)]
+pub enum NetError {
+    /// A request's network fields are wrong; the message says which and how.
+    #[error("{0}")]
+    Invalid(String),
+    /// The configured address range cannot hold one more child.
+    #[error("the child address range {range} is full ({slots} children); configure a larger `net.range` or delete sandboxes")]
+    PoolExhausted { range: String, slots: u32 },
+    /// A netlink request failed.
+    #[error("netlink: {what}: {source}")]
+    Netlink {
+        what: String,
+        #[source]
+        source: rtnetlink::Error,
+    },
+    /// A system call or file operation failed.
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `nft` refused a ruleset or could not run.
+    #[error("nft: {what}: {stderr} (is nftables installed? scripts/setup.sh installs it)")]
+    Nft { what: String, stderr: String },
+    /// A domain name in a policy did not resolve.
+    #[error("egress policy: cannot resolve {name:?}: {reason}")]
+    Resolve { name: String, reason: String },
+    /// A published port could not be bound.
+    #[error("publishing guest port {guest_port} on {addr}:{host_port}: {source}")]
+    Publish {
+        addr: Ipv4Addr,
+        host_port: u16,
+        guest_port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl NetError {
+    pub(crate) fn io(what: impl Into<String>, source: std::io::Error) -> NetError {
+        NetError::Io {
+            what: what.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn nl(what: impl Into<String>, source: rtnetlink::Error) -> NetError {
+        NetError::Netlink {
+            what: what.into(),
+            source,
+        }
+    }
+
+    /// Whether this is the caller's fault (HTTP 400) rather than the host's.
+    pub fn is_invalid(&self) -> bool {
+        matches!(self, NetError::Invalid(_) | NetError::Resolve { .. })
+    }
+}

@@ -1,0 +1,108 @@
+//! Per-child networking for forkd (docs/network.md).
+//!
+//! Every networked child lives in a network namespace of its own,
+//! `forkd-<vm id>`, bind-mounted in `/run/netns` (so `ip netns` lists it):
+//!
+//! ```text
+//!  guest eth0 10.42.0.2/30 ── tap0 10.42.0.1/30 [ns forkd-<id>] eth0 B/30 ══ veth ══ fkh<i> A/30 [root ns] ── uplink
+//! ```
+//!
+//! Invariants this crate keeps:
+//! - Inside every namespace the guest side is identical (tap `tap0`, its MAC
+//!   [`TAP_MAC`], the gateway [`GATEWAY`], the guest's [`GUEST_ADDR`] and
+//!   [`GUEST_MAC`]), so a forked guest's addresses and ARP cache stay valid
+//!   in any child. Only the veth pair differs: slot `i` of the configured
+//!   range ([`AddrPool`]) gives `A` (root side) and `B` (namespace side, the
+//!   child's `guest_addr` as seen from the host).
+//! - A slot is claimed by creating the link `fkh<i>` in the root namespace:
+//!   the kernel refuses a second link of that name, so two processes never
+//!   share a slot and nothing else needs to be locked.
+//! - Everything of a child dies with its namespace (the veth pair, the tap,
+//!   its nftables table), except the one root-namespace set element that
+//!   lets it reach an explicitly allowed host address; [`teardown`] removes
+//!   that too, and [`reconcile`] removes whatever no live child owns.
+//! - Root-namespace rules live only in `table inet forkd`; no other table
+//!   is ever touched.
+
+mod error;
+mod netlink;
+mod netns;
+mod nft;
+pub mod policy;
+pub mod pool;
+pub mod proxy;
+mod tap;
+
+pub use error::NetError;
+pub use netns::{netns_path, NS_DIR};
+pub use policy::{EgressPolicy, Target};
+pub use pool::AddrPool;
+pub use tap::open_tap_in;
+
+use serde::{Deserialize, Serialize};
+use std::net::Ipv4Addr;
+
+/// Result type of this crate.
+pub type Result<T, E = NetError> = std::result::Result<T, E>;
+
+/// The guest's address inside every child (never seen outside its namespace).
+pub const GUEST_ADDR: Ipv4Addr = Ipv4Addr::new(10, 42, 0, 2);
+/// The gateway the guest talks to: `tap0`'s address in every namespace.
+pub const GATEWAY: Ipv4Addr = Ipv4Addr::new(10, 42, 0, 1);
+/// Prefix length of the guest↔tap link.
+pub const GUEST_PREFIX: u8 = 30;
+/// The guest NIC's MAC, recorded in the snapshot (identical in every child).
+pub const GUEST_MAC: &str = "52:54:00:42:00:02";
+/// `tap0`'s MAC in every namespace, so a forked guest's ARP entry for its
+/// gateway stays valid after a restore.
+pub const TAP_MAC: [u8; 6] = [0x52, 0x54, 0x00, 0x42, 0x00, 0x01];
+/// The tap's name inside a namespace.
+pub const TAP: &str = "tap0";
+/// The namespace side of the veth pair.
+pub const NS_VETH: &str = "eth0";
+/// Prefix of the root side of a veth pair (`fkh<slot>`).
+pub const HOST_VETH_PREFIX: &str = "fkh";
+/// Prefix of the namespaces poold manages (`forkd-<vm id>`).
+pub const NETNS_PREFIX: &str = "forkd-";
+/// The port of the forkd-compatible TCP agent in the guest.
+pub const COMPAT_AGENT_PORT: u16 = 8888;
+
+/// What is recorded with a VM about its network, enough to tear it down
+/// after a crash and to reach the guest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChildNet {
+    /// The namespace's name (`forkd-<vm id>`).
+    pub netns: String,
+    /// The slot in the address pool; the root-side link is `fkh<slot>`.
+    pub slot: u32,
+    /// Root side of the veth pair.
+    pub host_addr: Ipv4Addr,
+    /// Namespace side of the veth pair: where the host reaches the guest
+    /// (traffic to it is forwarded to the guest) and the source address the
+    /// outside sees.
+    pub guest_addr: Ipv4Addr,
+}
+
+impl ChildNet {
+    /// The root-side link's name.
+    pub fn host_link(&self) -> String {
+        host_link(self.slot)
+    }
+}
+
+/// The root-side link name of `slot`.
+pub fn host_link(slot: u32) -> String {
+    format!("{HOST_VETH_PREFIX}{slot}")
+}
+
+/// The namespace name poold gives the VM `vm_id`.
+pub fn netns_name(vm_id: &str) -> String {
+    format!("{NETNS_PREFIX}{vm_id}")
+}
+
+pub use setup::{
+    apply_policy, create_child, create_isolated, delete_isolated, host_setup, reconcile, teardown,
+    upstream_resolvers, HostSetup, Reconciled,
+};
+
+mod setup;

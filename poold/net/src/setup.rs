@@ -1,0 +1,353 @@
+//! Creating, changing and removing children's networks, the host's shared
+//! rules, and reconciling after a crash. See the crate docs for the
+//! invariants.
+
+use crate::netlink::{self, with_handle};
+use crate::policy::EgressPolicy;
+use crate::{
+    host_link, netns, nft, pool::AddrPool, ChildNet, NetError, Result, GATEWAY, GUEST_PREFIX,
+    HOST_VETH_PREFIX, NETNS_PREFIX, NS_VETH, TAP, TAP_MAC,
+};
+use ipnet::Ipv4Net;
+use std::collections::HashSet;
+use std::net::Ipv4Addr;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Where the next slot search starts (a hint; the kernel arbitrates).
+static NEXT_SLOT: AtomicU32 = AtomicU32::new(0);
+
+/// What [`host_setup`] found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostSetup {
+    /// Interfaces of the default routes; the child range is masqueraded
+    /// only when leaving through them.
+    pub uplinks: Vec<String>,
+    /// The upstream DNS servers children are given.
+    pub resolvers: Vec<Ipv4Addr>,
+}
+
+/// Prepares the root namespace: turns on IPv4 forwarding and (re)writes
+/// `table inet forkd`. Idempotent; keeps the `host_allow` elements of live
+/// children.
+pub fn host_setup(pool: &AddrPool) -> Result<HostSetup> {
+    netns::sysctl("net.ipv4.ip_forward", "1")?;
+    let uplinks = with_handle(None, |h| async move { netlink::uplinks(&h).await })?;
+    nft::apply(
+        None,
+        &nft::host_ruleset(pool.net(), &uplinks),
+        "writing the host's table inet forkd",
+    )?;
+    Ok(HostSetup {
+        uplinks,
+        resolvers: upstream_resolvers(),
+    })
+}
+
+/// The host's upstream IPv4 resolvers: /etc/resolv.conf, or systemd-resolved's
+/// upstream list when the host uses a loopback stub. Loopback entries are
+/// dropped (a guest cannot reach the host's loopback).
+pub fn upstream_resolvers() -> Vec<Ipv4Addr> {
+    let parse = |path: &str| -> Vec<Ipv4Addr> {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("nameserver"))
+            .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
+            .collect()
+    };
+    let etc = parse("/etc/resolv.conf");
+    let chosen = if !etc.is_empty() && etc.iter().all(|a| a.is_loopback()) {
+        parse("/run/systemd/resolve/resolv.conf")
+    } else {
+        etc
+    };
+    chosen.into_iter().filter(|a| !a.is_loopback()).collect()
+}
+
+/// Creates namespace `name` holding only loopback and the tap, with the
+/// guest-side addressing and no way out: for a snapshot's parent, whose
+/// guest needs its NIC at boot but no network.
+pub fn create_isolated(name: &str) -> Result<()> {
+    netns::create(name)?;
+    let r = inner_side(name);
+    if r.is_err() {
+        let _ = netns::delete(name);
+    }
+    r
+}
+
+/// Removes a namespace made by [`create_isolated`]; a missing one is fine.
+pub fn delete_isolated(name: &str) -> Result<()> {
+    netns::delete(name)
+}
+
+/// Loopback and tap0 (fixed MAC, the gateway address), forwarding on.
+fn inner_side(name: &str) -> Result<()> {
+    netns::run_in(name, || {
+        crate::tap::create_persistent(TAP)?;
+        netns::sysctl("net.ipv4.ip_forward", "1")?;
+        netns::sysctl("net.ipv6.conf.all.disable_ipv6", "1")?;
+        Ok(())
+    })?;
+    with_handle(Some(name), |h| async move {
+        netlink::configure(&h, "lo", None, None, None).await?;
+        netlink::configure(&h, TAP, None, Some(TAP_MAC), Some((GATEWAY, GUEST_PREFIX))).await?;
+        Ok(())
+    })
+}
+
+/// Creates the network of VM `vm_id`: its namespace with the tap and one end
+/// of a veth pair, the other end in the root namespace, addresses from
+/// `pool`, and a deny-all policy until [`apply_policy`] sets the real one.
+/// On failure nothing is left behind.
+pub fn create_child(pool: &AddrPool, vm_id: &str) -> Result<ChildNet> {
+    let name = crate::netns_name(vm_id);
+    netns::create(&name)?;
+    let mut slot_taken = None;
+    let r = (|| {
+        inner_side(&name)?;
+        let slot = claim_slot(pool)?;
+        slot_taken = Some(slot);
+        let (host_addr, guest_addr) = pool.addrs(slot).ok_or_else(|| pool.exhausted())?;
+        let net = ChildNet {
+            netns: name.clone(),
+            slot,
+            host_addr,
+            guest_addr,
+        };
+        wire(&net)?;
+        apply_policy(&net, &EgressPolicy::deny_all(), &[])?;
+        Ok(net)
+    })();
+    if r.is_err() {
+        let _ = netns::delete(&name);
+        if let Some(slot) = slot_taken {
+            let link = host_link(slot);
+            let _ = with_handle(None, move |h| async move {
+                netlink::delete_link(&h, &link).await
+            });
+        }
+    }
+    r
+}
+
+/// Claims a free slot by creating its veth pair (`fkh<i>` / `fkp<i>`).
+fn claim_slot(pool: &AddrPool) -> Result<u32> {
+    let pool = *pool;
+    let slots = pool.slots();
+    let start = NEXT_SLOT.load(Ordering::Relaxed) % slots;
+    with_handle(None, move |h| async move {
+        for k in 0..slots {
+            let slot = (start + k) % slots;
+            if netlink::create_veth(&h, &host_link(slot), &peer_link(slot)).await? {
+                NEXT_SLOT.store(slot + 1, Ordering::Relaxed);
+                return Ok(slot);
+            }
+        }
+        Err(pool.exhausted())
+    })
+}
+
+fn peer_link(slot: u32) -> String {
+    format!("fkp{slot}")
+}
+
+/// Moves the peer into the namespace as eth0 and addresses both ends.
+fn wire(net: &ChildNet) -> Result<()> {
+    let ns = netns::open(&net.netns)?;
+    let (host, peer, a) = (net.host_link(), peer_link(net.slot), net.host_addr);
+    with_handle(None, move |h| async move {
+        netlink::move_to_netns(&h, &peer, &ns).await?;
+        netlink::configure(&h, &host, None, None, Some((a, 30))).await?;
+        Ok(())
+    })?;
+    let (peer, b) = (peer_link(net.slot), net.guest_addr);
+    with_handle(Some(&net.netns), move |h| async move {
+        netlink::configure(&h, &peer, Some(NS_VETH), None, Some((b, 30))).await?;
+        netlink::default_route(&h, a).await
+    })
+}
+
+/// Sets the child's egress policy (replacing the previous one atomically)
+/// and lets it reach the host addresses its allow list names. Domain names
+/// must already be resolved into `allow`/`deny` by the caller
+/// ([`EgressPolicy::resolve`]); this one resolves them itself when the
+/// policy has any, blocking the calling thread.
+pub fn apply_policy(net: &ChildNet, policy: &EgressPolicy, resolvers: &[Ipv4Addr]) -> Result<()> {
+    policy.validate()?;
+    let resolved = {
+        let p = policy.clone();
+        std::thread::spawn(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| NetError::io("starting a resolver runtime", e))?
+                .block_on(p.resolve())
+        })
+        .join()
+        .unwrap_or_else(|_| Err(NetError::Invalid("resolver thread panicked".into())))?
+    };
+    nft::apply(
+        Some(&net.netns),
+        &nft::child_ruleset(&resolved, resolvers),
+        &format!("writing the egress policy of {}", net.netns),
+    )?;
+    remove_host_allows(&|l| l == net.host_link())?;
+    if !resolved.allow.is_empty() {
+        let elems: Vec<String> = resolved
+            .allow
+            .iter()
+            .map(|n| nft::host_allow_element(&net.host_link(), *n))
+            .collect();
+        nft::apply(
+            None,
+            &format!(
+                "add element inet forkd host_allow {{ {} }}\n",
+                elems.join(", ")
+            ),
+            "letting a child reach allowed host addresses",
+        )?;
+    }
+    Ok(())
+}
+
+/// Removes everything of the child: its namespace (with the veth pair, the
+/// tap and its table), the root-side link if it survived, and its
+/// `host_allow` elements. Missing pieces are not errors.
+pub fn teardown(net: &ChildNet) -> Result<()> {
+    netns::delete(&net.netns)?;
+    let link = net.host_link();
+    with_handle(None, move |h| async move {
+        netlink::delete_link(&h, &link).await
+    })?;
+    remove_host_allows(&|l| l == net.host_link())
+}
+
+/// Deletes the `host_allow` elements whose interface matches `which`.
+fn remove_host_allows(which: &dyn Fn(&str) -> bool) -> Result<()> {
+    let out = match nft::run(
+        None,
+        &["-j", "list", "set", "inet", "forkd", "host_allow"],
+        "",
+        "listing host_allow",
+    ) {
+        Ok(o) => o,
+        // No table yet: nothing to remove.
+        Err(NetError::Nft { .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    let doomed: Vec<String> = host_allow_elements(&out)
+        .into_iter()
+        .filter(|(l, _)| which(l))
+        .map(|(l, n)| nft::host_allow_element(&l, n))
+        .collect();
+    if doomed.is_empty() {
+        return Ok(());
+    }
+    nft::apply(
+        None,
+        &format!(
+            "delete element inet forkd host_allow {{ {} }}\n",
+            doomed.join(", ")
+        ),
+        "removing host_allow elements",
+    )
+}
+
+/// Parses `nft -j list set` output into (interface, network) pairs.
+fn host_allow_elements(json: &str) -> Vec<(String, Ipv4Net)> {
+    let v: serde_json::Value = serde_json::from_str(json).unwrap_or_default();
+    let mut out = Vec::new();
+    let sets = v["nftables"].as_array().cloned().unwrap_or_default();
+    for s in sets {
+        for e in s["set"]["elem"].as_array().cloned().unwrap_or_default() {
+            let c = e.get("elem").map(|x| &x["val"]).unwrap_or(&e);
+            let Some(parts) = c["concat"].as_array() else {
+                continue;
+            };
+            let (Some(l), Some(a)) = (parts.first().and_then(|x| x.as_str()), parts.get(1)) else {
+                continue;
+            };
+            let net = if let Some(s) = a.as_str() {
+                s.parse::<Ipv4Addr>().ok().map(Ipv4Net::from)
+            } else if let Some(p) = a.get("prefix") {
+                p["addr"]
+                    .as_str()
+                    .and_then(|x| x.parse::<Ipv4Addr>().ok())
+                    .and_then(|x| Ipv4Net::new(x, p["len"].as_u64()? as u8).ok())
+            } else {
+                None
+            };
+            if let Some(n) = net {
+                out.push((l.to_string(), n));
+            }
+        }
+    }
+    out
+}
+
+/// What [`reconcile`] removed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Reconciled {
+    pub namespaces: Vec<String>,
+    pub links: Vec<String>,
+    pub host_allows: usize,
+}
+
+/// Removes every `forkd-*` namespace, `fkh*` link and `host_allow` element
+/// that no child in `owned` has (after a crash or kill -9). `owned` is every
+/// child network recorded as alive.
+pub fn reconcile(owned: &[ChildNet]) -> Result<Reconciled> {
+    let names: HashSet<&str> = owned.iter().map(|n| n.netns.as_str()).collect();
+    let links: HashSet<String> = owned.iter().map(|n| n.host_link()).collect();
+    let mut done = Reconciled::default();
+    for ns in netns::list(NETNS_PREFIX) {
+        if !names.contains(ns.as_str()) {
+            netns::delete(&ns)?;
+            done.namespaces.push(ns);
+        }
+    }
+    let keep = links.clone();
+    done.links = with_handle(None, move |h| async move {
+        let mut removed = Vec::new();
+        for l in netlink::links_with_prefix(&h, HOST_VETH_PREFIX).await? {
+            if !keep.contains(&l) {
+                netlink::delete_link(&h, &l).await?;
+                removed.push(l);
+            }
+        }
+        Ok(removed)
+    })?;
+    let before = count_host_allows();
+    remove_host_allows(&|l| !links.contains(l))?;
+    done.host_allows = before.saturating_sub(count_host_allows());
+    Ok(done)
+}
+
+fn count_host_allows() -> usize {
+    nft::run(
+        None,
+        &["-j", "list", "set", "inet", "forkd", "host_allow"],
+        "",
+        "listing host_allow",
+    )
+    .map(|o| host_allow_elements(&o).len())
+    .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_allow_json_parses() {
+        let j = r#"{"nftables":[{"metainfo":{}},{"set":{"family":"inet","name":"host_allow","table":"forkd","type":["ifname","ipv4_addr"],"flags":["interval"],"elem":[{"concat":["fkh3","192.0.2.1"]},{"concat":["fkh4",{"prefix":{"addr":"10.0.0.0","len":8}}]}]}}]}"#;
+        assert_eq!(
+            host_allow_elements(j),
+            vec![
+                ("fkh3".to_string(), "192.0.2.1/32".parse().unwrap()),
+                ("fkh4".to_string(), "10.0.0.0/8".parse().unwrap())
+            ]
+        );
+    }
+}
