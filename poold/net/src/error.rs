@@ -10,33 +10,56 @@ pub enum NetError {
     Invalid(String),
     /// The configured address range cannot hold one more child.
     #[error("the child address range {range} is full ({slots} children); configure a larger `net.range` or delete sandboxes")]
-    PoolExhausted { range: String, slots: u32 },
+    PoolExhausted {
+        /// The configured range (`net.range`).
+        range: String,
+        /// How many children it holds.
+        slots: u32,
+    },
     /// A netlink request failed.
     #[error("netlink: {what}: {source}")]
     Netlink {
+        /// What was being done.
         what: String,
+        /// The kernel's answer.
         #[source]
         source: rtnetlink::Error,
     },
     /// A system call or file operation failed.
     #[error("{what}: {source}")]
     Io {
+        /// What was being done.
         what: String,
+        /// The error.
         #[source]
         source: std::io::Error,
     },
     /// `nft` refused a ruleset or could not run.
     #[error("nft: {what}: {stderr} (is nftables installed? scripts/setup.sh installs it)")]
-    Nft { what: String, stderr: String },
+    Nft {
+        /// Which ruleset or command.
+        what: String,
+        /// What `nft` printed.
+        stderr: String,
+    },
     /// A domain name in a policy did not resolve.
     #[error("egress policy: cannot resolve {name:?}: {reason}")]
-    Resolve { name: String, reason: String },
+    Resolve {
+        /// The name as given in the policy.
+        name: String,
+        /// Why it did not resolve.
+        reason: String,
+    },
     /// A published port could not be bound.
     #[error("publishing guest port {guest_port} on {addr}:{host_port}: {source}")]
     Publish {
+        /// The host address asked for.
         addr: Ipv4Addr,
+        /// The host port asked for (0: any).
         host_port: u16,
+        /// The guest port to publish.
         guest_port: u16,
+        /// Why binding failed.
         #[source]
         source: std::io::Error,
     },

@@ -24,6 +24,8 @@
 //! - Root-namespace rules live only in `table inet forkd`; no other table
 //!   is ever touched.
 
+#![warn(missing_docs)]
+
 mod error;
 mod netlink;
 mod netns;

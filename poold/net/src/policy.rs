@@ -33,7 +33,9 @@ pub const ALWAYS_DENIED: [&str; 4] = ["0.0.0.0/8", "127.0.0.0/8", "169.254.0.0/1
 /// One entry of `allow_out` or `deny_out`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Target {
+    /// An IPv4 network (`10.0.0.0/8`, or one address as a /32).
     Net(Ipv4Net),
+    /// A domain name, resolved by poold when the policy is applied.
     Domain(String),
 }
 
@@ -120,8 +122,11 @@ impl<'de> Deserialize<'de> for Target {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EgressPolicy {
+    /// Destinations the child may reach (see the module doc for how the
+    /// lists combine).
     #[serde(default)]
     pub allow_out: Vec<Target>,
+    /// Destinations the child may not reach.
     #[serde(default)]
     pub deny_out: Vec<Target>,
 }
@@ -129,8 +134,11 @@ pub struct EgressPolicy {
 /// A policy with every domain name resolved to addresses.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ResolvedPolicy {
+    /// Allowed networks, names resolved.
     pub allow: Vec<Ipv4Net>,
+    /// Denied networks, names resolved.
     pub deny: Vec<Ipv4Net>,
+    /// Whether the child may reach its DNS resolvers.
     pub dns: bool,
 }
 

@@ -17,6 +17,7 @@ pub const MAX_CONNECTIONS: usize = 256;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PortSpec {
+    /// The port a server in the guest listens on.
     pub guest_port: u16,
     /// 0 or absent: any free port (the chosen one is shown).
     #[serde(default)]
@@ -83,6 +84,7 @@ impl PortSpec {
 /// A listening published port; dropping it stops listening and closes the
 /// connections it carries.
 pub struct Published {
+    /// What is published, with the host port actually bound.
     pub spec: PortSpec,
     task: tokio::task::JoinHandle<()>,
 }

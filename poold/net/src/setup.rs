@@ -289,8 +289,11 @@ fn host_allow_elements(json: &str) -> Vec<(String, Ipv4Net)> {
 /// What [`reconcile`] removed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Reconciled {
+    /// Namespaces removed (no live child owned them).
     pub namespaces: Vec<String>,
+    /// Host-side links removed.
     pub links: Vec<String>,
+    /// Host allow rules removed.
     pub host_allows: usize,
 }
 

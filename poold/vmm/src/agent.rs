@@ -365,6 +365,7 @@ impl AgentClient {
             unix_time_ns: Some(now.as_nanos() as u64),
             hostname: hostname.map(String::from),
             reseed_interpreter: true,
+            nameservers: None,
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
