@@ -501,7 +501,7 @@ fn pack_and_unpack_with_the_cli() {
     let home = tempfile::tempdir().unwrap();
     // The CLI opens $FORKD_HOME/store: give it a copy of the fixture via a pack.
     let pack = home.path().join("head.fkpack");
-    let progress = forkd_snapshot::progress::Progress::quiet();
+    let progress = forkd_snapshot::Progress::quiet();
     forkd_hub::pack::write_pack(&fx.store, &fx.head, Some("head"), &pack, &progress).unwrap();
 
     let unpack = |file: &Path, extra: &[&str]| {

@@ -27,7 +27,7 @@ impl Home {
     /// data dir (short, so unix socket paths stay under 108 bytes).
     pub fn new() -> Home {
         let base = paths();
-        let dir = PathBuf::from(format!("/tmp/fdt-{}", forkd_snapshot::util::random_hex(4)));
+        let dir = PathBuf::from(format!("/tmp/fdt-{}", forkd_snapshot::random_hex(4)));
         std::fs::create_dir_all(&dir).unwrap();
         for sub in ["kernel", "images"] {
             std::os::unix::fs::symlink(base.home.join(sub), dir.join(sub)).unwrap();

@@ -9,7 +9,7 @@ pub mod daemon;
 
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::images::Image;
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use forkd_vmm::{AccelChoice, Lifetime, Machine, Memory, Vm};
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -63,7 +63,7 @@ pub async fn boot(image_name: &str, mem_mib: u64) -> Vm {
     cold_boot(
         &paths(),
         BootSpec {
-            id: format!("test-{image_name}-{}", forkd_snapshot::util::random_hex(4)),
+            id: format!("test-{image_name}-{}", forkd_snapshot::random_hex(4)),
             rootfs: img.rootfs(),
             kernel: None,
             machine: machine(mem_mib),
@@ -116,7 +116,7 @@ pub fn shared_snapshot(image_name: &str, mem_mib: u64, eval_warmup: Option<&str>
     if let Some(tag) = guard.get(image_name) {
         return tag.clone();
     }
-    let tag = format!("t-{image_name}-{}", forkd_snapshot::util::random_hex(4));
+    let tag = format!("t-{image_name}-{}", forkd_snapshot::random_hex(4));
     block_on(create_snapshot(&tag, image_name, mem_mib, eval_warmup));
     guard.insert(image_name.to_string(), tag.clone());
     tag

@@ -60,7 +60,7 @@ async fn do_branch(
 #[test]
 fn grandchildren_see_the_branch_instant_and_nothing_after() {
     let base = numpy_snapshot();
-    let sfx = forkd_snapshot::util::random_hex(3);
+    let sfx = forkd_snapshot::random_hex(3);
     block_on(async {
         let mut src = fork(&base, 1).await;
         let s = &src[0].vm;
@@ -133,7 +133,7 @@ fn grandchildren_see_the_branch_instant_and_nothing_after() {
 #[test]
 fn one_source_branches_five_times_in_a_row() {
     let base = numpy_snapshot();
-    let sfx = forkd_snapshot::util::random_hex(3);
+    let sfx = forkd_snapshot::random_hex(3);
     block_on(async {
         let src = fork(&base, 1).await;
         let s = &src[0].vm;

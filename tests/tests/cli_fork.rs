@@ -53,7 +53,7 @@ fn alive(pid: u32) -> bool {
 
 #[test]
 fn snapshot_fork_and_rm_through_the_cli() {
-    let tag = format!("t-cli-{}", forkd_snapshot::util::random_hex(3));
+    let tag = format!("t-cli-{}", forkd_snapshot::random_hex(3));
     let out = ok(&[
         "snapshot",
         "create",
@@ -124,7 +124,7 @@ fn snapshot_fork_and_rm_through_the_cli() {
 
 #[test]
 fn killed_fork_keep_leaves_nothing_running() {
-    let tag = format!("t-keep-{}", forkd_snapshot::util::random_hex(3));
+    let tag = format!("t-keep-{}", forkd_snapshot::random_hex(3));
     ok(&[
         "snapshot", "create", "--tag", &tag, "--image", "minimal", "--mem", "128", "--quiet",
     ]);

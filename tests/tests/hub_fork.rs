@@ -33,7 +33,7 @@ fn moved(report: &str) -> u64 {
 #[test]
 fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
     let p = paths();
-    let sfx = forkd_snapshot::util::random_hex(3);
+    let sfx = forkd_snapshot::random_hex(3);
     let (base, head) = (format!("t-hb-{sfx}"), format!("t-hh-{sfx}"));
     block_on(async {
         create_snapshot(&base, "minimal", 128, None).await;
@@ -93,7 +93,7 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
     let info: serde_json::Value = serde_json::from_str(&sv).unwrap();
     assert_eq!(info["chain_depth"], 1);
     block_on(async {
-        let op = forkd_snapshot::paths::Paths::new(&other.dir);
+        let op = forkd_snapshot::Paths::new(&other.dir);
         let mount = forkd_snapshot::ensure_mount_async(&op).await.unwrap();
         let src = forkd_snapshot::restore::Source::resolve(&mount.mountpoint, &head).unwrap();
         let kids = forkd_snapshot::fork::fork(&op, &src, 1, 1, forkd_vmm::Lifetime::Ephemeral)
@@ -108,10 +108,7 @@ fn pushed_snapshots_fork_on_another_host_and_heads_move_only_new_chunks() {
 }
 
 fn tempfile_dir() -> std::path::PathBuf {
-    let d = std::path::PathBuf::from(format!(
-        "/tmp/fdt-hub-{}",
-        forkd_snapshot::util::random_hex(4)
-    ));
+    let d = std::path::PathBuf::from(format!("/tmp/fdt-hub-{}", forkd_snapshot::random_hex(4)));
     std::fs::create_dir_all(&d).unwrap();
     d
 }

@@ -189,7 +189,7 @@ fn eight_children_share_one_copy_of_clean_memory() {
 fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
     let tag = minimal_snapshot();
     let p = paths();
-    let suffix = forkd_snapshot::util::random_hex(3);
+    let suffix = forkd_snapshot::random_hex(3);
     let (bad_qemu, bad_cpu, no_state) = (
         format!("t-badqemu-{suffix}"),
         format!("t-badcpu-{suffix}"),
@@ -260,7 +260,7 @@ fn mismatched_or_incomplete_snapshots_are_refused_before_qemu_starts() {
 /// the child is gone.
 #[test]
 fn delete_is_refused_while_children_map_the_snapshot() {
-    let tag = format!("t-rm-{}", forkd_snapshot::util::random_hex(3));
+    let tag = format!("t-rm-{}", forkd_snapshot::random_hex(3));
     let p = paths();
     block_on(create_snapshot(&tag, "minimal", 128, None));
     let kids = block_on(fork(&tag, 1));

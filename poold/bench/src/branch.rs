@@ -7,9 +7,9 @@ use anyhow::{bail, Context, Result};
 use forkd_snapshot::branch::{branch, Branched, Mode};
 use forkd_snapshot::create::{create, CreateSpec, ImageSource};
 use forkd_snapshot::fork::{destroy_all, fork};
-use forkd_snapshot::paths::Paths;
-use forkd_snapshot::progress::mib;
+use forkd_snapshot::mib;
 use forkd_snapshot::restore::{read_record, Source};
+use forkd_snapshot::Paths;
 use forkd_vmm::Accel;
 use forkd_vmm::{Lifetime, Vm};
 use rootfs_init::protocol::ExecSpec;
@@ -45,7 +45,7 @@ fn tag(run: &str, what: &str) -> String {
 /// Runs the branch benchmark and prints its report; every snapshot it made is deleted at the end.
 pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
     let qemu = forkd_vmm::check_qemu()?;
-    let run = forkd_snapshot::util::random_hex(3);
+    let run = forkd_snapshot::random_hex(3);
     let base = tag(&run, "base");
     println!(
         "branch benchmark: image {}, {} MiB, {}, QEMU {qemu}; the source adds 1 to every byte of a {} MiB array of random bytes in a loop (each pass makes every chunk of it new)",
@@ -299,7 +299,7 @@ async fn fetch_deb(paths: &Paths, package: &str) -> Result<std::path::PathBuf> {
     }
     let dir = paths
         .staging_dir()
-        .join(format!("deb-{}", forkd_snapshot::util::random_hex(4)));
+        .join(format!("deb-{}", forkd_snapshot::random_hex(4)));
     std::fs::create_dir_all(&dir)?;
     // apt's _apt user downloads into it.
     std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o777))?;

@@ -9,8 +9,8 @@ use anyhow::{bail, Result};
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::create::{create, wait_warm_interpreter, CreateSpec, ImageSource};
 use forkd_snapshot::fork::{destroy_all, fork};
-use forkd_snapshot::paths::Paths;
 use forkd_snapshot::restore::Source;
+use forkd_snapshot::Paths;
 use forkd_vmm::Accel;
 use forkd_vmm::{Lifetime, Machine, Memory, Vm};
 use std::time::Instant;
@@ -37,7 +37,7 @@ pub struct ForkBench {
 /// Runs it and prints the report.
 pub async fn run(paths: &Paths, b: ForkBench) -> Result<()> {
     let qemu = forkd_vmm::check_qemu()?;
-    let tag = format!("bench-fork-{}", forkd_snapshot::util::random_hex(4));
+    let tag = format!("bench-fork-{}", forkd_snapshot::random_hex(4));
     println!(
         "fork benchmark: image {}, {} MiB, 1 vCPU, {}, QEMU {qemu}, {} host cores; probe eval({:?})",
         b.image,
@@ -191,7 +191,7 @@ pub async fn cold_samples(
         let vm = cold_boot(
             paths,
             BootSpec {
-                id: format!("bench-cold-{}", forkd_snapshot::util::random_hex(4)),
+                id: format!("bench-cold-{}", forkd_snapshot::random_hex(4)),
                 rootfs: img.rootfs(),
                 kernel: None,
                 machine: Machine::new(accel, mem_mib, 1),

@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use forkd_api::Client;
 use forkd_api::PoolStatus;
 use forkd_api::{EvalReply, SandboxInfo};
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 

@@ -12,7 +12,7 @@ use super::transfer::{pull, push, PullOptions, PushOptions, TransferReport};
 use super::Hub;
 use anyhow::{anyhow, bail, Context, Result};
 use forkd_layers::{Store, StoreOptions};
-use forkd_snapshot::progress::mib;
+use forkd_snapshot::mib;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -63,7 +63,7 @@ pub struct BenchResult {
 pub async fn run(store: Arc<Store>, opts: &BenchOptions) -> Result<BenchResult> {
     let work = opts
         .work_dir
-        .join(format!("hub-bench-{}", forkd_snapshot::util::random_hex(4)));
+        .join(format!("hub-bench-{}", forkd_snapshot::random_hex(4)));
     std::fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let result = run_in(store, opts, &work).await;
     let _ = std::fs::remove_dir_all(&work);
@@ -89,7 +89,7 @@ async fn run_in(
         );
     }
     let diff = store.diff(&base.id, &head.id)?;
-    let suffix = forkd_snapshot::util::random_hex(4);
+    let suffix = forkd_snapshot::random_hex(4);
     let hub = match opts.hub.as_deref() {
         None => Hub::open(&format!("file://{}", work.join("hub").display()), None)?,
         Some("serve") => start_server(work).await?,
@@ -170,7 +170,7 @@ async fn run_in(
 
 /// A scratch `forkd hub serve` on 127.0.0.1 with a random token.
 async fn start_server(work: &std::path::Path) -> Result<Hub> {
-    let token = forkd_snapshot::util::random_hex(32);
+    let token = forkd_snapshot::random_hex(32);
     let opts = ServeOptions {
         dir: work.join("served"),
         bind: "127.0.0.1:0".parse().unwrap(),

@@ -103,7 +103,7 @@ impl FileHub {
                 dirty.insert(d.to_path_buf());
             }
         }
-        let tmp = dir.join(format!(".tmp-{}", forkd_snapshot::util::random_hex(8)));
+        let tmp = dir.join(format!(".tmp-{}", forkd_snapshot::random_hex(8)));
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(data)?;

@@ -21,7 +21,7 @@
 use super::layout::{encode_chunk, Key, TagObject};
 use anyhow::{anyhow, bail, ensure, Context, Result};
 use forkd_layers::{validate_tag, SnapshotId, StoreView};
-use forkd_snapshot::progress::Progress;
+use forkd_snapshot::Progress;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet};
 use std::fs::File;
@@ -111,7 +111,7 @@ pub fn write_pack(
     let tmp = dir.join(format!(
         ".{}.partial-{}",
         name.to_string_lossy(),
-        forkd_snapshot::util::random_hex(4)
+        forkd_snapshot::random_hex(4)
     ));
     let result = (|| -> Result<PackSummary> {
         let file = File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;

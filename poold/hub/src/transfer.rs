@@ -27,7 +27,7 @@ use forkd_layers::{
     decode_manifest, decode_record, validate_tag, ChunkId, ChunkImport, ChunkRef, ManifestId,
     SnapshotId, SnapshotRecord, Store, VerifiedChunk,
 };
-use forkd_snapshot::progress::Progress;
+use forkd_snapshot::Progress;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::HashSet;
 use std::fmt;

@@ -28,17 +28,19 @@ mod error;
 pub mod fork;
 pub mod images;
 pub mod info;
-pub mod paths;
-pub mod progress;
+mod paths;
+mod progress;
 pub mod restore;
 mod staging;
 pub mod store;
-pub mod util;
+mod util;
 
 pub use config::VmConfig;
 pub use error::SnapshotError;
+pub use paths::{Paths, DEFAULT_HOME};
+pub use progress::{mib, Progress};
+pub use util::{format_unix, random_hex, unix_now};
 
-use crate::paths::Paths;
 use anyhow::{Context, Result};
 
 /// The forkd-fs mount of this data dir, started (or recovered) if needed.

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use forkd_bench as bench;
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use forkd_vmm::AccelChoice;
 
 /// What every child evaluates to count as ready (docs/design.md,

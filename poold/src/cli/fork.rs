@@ -4,8 +4,8 @@
 use anyhow::{bail, Result};
 use clap::Args;
 use forkd_snapshot::fork::{default_parallel, destroy_all, fork, Child};
-use forkd_snapshot::paths::Paths;
 use forkd_snapshot::restore::Source;
+use forkd_snapshot::Paths;
 use forkd_vmm::Lifetime;
 
 #[derive(Args, Debug)]

@@ -5,8 +5,8 @@ use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
 use forkd_hub::{self as hub, bench, pack, server, Hub, PullOptions, PushOptions};
 use forkd_layers::{Store, StoreOptions};
-use forkd_snapshot::paths::Paths;
-use forkd_snapshot::progress::mib;
+use forkd_snapshot::mib;
+use forkd_snapshot::Paths;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -199,7 +199,7 @@ pub async fn pack(paths: &Paths, a: PackArgs) -> Result<()> {
     let out = a.output.clone();
     let quiet = a.quiet;
     let summary = hub::blocking(move || {
-        let progress = forkd_snapshot::progress::Progress::new("pack", quiet);
+        let progress = forkd_snapshot::Progress::new("pack", quiet);
         let s = pack::write_pack(&store, &rec.id, tag.as_deref(), &out, &progress);
         progress.finish();
         s

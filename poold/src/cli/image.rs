@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::Subcommand;
 use forkd_snapshot::images::{build, recipe, Image};
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {

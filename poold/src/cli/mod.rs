@@ -11,7 +11,7 @@ pub mod snapshot;
 pub mod store;
 
 use clap::{Parser, Subcommand};
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

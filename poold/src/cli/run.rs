@@ -5,7 +5,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::images::Image;
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use forkd_vmm::AccelChoice;
 use forkd_vmm::{AgentClient, Lifetime, Machine, Memory};
 use rootfs_init::protocol::{ExecResult, ExecSpec, Reply};
@@ -55,7 +55,7 @@ pub async fn run(paths: &Paths, a: RunArgs) -> Result<i32> {
     let image = Image::load(&paths.images_dir(), &a.image)?;
     let machine = Machine::new(a.accel.resolve()?, a.mem, a.vcpus);
     let t0 = Instant::now();
-    let id = format!("run-{}", forkd_snapshot::util::random_hex(6));
+    let id = format!("run-{}", forkd_snapshot::random_hex(6));
     let vm = cold_boot(
         paths,
         BootSpec {

@@ -132,7 +132,7 @@ pub async fn ls(json_out: bool) -> Result<i32> {
             s.snapshot_tag,
             s.pid.map_or("-".into(), |p| p.to_string()),
             s.memory_limit_mib.map_or("-".into(), |m| format!("{m}M")),
-            forkd_snapshot::util::format_unix(s.created_at_unix)
+            forkd_snapshot::format_unix(s.created_at_unix)
         );
     }
     Ok(0)
@@ -214,7 +214,7 @@ pub async fn branch(a: BranchArgs) -> Result<i32> {
         info.tag,
         info.pause_ms.unwrap_or(0.0),
         info.diff_physical_bytes
-            .map(|b| format!(", {} new in the store", forkd_snapshot::progress::mib(b)))
+            .map(|b| format!(", {} new in the store", forkd_snapshot::mib(b)))
             .unwrap_or_default()
     );
     Ok(0)

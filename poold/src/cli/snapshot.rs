@@ -5,8 +5,8 @@ use clap::{Args, Subcommand};
 use forkd_snapshot::create::{create, CreateSpec, ImageSource};
 use forkd_snapshot::delete::{delete, Dependents};
 use forkd_snapshot::info::detail;
-use forkd_snapshot::paths::Paths;
-use forkd_snapshot::progress::mib;
+use forkd_snapshot::mib;
+use forkd_snapshot::Paths;
 use forkd_vmm::AccelChoice;
 use forkd_vmm::Lifetime;
 
@@ -203,7 +203,7 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
             rec.files
                 .get("memory.bin")
                 .map_or("-".into(), |f| format!("{}M", f.size >> 20)),
-            forkd_snapshot::util::format_unix(rec.created_at_unix)
+            forkd_snapshot::format_unix(rec.created_at_unix)
         );
     }
     Ok(0)
@@ -225,7 +225,7 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
     println!("tags:        {}", d.tags.join(", "));
     println!(
         "created:     {}",
-        forkd_snapshot::util::format_unix(d.created_at_unix)
+        forkd_snapshot::format_unix(d.created_at_unix)
     );
     println!("chain depth: {}", d.chain_depth);
     for (i, l) in d
@@ -273,7 +273,7 @@ async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> 
     let mount = forkd_snapshot::ensure_mount_async(paths).await?.mountpoint;
     let parent = restore::read_record(&mount, from)?;
     let src = restore::Source::new(&mount, &parent)?;
-    let id = format!("diff-{}", forkd_snapshot::util::random_hex(6));
+    let id = format!("diff-{}", forkd_snapshot::random_hex(6));
     let mut t = restore::ChildTimings::default();
     let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
     let result = async {

@@ -3,8 +3,8 @@
 use anyhow::{bail, Result};
 use clap::Subcommand;
 use forkd_layers::{SnapshotRecord, Store};
-use forkd_snapshot::paths::Paths;
-use forkd_snapshot::progress::mib;
+use forkd_snapshot::mib;
+use forkd_snapshot::Paths;
 
 #[derive(Subcommand, Debug)]
 pub enum StoreCmd {

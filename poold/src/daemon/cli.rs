@@ -3,7 +3,7 @@
 
 use super::config::Config;
 use clap::Parser;
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -8,7 +8,7 @@ use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
 use forkd_snapshot::restore::{hand_out, restore_paused, ChildTimings, Source};
-use forkd_snapshot::util::unix_now;
+use forkd_snapshot::unix_now;
 use forkd_vmm::{Hierarchy, Limits};
 use forkd_vmm::{Lifetime, Vm, VmDir};
 use futures::stream::{self, StreamExt};
@@ -20,7 +20,7 @@ pub const MAX_TTL_SECS: u64 = 10 * 365 * 24 * 3600;
 
 /// A new sandbox or VM id: `sb-` + 24 random hex digits (unguessable).
 pub fn new_id() -> String {
-    format!("sb-{}", forkd_snapshot::util::random_hex(12))
+    format!("sb-{}", forkd_snapshot::random_hex(12))
 }
 
 /// What a spawn asks for.

@@ -25,7 +25,7 @@ pub mod state;
 
 use anyhow::{Context, Result};
 use config::Config;
-use forkd_snapshot::paths::Paths;
+use forkd_snapshot::Paths;
 use std::collections::HashSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};

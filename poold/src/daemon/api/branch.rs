@@ -40,10 +40,7 @@ pub struct BranchBody {
 /// forkd's default tag: `branch-<id>-<unix>-<suffix 04x>`.
 fn default_tag(id: &str) -> String {
     let suffix: u16 = rand::random();
-    format!(
-        "branch-{id}-{}-{suffix:04x}",
-        forkd_snapshot::util::unix_now()
-    )
+    format!("branch-{id}-{}-{suffix:04x}", forkd_snapshot::unix_now())
 }
 
 /// The mode the body asks for, checked in forkd's order.

@@ -304,7 +304,7 @@ pub async fn set_ttl(
     let expires = if b.ttl_secs == 0 {
         0
     } else {
-        forkd_snapshot::util::unix_now() + b.ttl_secs
+        forkd_snapshot::unix_now() + b.ttl_secs
     };
     sb.record.lock().unwrap().expires_at_unix = expires;
     let rec = sb.record();

@@ -88,7 +88,7 @@ pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
         } else {
             out.push(SnapshotInfo {
                 dir: String::new(),
-                created_at_unix: forkd_snapshot::util::unix_now(),
+                created_at_unix: forkd_snapshot::unix_now(),
                 status: "writing".into(),
                 bootable: false,
                 ..empty_info(&tag)
