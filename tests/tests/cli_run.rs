@@ -10,14 +10,25 @@ fn forkd() -> Command {
     c
 }
 
-fn vm_dirs() -> usize {
+/// The `forkd run` VM directories whose record names `pid` as the owner.
+/// (Counting every `run-*` dir raced with the other tests of this binary,
+/// which run concurrently and leave or sweep their own.)
+fn vm_dirs_of(pid: u32) -> Vec<std::path::PathBuf> {
     std::fs::read_dir(paths().vms_dir())
         .map(|rd| {
             rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with("run-"))
-                .count()
+                .map(|e| e.path())
+                .filter(|p| p.file_name().unwrap().to_string_lossy().starts_with("run-"))
+                .filter(|p| {
+                    let rec: serde_json::Value = serde_json::from_slice(
+                        &std::fs::read(p.join("vm.json")).unwrap_or_default(),
+                    )
+                    .unwrap_or_default();
+                    rec["owner"]["pid"] == pid
+                })
+                .collect()
         })
-        .unwrap_or(0)
+        .unwrap_or_default()
 }
 
 #[test]
@@ -47,20 +58,21 @@ fn run_prints_output_and_propagates_the_exit_code() {
 #[test]
 fn run_forwards_stdin_and_cleans_up() {
     use std::io::Write;
-    let before = vm_dirs();
     let mut child = forkd()
         .args(["run", "--image", "minimal", "--", "tr", "a-z", "A-Z"])
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    let pid = child.id();
     child.stdin.take().unwrap().write_all(b"hello\n").unwrap();
     let out = child.wait_with_output().unwrap();
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), "HELLO\n");
+    let left = vm_dirs_of(pid);
     assert!(
-        vm_dirs() <= before,
-        "forkd run left its VM directory behind"
+        left.is_empty(),
+        "forkd run left its VM directory behind: {left:?}"
     );
 }
 
