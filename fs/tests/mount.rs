@@ -126,10 +126,10 @@ fn serves_snapshots_byte_exact() {
     );
     assert_eq!(
         std::fs::metadata(&dir).unwrap().permissions().mode() & 0o7777,
-        0o555
+        0o550
     );
     let md = std::fs::metadata(m.file(&id, "memory.bin")).unwrap();
-    assert_eq!(md.permissions().mode() & 0o7777, 0o444);
+    assert_eq!(md.permissions().mode() & 0o7777, 0o440);
     assert_eq!(md.len(), mem.len() as u64);
     let json: serde_json::Value =
         serde_json::from_slice(&std::fs::read(m.file(&id, "snapshot.json")).unwrap()).unwrap();

@@ -419,6 +419,10 @@ fn enter(p: &Plan) -> std::io::Result<()> {
     // SAFETY: every call below is a plain system call on NUL-terminated
     // strings owned by `p`, which outlives the call; none allocates.
     unsafe {
+        // The jail's own tree (its tmpfs root, /dev, the mount points) must
+        // be traversable by the VM's uid whatever umask poold runs with
+        // (077): without this the jailed QEMU cannot reach /dev/urandom.
+        libc::umask(0o022);
         check(libc::unshare(libc::CLONE_NEWNS))?;
         check(libc::mount(
             null(),
