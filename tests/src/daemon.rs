@@ -281,3 +281,12 @@ impl Drop for Poold {
         let _ = self.child.wait();
     }
 }
+
+/// The `id` fields of a JSON list (sandboxes, snapshots).
+pub fn ids(v: &serde_json::Value) -> Vec<String> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|s| s["id"].as_str().unwrap().to_string())
+        .collect()
+}

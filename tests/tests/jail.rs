@@ -5,8 +5,8 @@
 //! under a CPU quota leave poold and a sibling answering.
 
 use forkd_e2e::block_on;
-use forkd_e2e::daemon::{Home, Poold};
-use serde_json::{json, Value};
+use forkd_e2e::daemon::{ids, Home, Poold};
+use serde_json::json;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -74,14 +74,6 @@ fn reads_as(gid: u32, path: &Path) -> bool {
         .status()
         .expect("setpriv (util-linux)")
         .success()
-}
-
-fn ids(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect()
 }
 
 #[test]

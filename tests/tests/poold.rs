@@ -3,19 +3,11 @@
 //! that loses nothing.
 
 use forkd_e2e::block_on;
-use forkd_e2e::daemon::{Home, Poold};
+use forkd_e2e::daemon::{ids, Home, Poold};
 use serde_json::{json, Value};
 use std::time::Duration;
 
 const MINIMAL_MIB: u64 = 128;
-
-fn ids(v: &Value) -> Vec<String> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list: {v}"))
-        .iter()
-        .map(|s| s["id"].as_str().unwrap().to_string())
-        .collect()
-}
 
 /// Every unsafe tag of the tag rule (`^[A-Za-z0-9_-]{1,64}$`).
 fn bad_tags() -> Vec<String> {
