@@ -49,6 +49,17 @@ cargo clippy --release --quiet --workspace --all-targets -- -D warnings
 for r in minimal python-numpy; do
   "$forkd" image build --recipe "$r" --if-changed
 done
+# The network tests turn on IPv4 forwarding and write `table inet forkd`, as
+# poold does; the run leaves both as it found them.
+forward_before=$(cat /proc/sys/net/ipv4/ip_forward)
+table_before=$(nft list table inet forkd >/dev/null 2>&1 && echo yes || echo no)
+restore_host_net() {
+  echo "$forward_before" > /proc/sys/net/ipv4/ip_forward || true
+  if [ "$table_before" = no ] && ! ls /run/netns 2>/dev/null | grep -q '^forkd-'; then
+    nft delete table inet forkd 2>/dev/null || true
+  fi
+}
+trap restore_host_net EXIT
 say "cargo test (release)"
 cargo test --release --workspace "${cargo_args[@]}"
 say "All tests passed in $(( $(date +%s) - started ))s"

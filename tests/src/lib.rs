@@ -134,6 +134,7 @@ pub async fn create_snapshot(
     create(
         &paths(),
         CreateSpec {
+            net: false,
             tag: tag.to_string(),
             image: ImageSource::Named(image_name.to_string()),
             mem_mib,

@@ -87,6 +87,9 @@ pub struct SandboxInfo {
     /// Most tasks its VM process may hold; absent when unlimited.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids_max: Option<u64>,
+    /// Published ports (docs/network.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
 /// `POST /v1/sandboxes`.
@@ -124,6 +127,16 @@ pub struct SpawnBody {
     /// Ours: kill the sandboxes after this many seconds.
     #[serde(default)]
     pub ttl_secs: Option<u64>,
+    /// Ours: false gives a networked snapshot's children no way out
+    /// (deny-all); true requires a networked snapshot.
+    #[serde(default)]
+    pub net: Option<bool>,
+    /// Ours: the egress policy (docs/network.md); default: the config's.
+    #[serde(default)]
+    pub network: Option<forkd_net::EgressPolicy>,
+    /// Ours: guest ports to publish on the host.
+    #[serde(default)]
+    pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
 fn one() -> usize {
@@ -148,9 +161,12 @@ pub struct CreateSnapshotBody {
     /// forkd: a writable root filesystem. Accepted for compatibility.
     #[serde(default)]
     pub rw: bool,
-    /// forkd: a host tap device for the guest. Refused (400): guests have no network.
+    /// forkd: a host tap device for the guest. Refused (400): forkd makes each child's tap itself (`net`).
     #[serde(default)]
     pub tap: Option<String>,
+    /// Give the guest a NIC (default: yes for python images); docs/network.md.
+    #[serde(default)]
+    pub net: Option<bool>,
     /// forkd: seconds to wait for the guest to boot, at most 60.
     #[serde(default)]
     pub boot_wait_secs: Option<u64>,

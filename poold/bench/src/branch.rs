@@ -57,6 +57,7 @@ pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
     create(
         paths,
         CreateSpec {
+            net: false,
             tag: base.clone(),
             image: ImageSource::Named(b.image.clone()),
             mem_mib: b.mem_mib,

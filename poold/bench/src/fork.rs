@@ -49,6 +49,7 @@ pub async fn run(paths: &Paths, b: ForkBench) -> Result<()> {
     let made = create(
         paths,
         CreateSpec {
+            net: false,
             tag: tag.clone(),
             image: ImageSource::Named(b.image.clone()),
             mem_mib: b.mem_mib,

@@ -23,6 +23,11 @@ pub struct SpawnBench {
     pub cold_samples: usize,
     /// Python each child evaluates to count as ready.
     pub probe: String,
+    /// A networked snapshot (`forkd snapshot create --net`) of the same
+    /// image: adds a pool-hit row with per-child networking, so the cost of
+    /// the network at hand-out (egress rules, resolv.conf) shows beside
+    /// the pool hit without one.
+    pub net_tag: Option<String>,
 }
 
 /// One phase's figures.
@@ -71,12 +76,24 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
         b.n,
         t_fill.elapsed().as_secs_f64()
     );
-    phases.push(phase(&c, &b, "full pool").await?);
+    phases.push(phase(&c, &b, &b.tag, "full pool").await?);
+    if let Some(net_tag) = &b.net_tag {
+        c.delete(&format!("/v1/pools/{}", b.tag)).await?;
+        c.put::<PoolStatus>(
+            &format!("/v1/pools/{net_tag}"),
+            json!({"min_ready": b.n, "max_ready": b.n, "warm": true}),
+        )
+        .await?;
+        wait_pool(&c, net_tag, |p| p.ready >= b.n).await?;
+        phases.push(phase(&c, &b, net_tag, "pool + net").await?);
+        c.delete(&format!("/v1/pools/{net_tag}")).await?;
+        wait_pool(&c, net_tag, |p| p.ready == 0 && p.in_flight == 0).await?;
+    }
 
     // Empty pool: every child restored on demand.
     c.delete(&format!("/v1/pools/{}", b.tag)).await?;
     wait_pool(&c, &b.tag, |p| p.ready == 0 && p.in_flight == 0).await?;
-    phases.push(phase(&c, &b, "empty pool").await?);
+    phases.push(phase(&c, &b, &b.tag, "empty pool").await?);
 
     // Cold boot, measured here, extrapolated to N.
     let image = info["config"]["image"]
@@ -125,11 +142,11 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
 }
 
 /// Spawns N, evaluates the probe in each, deletes them.
-async fn phase(c: &Client, b: &SpawnBench, name: &'static str) -> Result<Phase> {
+async fn phase(c: &Client, b: &SpawnBench, tag: &str, name: &'static str) -> Result<Phase> {
     let cpu0 = poold_cpu(c).await?;
     let t0 = Instant::now();
     let made: Vec<SandboxInfo> = c
-        .post("/v1/sandboxes", json!({"snapshot_tag": b.tag, "n": b.n}))
+        .post("/v1/sandboxes", json!({"snapshot_tag": tag, "n": b.n}))
         .await?;
     let evals = futures::future::join_all(made.iter().map(|s| async move {
         let r: EvalReply = c

@@ -85,3 +85,13 @@ impl NetError {
         matches!(self, NetError::Invalid(_) | NetError::Resolve { .. })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Callers carry it in `anyhow` chains.
+    #[test]
+    fn is_send_sync_static() {
+        fn check<T: std::error::Error + Send + Sync + 'static>() {}
+        check::<super::NetError>();
+    }
+}

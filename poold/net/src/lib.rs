@@ -1,7 +1,10 @@
 //! Per-child networking for forkd (docs/network.md).
 //!
 //! Every networked child lives in a network namespace of its own,
-//! `forkd-<vm id>`, bind-mounted in `/run/netns` (so `ip netns` lists it):
+//! `forkd-<scope>-<vm id>`, bind-mounted in `/run/netns` (so `ip netns`
+//! lists it). The scope ([`scope_of`]) names the data directory that owns
+//! the child, so several forkd instances on one host (a test run beside a
+//! production daemon) never reconcile away each other's children:
 //!
 //! ```text
 //!  guest eth0 10.42.0.2/30 ── tap0 10.42.0.1/30 [ns forkd-<id>] eth0 B/30 ══ veth ══ fkh<i> A/30 [root ns] ── uplink
@@ -20,7 +23,9 @@
 //! - Everything of a child dies with its namespace (the veth pair, the tap,
 //!   its nftables table), except the one root-namespace set element that
 //!   lets it reach an explicitly allowed host address; [`teardown`] removes
-//!   that too, and [`reconcile`] removes whatever no live child owns.
+//!   that too, and [`reconcile`] removes whatever no live child of its scope
+//!   owns, and of other scopes only what provably belongs to nobody (a veth
+//!   pair never moved into a namespace, a set element whose link is gone).
 //! - Root-namespace rules live only in `table inet forkd`; no other table
 //!   is ever touched.
 
@@ -36,7 +41,7 @@ pub mod proxy;
 mod tap;
 
 pub use error::NetError;
-pub use netns::{netns_path, NS_DIR};
+pub use netns::{netns_path, open as netns_open, NS_DIR};
 pub use policy::{EgressPolicy, Target};
 pub use pool::AddrPool;
 pub use tap::open_tap_in;
@@ -64,8 +69,15 @@ pub const TAP: &str = "tap0";
 pub const NS_VETH: &str = "eth0";
 /// Prefix of the root side of a veth pair (`fkh<slot>`).
 pub const HOST_VETH_PREFIX: &str = "fkh";
-/// Prefix of the namespaces poold manages (`forkd-<vm id>`).
+/// Prefix of the namespace side of a veth pair while it is still in the
+/// root namespace (`fkp<slot>`; renamed [`NS_VETH`] once moved).
+pub const PEER_VETH_PREFIX: &str = "fkp";
+/// Prefix of the namespaces poold manages (`forkd-<scope>-<vm id>`).
 pub const NETNS_PREFIX: &str = "forkd-";
+/// Prefix of the isolated namespaces a parent boots in (`fkboot-<vm id>`);
+/// their names are dropped once QEMU is inside, so [`reconcile`] removes
+/// any older than a minute (a crash in between).
+pub const BOOT_NETNS_PREFIX: &str = "fkboot-";
 /// The port of the forkd-compatible TCP agent in the guest.
 pub const COMPAT_AGENT_PORT: u16 = 8888;
 
@@ -73,7 +85,7 @@ pub const COMPAT_AGENT_PORT: u16 = 8888;
 /// after a crash and to reach the guest.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChildNet {
-    /// The namespace's name (`forkd-<vm id>`).
+    /// The namespace's name (`forkd-<scope>-<vm id>`).
     pub netns: String,
     /// The slot in the address pool; the root-side link is `fkh<slot>`.
     pub slot: u32,
@@ -97,9 +109,18 @@ pub fn host_link(slot: u32) -> String {
     format!("{HOST_VETH_PREFIX}{slot}")
 }
 
-/// The namespace name poold gives the VM `vm_id`.
-pub fn netns_name(vm_id: &str) -> String {
-    format!("{NETNS_PREFIX}{vm_id}")
+/// The namespace name of VM `vm_id` of the instance `scope`.
+pub fn netns_name(scope: &str, vm_id: &str) -> String {
+    format!("{NETNS_PREFIX}{scope}-{vm_id}")
+}
+
+/// The scope of the forkd instance whose data directory is `data_dir`: 8
+/// hex digits of the blake3 hash of its absolute path (stable across
+/// releases, so a newer poold still finds an older one's children).
+pub fn scope_of(data_dir: &std::path::Path) -> String {
+    let abs = std::path::absolute(data_dir).unwrap_or_else(|_| data_dir.to_path_buf());
+    let h = blake3::hash(abs.as_os_str().as_encoded_bytes());
+    h.to_hex()[..8].to_string()
 }
 
 pub use setup::{

@@ -6,7 +6,7 @@ use crate::netlink::{self, with_handle};
 use crate::policy::EgressPolicy;
 use crate::{
     host_link, netns, nft, pool::AddrPool, ChildNet, NetError, Result, GATEWAY, GUEST_PREFIX,
-    HOST_VETH_PREFIX, NETNS_PREFIX, NS_VETH, TAP, TAP_MAC,
+    HOST_VETH_PREFIX, NS_VETH, PEER_VETH_PREFIX, TAP, TAP_MAC,
 };
 use ipnet::Ipv4Net;
 use std::collections::HashSet;
@@ -100,8 +100,8 @@ fn inner_side(name: &str) -> Result<()> {
 /// of a veth pair, the other end in the root namespace, addresses from
 /// `pool`, and a deny-all policy until [`apply_policy`] sets the real one.
 /// On failure nothing is left behind.
-pub fn create_child(pool: &AddrPool, vm_id: &str) -> Result<ChildNet> {
-    let name = crate::netns_name(vm_id);
+pub fn create_child(pool: &AddrPool, scope: &str, vm_id: &str) -> Result<ChildNet> {
+    let name = crate::netns_name(scope, vm_id);
     netns::create(&name)?;
     let mut slot_taken = None;
     let r = (|| {
@@ -149,7 +149,7 @@ fn claim_slot(pool: &AddrPool) -> Result<u32> {
 }
 
 fn peer_link(slot: u32) -> String {
-    format!("fkp{slot}")
+    format!("{PEER_VETH_PREFIX}{slot}")
 }
 
 /// Moves the peer into the namespace as eth0 and addresses both ends.
@@ -300,29 +300,60 @@ pub struct Reconciled {
 /// Removes every `forkd-*` namespace, `fkh*` link and `host_allow` element
 /// that no child in `owned` has (after a crash or kill -9). `owned` is every
 /// child network recorded as alive.
-pub fn reconcile(owned: &[ChildNet]) -> Result<Reconciled> {
+pub fn reconcile(scope: &str, owned: &[ChildNet]) -> Result<Reconciled> {
     let names: HashSet<&str> = owned.iter().map(|n| n.netns.as_str()).collect();
-    let links: HashSet<String> = owned.iter().map(|n| n.host_link()).collect();
     let mut done = Reconciled::default();
-    for ns in netns::list(NETNS_PREFIX) {
+    // This instance's namespaces that no live VM of it records; its tap and
+    // nftables table die with it.
+    for ns in netns::list(&crate::netns_name(scope, "")) {
         if !names.contains(ns.as_str()) {
+            // The kernel frees a namespace's links lazily; deleting the
+            // veth end inside it takes the root-side end at once.
+            let inner = ns.clone();
+            let _ = with_handle(Some(&inner), |h| async move {
+                netlink::delete_link(&h, NS_VETH).await
+            });
             netns::delete(&ns)?;
             done.namespaces.push(ns);
         }
     }
-    let keep = links.clone();
+    // Any instance's boot namespace is unnamed within milliseconds of its
+    // QEMU starting; one older than a minute is a crash's leftover.
+    for ns in netns::list(crate::BOOT_NETNS_PREFIX) {
+        let old = std::fs::metadata(netns::netns_path(&ns))
+            .and_then(|m| m.modified())
+            .map(|t| t.elapsed().unwrap_or_default() > std::time::Duration::from_secs(60))
+            .unwrap_or(true);
+        if old {
+            netns::delete(&ns)?;
+            done.namespaces.push(ns);
+        }
+    }
+    // A pair whose namespace side is still in the root namespace was never
+    // wired (a crash between claiming the slot and moving it): nobody's.
     done.links = with_handle(None, move |h| async move {
+        let peers: HashSet<String> = netlink::links_with_prefix(&h, PEER_VETH_PREFIX)
+            .await?
+            .into_iter()
+            .collect();
         let mut removed = Vec::new();
         for l in netlink::links_with_prefix(&h, HOST_VETH_PREFIX).await? {
-            if !keep.contains(&l) {
+            let slot = &l[HOST_VETH_PREFIX.len()..];
+            if peers.contains(&format!("{PEER_VETH_PREFIX}{slot}")) {
                 netlink::delete_link(&h, &l).await?;
                 removed.push(l);
             }
         }
         Ok(removed)
     })?;
+    // Set elements whose link is gone, whoever made them.
+    let live: HashSet<String> = with_handle(None, |h| async move {
+        netlink::links_with_prefix(&h, HOST_VETH_PREFIX).await
+    })?
+    .into_iter()
+    .collect();
     let before = count_host_allows();
-    remove_host_allows(&|l| !links.contains(l))?;
+    remove_host_allows(&|l| !live.contains(l))?;
     done.host_allows = before.saturating_sub(count_host_allows());
     Ok(done)
 }

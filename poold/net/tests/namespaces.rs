@@ -14,6 +14,39 @@ use std::sync::Mutex;
 
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// The one lock every test takes, with the host's forwarding switch and
+/// `table inet forkd` as they were, restored when it is released: a test
+/// run leaves the host as it found it.
+struct Serial {
+    _lock: std::sync::MutexGuard<'static, ()>,
+    ip_forward: String,
+    had_table: bool,
+}
+
+fn serial() -> Serial {
+    let lock = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    Serial {
+        _lock: lock,
+        ip_forward: std::fs::read_to_string("/proc/sys/net/ipv4/ip_forward").unwrap_or_default(),
+        had_table: Command::new("nft")
+            .args(["list", "table", "inet", "forkd"])
+            .output()
+            .map(|o| o.status.success())
+            .unwrap_or(false),
+    }
+}
+
+impl Drop for Serial {
+    fn drop(&mut self) {
+        if !self.had_table {
+            sh("nft delete table inet forkd");
+        }
+        if !self.ip_forward.is_empty() {
+            let _ = std::fs::write("/proc/sys/net/ipv4/ip_forward", self.ip_forward.trim());
+        }
+    }
+}
+
 fn root() -> bool {
     if nix::unistd::geteuid().is_root() {
         true
@@ -22,6 +55,9 @@ fn root() -> bool {
         false
     }
 }
+
+/// The tests' instance scope: reconcile never touches another's children.
+const SCOPE: &str = "fdt00000";
 
 fn pool() -> AddrPool {
     AddrPool::parse("10.203.0.0/24").unwrap()
@@ -63,11 +99,11 @@ fn children_get_distinct_addresses_and_teardown_leaves_nothing() {
     if !root() {
         return;
     }
-    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = serial();
     host_setup(&pool()).unwrap();
     let mut g = Guard(Vec::new());
     for i in 0..3 {
-        g.0.push(create_child(&pool(), &id(&format!("d{i}"))).unwrap());
+        g.0.push(create_child(&pool(), SCOPE, &id(&format!("d{i}"))).unwrap());
     }
     let mut addrs: Vec<_> = g.0.iter().map(|n| n.guest_addr).collect();
     addrs.sort();
@@ -131,13 +167,16 @@ fn reconcile_removes_what_no_live_child_owns() {
     if !root() {
         return;
     }
-    let _l = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let _l = serial();
     host_setup(&pool()).unwrap();
     let mut g = Guard(Vec::new());
-    let keep = create_child(&pool(), &id("keep")).unwrap();
+    let keep = create_child(&pool(), SCOPE, &id("keep")).unwrap();
     g.0.push(keep.clone());
-    let lost = create_child(&pool(), &id("lost")).unwrap();
+    let lost = create_child(&pool(), SCOPE, &id("lost")).unwrap();
     g.0.push(lost.clone());
+    // Another forkd instance's child on the same host: never ours to remove.
+    let other = create_child(&pool(), "fdt11111", &id("other")).unwrap();
+    g.0.push(other.clone());
     apply_policy(
         &lost,
         &EgressPolicy {
@@ -148,7 +187,7 @@ fn reconcile_removes_what_no_live_child_owns() {
     )
     .unwrap();
     // As after a kill -9: `lost` is no longer recorded anywhere.
-    let done = reconcile(std::slice::from_ref(&keep)).unwrap();
+    let done = reconcile(SCOPE, std::slice::from_ref(&keep)).unwrap();
     assert!(done.namespaces.contains(&lost.netns), "{done:?}");
     assert!(!netns_exists(&lost.netns));
     assert!(!link_exists(&lost.host_link()));
@@ -156,19 +195,21 @@ fn reconcile_removes_what_no_live_child_owns() {
     assert!(netns_exists(&keep.netns));
     assert!(link_exists(&keep.host_link()));
     // A root-side link whose namespace vanished (crash mid-setup) goes too.
-    let half = create_child(&pool(), &id("half")).unwrap();
+    let half = create_child(&pool(), SCOPE, &id("half")).unwrap();
     g.0.push(half.clone());
     sh(&format!(
         "umount /run/netns/{0}; rm /run/netns/{0}",
         half.netns
     ));
     sh("ip link add fkh9999 type veth peer name fkp9999");
-    let done = reconcile(std::slice::from_ref(&keep)).unwrap();
+    let done = reconcile(SCOPE, std::slice::from_ref(&keep)).unwrap();
     assert!(done.links.contains(&"fkh9999".to_string()), "{done:?}");
     assert!(!link_exists("fkh9999"));
-    let done = reconcile(&[]).unwrap();
+    let done = reconcile(SCOPE, &[]).unwrap();
     assert!(done.namespaces.contains(&keep.netns));
     assert!(!netns_exists(&keep.netns) && !link_exists(&keep.host_link()));
+    assert!(netns_exists(&other.netns) && link_exists(&other.host_link()));
+    assert!(!done.namespaces.contains(&other.netns), "{done:?}");
 }
 
 #[test]

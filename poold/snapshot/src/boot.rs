@@ -44,7 +44,12 @@ pub async fn cold_boot(paths: &Paths, spec: BootSpec) -> Result<Vm> {
         boot: Boot::Kernel {
             kernel,
             initrd,
-            cmdline: forkd_vmm::kernel_cmdline(spec.machine.accel, &spec.hostname, ""),
+            cmdline: forkd_vmm::kernel_cmdline(
+                spec.machine.accel,
+                &spec.hostname,
+                spec.machine.net,
+                "",
+            ),
         },
         disk: DiskBase::Image(spec.rootfs),
         lifetime: spec.lifetime,

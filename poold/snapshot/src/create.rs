@@ -69,6 +69,9 @@ pub struct CreateSpec {
     pub vcpus: u32,
     /// Accelerator the parent (and so every child) runs under.
     pub accel: Accel,
+    /// Give the guest a NIC (docs/network.md); part of the machine
+    /// signature, so its children all have one.
+    pub net: bool,
     /// A shell command run in the parent before the pause; must exit 0.
     pub warmup_cmd: Option<String>,
     /// Python run in the warm interpreter before the pause; must not raise.
@@ -79,6 +82,15 @@ pub struct CreateSpec {
     pub lifetime: Lifetime,
     /// Show progress on stderr.
     pub verbose: bool,
+}
+
+/// Whether a snapshot of `image` gets a NIC: as asked (`--net`/`--no-net`),
+/// else yes for python images (the quickstart's), no otherwise.
+pub fn default_net(image: &str, net: bool, no_net: bool) -> bool {
+    if net || no_net {
+        return net;
+    }
+    image.starts_with("python")
 }
 
 /// Where the time went.
@@ -153,7 +165,8 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
         }
     };
     let staging = Staging::create(&paths.staging_dir(), "snap")?;
-    let machine = Machine::new(spec.accel, spec.mem_mib, spec.vcpus);
+    let mut machine = Machine::new(spec.accel, spec.mem_mib, spec.vcpus);
+    machine.net = spec.net;
     let id = format!("snap-{}", crate::util::random_hex(6));
     let hostname = "forkd".to_string();
     say(&format!(
@@ -203,7 +216,7 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
                 qemu_version: qemu,
                 machine_signature: machine.signature(),
                 machine_type: MACHINE_TYPE.into(),
-                cmdline: kernel_cmdline(machine.accel, &hostname, ""),
+                cmdline: kernel_cmdline(machine.accel, &hostname, machine.net, ""),
                 machine,
                 kernel_blake3: file_blake3(kernel.as_deref().unwrap_or(&paths.vmlinuz()))?,
                 initrd_blake3: file_blake3(&paths.initramfs())?,

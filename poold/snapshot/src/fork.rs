@@ -52,7 +52,7 @@ pub async fn fork(
             let started_ms = super::create::ms(t0.elapsed());
             let mut timings = ChildTimings::default();
             let mut vm = restore_paused(paths, src, &id, lifetime, &mut timings).await?;
-            if let Err(e) = hand_out(&mut vm, &hostname, start, &mut timings).await {
+            if let Err(e) = hand_out(&mut vm, &hostname, None, start, &mut timings).await {
                 vm.destroy().await;
                 return Err(e);
             }

@@ -11,7 +11,7 @@ use super::SnapshotError;
 use crate::paths::Paths;
 use anyhow::{anyhow, Result};
 use forkd_layers::{SnapshotId, SnapshotRecord};
-use forkd_vmm::{Boot, DiskBase, Lifetime, Memory, StartSpec, Vm, VmDir};
+use forkd_vmm::{Boot, DiskBase, Lifetime, Memory, Nic, StartSpec, Vm, VmDir};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -145,6 +145,17 @@ pub async fn restore_paused(
     timings: &mut ChildTimings,
 ) -> Result<Vm> {
     let t0 = Instant::now();
+    // A networked snapshot's child gets its own namespace; Vm::start owns
+    // it from here (torn down if the start fails, else with the VM).
+    let nic = if src.config.machine.net {
+        let n = forkd_vmm::net::create_child(&paths.home, id).await?;
+        Some(Nic {
+            netns: n.netns.clone(),
+            child: Some(n),
+        })
+    } else {
+        None
+    };
     let spec = StartSpec {
         id: id.to_string(),
         machine: src.config.machine.clone(),
@@ -155,7 +166,7 @@ pub async fn restore_paused(
             size: src.rootfs_size,
         },
         lifetime,
-        nic: None,
+        nic,
     };
     Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
         timings.process_ms = ms(t0.elapsed());
@@ -171,20 +182,42 @@ pub async fn restore_paused(
 /// Resumes a restored child and gives it its own identity (fresh entropy,
 /// the host's wall clock, its hostname, a reseeded interpreter). Returns once
 /// the agent has answered. `t0` is when this child's start began.
+///
+/// A networked child gets its egress `policy` (None: the configured
+/// default) before its vCPUs run, and its resolv.conf with the identity.
 pub async fn hand_out(
     vm: &mut Vm,
     hostname: &str,
+    policy: Option<&forkd_net::EgressPolicy>,
     t0: Instant,
     timings: &mut ChildTimings,
 ) -> Result<()> {
+    let nameservers = match &vm.record.net {
+        Some(net) => {
+            let default;
+            let policy = match policy {
+                Some(p) => p,
+                None => {
+                    default = forkd_vmm::net::default_egress();
+                    &default
+                }
+            };
+            forkd_vmm::net::apply_policy(net, policy).await?;
+            Some(forkd_vmm::net::nameservers())
+        }
+        None => None,
+    };
     vm.resume().await?;
     timings.resumed_ms = ms(t0.elapsed());
     let agent = vm.agent.clone();
     let identity = async {
-        tokio::time::timeout(READY_TIMEOUT, agent.identity(Some(hostname)))
-            .await
-            .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
-            .map_err(anyhow::Error::from)
+        tokio::time::timeout(
+            READY_TIMEOUT,
+            agent.identity_with(Some(hostname), nameservers),
+        )
+        .await
+        .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
+        .map_err(anyhow::Error::from)
     };
     identity.await.map_err(|e| {
         e.context(format!(

@@ -67,6 +67,10 @@ pub enum BenchCmd {
         cold_samples: usize,
         #[arg(long, default_value = PROBE)]
         probe: String,
+        /// A networked snapshot of the same image: adds a pool-hit row
+        /// with per-child networking (docs/network.md).
+        #[arg(long)]
+        net_tag: Option<String>,
     },
 }
 
@@ -133,6 +137,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             n,
             cold_samples,
             probe,
+            net_tag,
         } => {
             if n == 0 || n > 1000 {
                 bail!("-n must be 1-1000");
@@ -144,6 +149,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     n,
                     cold_samples,
                     probe,
+                    net_tag,
                 },
             )
             .await?;

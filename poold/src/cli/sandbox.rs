@@ -28,6 +28,24 @@ pub struct SpawnArgs {
     /// Kill the sandboxes after this many seconds.
     #[arg(long)]
     pub ttl: Option<u64>,
+    /// Require a network (the snapshot must have a NIC).
+    #[arg(long, conflicts_with = "no_net")]
+    pub net: bool,
+    /// No way out for a networked snapshot's children (deny all egress).
+    #[arg(long)]
+    pub no_net: bool,
+    /// Allow egress to an address, CIDR or domain name (repeatable);
+    /// docs/network.md has the rules.
+    #[arg(long = "allow-out", value_name = "TARGET", conflicts_with = "no_net")]
+    pub allow_out: Vec<String>,
+    /// Deny egress to an address, CIDR or domain name (repeatable);
+    /// `--deny-out 0.0.0.0/0` denies all but --allow-out.
+    #[arg(long = "deny-out", value_name = "TARGET", conflicts_with = "no_net")]
+    pub deny_out: Vec<String>,
+    /// Publish a guest port: GUEST_PORT, HOST_PORT:GUEST_PORT or
+    /// HOST_ADDR:HOST_PORT:GUEST_PORT (repeatable; default address 127.0.0.1).
+    #[arg(long = "publish", short = 'p', value_name = "PORTS")]
+    pub publish: Vec<String>,
     /// Print the JSON answer.
     #[arg(long)]
     pub json: bool,
@@ -95,13 +113,41 @@ pub async fn spawn(a: SpawnArgs) -> Result<i32> {
     if let Some(p) = a.pids_max {
         body["pids_max"] = json!(p);
     }
+    if a.net || a.no_net {
+        body["net"] = json!(a.net);
+    }
+    if !a.allow_out.is_empty() || !a.deny_out.is_empty() {
+        // Checked here too, so a typo fails before any request.
+        for t in a.allow_out.iter().chain(&a.deny_out) {
+            forkd_net::Target::parse(t)?;
+        }
+        body["network"] = json!({"allow_out": a.allow_out, "deny_out": a.deny_out});
+    }
+    if !a.publish.is_empty() {
+        let ports = a
+            .publish
+            .iter()
+            .map(|p| forkd_net::proxy::PortSpec::parse(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        body["ports"] = json!(ports);
+    }
     let t0 = std::time::Instant::now();
     let made: Vec<SandboxInfo> = c.post("/v1/sandboxes", body).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&made)?);
     } else {
         for s in &made {
-            println!("{}", s.id);
+            match &s.guest_addr {
+                Some(addr) => {
+                    let ports: Vec<String> = s
+                        .ports
+                        .iter()
+                        .map(|p| format!("{}:{}->{}", p.host_addr, p.host_port, p.guest_port))
+                        .collect();
+                    println!("{}\t{addr}\t{}", s.id, ports.join(","));
+                }
+                None => println!("{}", s.id),
+            }
         }
         let hits = made.iter().filter(|s| s.pool_hit).count();
         eprintln!(

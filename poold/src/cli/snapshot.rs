@@ -82,6 +82,13 @@ pub struct CreateArgs {
     /// Move the tag if it already names a snapshot.
     #[arg(long)]
     pub force: bool,
+    /// Give the guest a NIC, so its children get a network each
+    /// (docs/network.md). The default for python images.
+    #[arg(long, conflicts_with = "no_net")]
+    pub net: bool,
+    /// No NIC: children are reached only through the agent.
+    #[arg(long)]
+    pub no_net: bool,
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
@@ -126,8 +133,10 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
 }
 
 async fn create_cmd(paths: &Paths, a: CreateArgs) -> Result<i32> {
+    let net = forkd_snapshot::create::default_net(&a.image, a.net, a.no_net);
     let spec = CreateSpec {
         tag: a.tag,
+        net,
         image: ImageSource::Named(a.image),
         mem_mib: a.mem,
         vcpus: a.vcpus,
@@ -277,7 +286,7 @@ async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> 
     let mut t = restore::ChildTimings::default();
     let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
     let result = async {
-        restore::hand_out(&mut vm, &id, std::time::Instant::now(), &mut t).await?;
+        restore::hand_out(&mut vm, &id, None, std::time::Instant::now(), &mut t).await?;
         eprintln!("==> running {cmd:?} in a child of {from}");
         let out = vm
             .agent

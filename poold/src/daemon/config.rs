@@ -68,6 +68,20 @@ pub struct Config {
     pub default_pids_max: Option<u64>,
     /// Memory limit of a sandbox whose spawn sets no `memory_limit_mib`.
     pub default_memory_limit_mib: Option<u64>,
+    /// Child networking (docs/network.md).
+    pub net: NetConfig,
+}
+
+/// `[net]`: the range host-side child addresses come from and the egress
+/// policy of a spawn that sets none.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct NetConfig {
+    /// A CIDR of /30 or larger (default 10.201.0.0/16: 16384 children).
+    pub range: forkd_net::AddrPool,
+    /// Default egress policy (`allow_out`, `deny_out`); default: allow all
+    /// but the host, loopback and link-local.
+    pub egress: forkd_net::EgressPolicy,
 }
 
 impl Default for Config {
@@ -88,6 +102,7 @@ impl Default for Config {
             default_cpus: None,
             default_pids_max: Some(1024),
             default_memory_limit_mib: None,
+            net: NetConfig::default(),
         }
     }
 }
@@ -154,6 +169,10 @@ impl Config {
                 bail!("allowed_hosts entry {h:?} is not a host name (letters, digits, '-' and '.'; no port, no scheme)");
             }
         }
+        self.net
+            .egress
+            .validate()
+            .context("net.egress (docs/network.md)")?;
         for p in &self.allowed_paths {
             if !p.is_absolute() {
                 bail!("allowed_paths entry {} must be absolute", p.display());
@@ -190,5 +209,24 @@ mod tests {
         }
         let bad: Config = toml::from_str("[pools.a]\nmin_ready = 4\nmax_ready = 2\n").unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn net_section_parses_and_refuses_bad_ranges() {
+        let c: Config = toml::from_str(
+            "[net]\nrange = \"10.77.0.0/20\"\negress = { deny_out = [\"0.0.0.0/0\"], allow_out = [\"192.0.2.0/24\"] }\n",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.net.range.slots(), 1024);
+        assert_eq!(Config::default().net.range.slots(), 16384);
+        for bad in [
+            "range = \"10.77.0.1/20\"",
+            "range = \"10.42.0.0/16\"",
+            "rnage = \"x\"",
+        ] {
+            let e = toml::from_str::<Config>(&format!("[net]\n{bad}\n"));
+            assert!(e.is_err(), "{bad}");
+        }
     }
 }

@@ -32,8 +32,15 @@ pub struct SpawnRequest {
     pub cpus: Option<f64>,
     pub pids_max: Option<u64>,
     pub ttl_secs: Option<u64>,
-    /// forkd's per-child network namespace: refused, children have no NIC.
+    /// forkd's per-child network namespace: every child of a networked
+    /// snapshot has one; asking for it from a snapshot without a NIC is a 400.
     pub per_child_netns: bool,
+    /// false: no way out (deny-all); true: must be a networked snapshot.
+    pub net: Option<bool>,
+    /// The egress policy (None: the config's default).
+    pub network: Option<forkd_net::EgressPolicy>,
+    /// Guest ports to publish on the host.
+    pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
 impl SpawnRequest {
@@ -45,9 +52,25 @@ impl SpawnRequest {
     /// daemon's `defaults` filling the rest).
     pub fn validate(&self, cgroups: Option<&Hierarchy>, defaults: Limits) -> ApiResult<Limits> {
         super::error::check_tag(&self.tag)?;
-        if self.per_child_netns {
+        if let Some(p) = &self.network {
+            p.validate()
+                .map_err(|e| ApiError::bad_request(format!("network: {e}")))?;
+            if self.net == Some(false) {
+                return Err(ApiError::bad_request(
+                    "network: an egress policy with net: false; drop one of them",
+                ));
+            }
+        }
+        if self.ports.len() > 64 {
+            return Err(ApiError::bad_request("ports: at most 64 per sandbox"));
+        }
+        for p in &self.ports {
+            p.validate()
+                .map_err(|e| ApiError::bad_request(format!("{e}")))?;
+        }
+        if self.n > 1 && self.ports.iter().any(|p| p.host_port != 0) {
             return Err(ApiError::bad_request(
-                "per_child_netns: this snapshot's guest has no network device, so there is no network to isolate; reach sandboxes through exec, eval and files",
+                "ports: a fixed host_port with n > 1 would be bound twice; leave host_port out (any free port) or spawn one at a time",
             ));
         }
         if self.n == 0 {
@@ -71,6 +94,29 @@ impl SpawnRequest {
 }
 
 impl SpawnRequest {
+    /// Checks the network fields against the snapshot (`has_nic`): a
+    /// request for a network from a snapshot without a NIC is a 400.
+    /// Returns the egress policy the children get (None: no network).
+    pub fn egress(&self, has_nic: bool) -> ApiResult<Option<forkd_net::EgressPolicy>> {
+        let wants = self.per_child_netns
+            || self.net == Some(true)
+            || self.network.is_some()
+            || !self.ports.is_empty();
+        if !has_nic {
+            if wants {
+                return Err(ApiError::bad_request(
+                    "this snapshot's guest has no network device: take it with `forkd snapshot create --net` (or \"net\": true) to give its children a network; without one, reach sandboxes through exec, eval and files",
+                ));
+            }
+            return Ok(None);
+        }
+        Ok(Some(match (&self.network, self.net) {
+            (_, Some(false)) => forkd_net::EgressPolicy::deny_all(),
+            (Some(p), _) => p.clone(),
+            (None, _) => forkd_vmm::net::default_egress(),
+        }))
+    }
+
     /// The limits asked for, with the daemon's defaults filling the rest.
     pub fn limits(&self, defaults: Limits) -> Limits {
         Limits {
@@ -99,6 +145,13 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     let t0 = Instant::now();
     let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
     let src = source(d, &req.tag)?;
+    let egress = req.egress(src.config.machine.net)?;
+    if let Some(p) = &egress {
+        // Names that do not resolve are the caller's error, before any VM.
+        p.resolve()
+            .await
+            .map_err(|e| ApiError::bad_request(format!("network: {e}")))?;
+    }
     let _reserved = d.reserve(req.n)?;
     let sid = src.id.to_string();
     let (hits, stale) = d.pools.take(&req.tag, &sid, req.n);
@@ -134,6 +187,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     // them all crawl (each first request is CPU-bound, under TCG doubly so);
     // a few at a time finishes every one of them sooner.
     let handout_parallel = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
+    let egress = egress.as_ref();
     let handed = stream::iter(hits.into_iter().map(|h| {
         let src = src.clone();
         async move {
@@ -142,7 +196,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             let id = vm.id.clone();
             let handed = async {
                 confine(d, &vm, &limits)?;
-                hand_out(&mut vm, &id, t0, &mut t).await
+                hand_out(&mut vm, &id, egress, t0, &mut t).await
             };
             match handed.await {
                 Ok(()) => Ok((vm, t, true)),
@@ -153,7 +207,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
                         "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
                     );
                     discard(d, vm, &limits).await;
-                    restore_one(d, &src, t0, &limits)
+                    restore_one(d, &src, egress, t0, &limits)
                         .await
                         .map(|(vm, t)| (vm, t, false))
                 }
@@ -167,7 +221,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         .map(|_| {
             let src = src2.clone();
             async move {
-                restore_one(d, &src, t0, &limits)
+                restore_one(d, &src, egress, t0, &limits)
                     .await
                     .map(|(vm, t)| (vm, t, false))
             }
@@ -210,14 +264,26 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             branch_count: 0,
             pool_hit: hit,
             spawn_ms: t.ready_ms,
+            net: vm.record.net.clone(),
+            ports: Vec::new(),
         };
         let source = if hit { "pool" } else { "restore" };
         d.metrics
             .spawn_latency
             .with_label_values(&[source])
             .observe(t.ready_ms as f64 / 1e3);
-        made.push(Arc::new(Sandbox::new(vm, rec.clone())));
-        out.push(rec);
+        let sb = Arc::new(Sandbox::new(vm, rec));
+        if let Err(e) = publish_ports(&sb, &req.ports).await {
+            first_err.get_or_insert(e);
+        }
+        out.push(sb.record());
+        made.push(sb);
+    }
+    if let Some(e) = first_err {
+        for sb in made {
+            sb.destroy().await;
+        }
+        return Err(ApiError::from_anyhow(e));
     }
     let records = out.clone();
     let committed = d
@@ -241,10 +307,25 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     Ok(out)
 }
 
+/// Starts the proxies of `ports` for `sb` (guest side: its `guest_addr`)
+/// and records the bound host ports in its record.
+async fn publish_ports(sb: &Sandbox, ports: &[forkd_net::proxy::PortSpec]) -> anyhow::Result<()> {
+    let Some(net) = sb.record().net else {
+        return Ok(());
+    };
+    for p in ports {
+        let published = forkd_net::proxy::publish(p, net.guest_addr).await?;
+        sb.record.lock().unwrap().ports.push(published.spec.clone());
+        sb.published.lock().unwrap().push(published);
+    }
+    Ok(())
+}
+
 /// Restores one child of `src` on demand, confines it and hands it out.
 async fn restore_one(
     d: &Arc<Daemon>,
     src: &Source,
+    egress: Option<&forkd_net::EgressPolicy>,
     t0: Instant,
     limits: &Limits,
 ) -> anyhow::Result<(Vm, ChildTimings)> {
@@ -253,7 +334,7 @@ async fn restore_one(
     let mut vm = restore_paused(&d.paths, src, &id, Lifetime::Detached, &mut t).await?;
     let handed = async {
         confine(d, &vm, limits)?;
-        hand_out(&mut vm, &id, t0, &mut t).await
+        hand_out(&mut vm, &id, egress, t0, &mut t).await
     };
     match handed.await {
         Ok(()) => Ok((vm, t)),
@@ -511,7 +592,12 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
             Ok(vm) => {
                 let mut rec = rec.clone();
                 rec.pid = vm.pid();
-                d.sandboxes.insert(Arc::new(Sandbox::new(vm, rec)));
+                let ports = std::mem::take(&mut rec.ports);
+                let sb = Arc::new(Sandbox::new(vm, rec));
+                if let Err(e) = publish_ports(&sb, &ports).await {
+                    tracing::warn!("sandbox {id}: publishing its ports again: {e:#}");
+                }
+                d.sandboxes.insert(sb);
                 alive_ids.insert(id.clone());
             }
             Err(e) => {
@@ -551,6 +637,7 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         }
     }
     kill_unrecorded(d, &alive_ids).await;
+    reconcile_networks(d).await;
     d.state
         .commit(move |s| {
             for id in dead_sb {
@@ -565,12 +652,37 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes every child network (namespace, link, rule) of this data dir
+/// that no live VM owns: what a kill -9 at any step left behind. A VM is
+/// live when its record's QEMU runs, whoever started it (this poold's
+/// sandboxes and pools, a `forkd run` of the same data dir).
+async fn reconcile_networks(d: &Daemon) {
+    let owned: Vec<forkd_net::ChildNet> = std::fs::read_dir(d.paths.vms_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| VmDir::new(e.path()).read_record().ok())
+        .filter(|r| r.qemu.is_alive())
+        .filter_map(|r| r.net)
+        .collect();
+    match forkd_vmm::net::reconcile(&d.paths.home, owned).await {
+        Ok(r) if r != forkd_net::Reconciled::default() => {
+            tracing::warn!("removed leaked child networks: {r:?}")
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("reconciling child networks: {e:#}"),
+    }
+}
+
 /// Removes a VM poold cannot use: kills its QEMU if it still runs (a VM
 /// nobody can reach must not keep running), then its directory.
 async fn forget_vm(d: &Daemon, id: &str) {
     let dir = VmDir::new(d.paths.vm_dir(id));
     if let Ok(r) = dir.read_record() {
         forkd_vmm::kill_proc(&r.qemu).await;
+        if let Some(n) = r.net {
+            forkd_vmm::net::teardown(n).await;
+        }
     }
     let _ = std::fs::remove_dir_all(&dir.path);
 }
@@ -590,6 +702,9 @@ async fn kill_unrecorded(d: &Daemon, known: &std::collections::HashSet<String>) 
         if r.lifetime == Lifetime::Detached && !r.owner.is_alive() {
             tracing::warn!("killing unrecorded VM {name} (pid {})", r.qemu.pid);
             forkd_vmm::kill_proc(&r.qemu).await;
+            if let Some(n) = r.net {
+                forkd_vmm::net::teardown(n).await;
+            }
             let _ = std::fs::remove_dir_all(ent.path());
         }
     }
@@ -751,11 +866,21 @@ mod tests {
         );
         refused(
             SpawnRequest {
-                per_child_netns: true,
+                net: Some(false),
+                network: Some(forkd_net::EgressPolicy::default()),
                 ..req()
             },
             true,
-            "per_child_netns",
+            "net: false",
+        );
+        refused(
+            SpawnRequest {
+                n: 2,
+                ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
+                ..req()
+            },
+            true,
+            "host_port with n > 1",
         );
         refused(SpawnRequest { n: 0, ..req() }, true, "n must be ≥ 1");
         refused(SpawnRequest { n: 1001, ..req() }, true, "≤ 1000");
@@ -788,6 +913,29 @@ mod tests {
         refused(ttl, true, "ttl_secs must be at most");
     }
 
+    /// A network from a snapshot without a NIC is refused naming the fix;
+    /// `net: false` on a networked one denies all egress.
+    #[test]
+    fn network_requests_follow_the_snapshot() {
+        let netns = SpawnRequest {
+            per_child_netns: true,
+            ..req()
+        };
+        let e = netns.egress(false).expect_err("refused");
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("--net"), "{}", e.message);
+        assert!(netns.egress(true).ok().flatten().is_some());
+        assert_eq!(req().egress(false).ok(), Some(None));
+        let off = SpawnRequest {
+            net: Some(false),
+            ..req()
+        };
+        assert_eq!(
+            off.egress(true).ok().flatten(),
+            Some(forkd_net::EgressPolicy::deny_all())
+        );
+    }
+
     /// The rules run in forkd's order: the tag first, then netns, n,
     /// memory, TTL.
     #[test]
@@ -797,7 +945,8 @@ mod tests {
             n: 0,
             memory_limit_mib: Some(0),
             ttl_secs: Some(u64::MAX),
-            per_child_netns: true,
+            net: Some(false),
+            network: Some(forkd_net::EgressPolicy::default()),
             ..req()
         };
         refused(all_bad.clone(), false, "1-64");
@@ -805,11 +954,8 @@ mod tests {
             tag: "ok".into(),
             ..all_bad
         };
-        refused(r.clone(), false, "per_child_netns");
-        let r = SpawnRequest {
-            per_child_netns: false,
-            ..r
-        };
+        refused(r.clone(), false, "net: false");
+        let r = SpawnRequest { network: None, ..r };
         refused(r.clone(), false, "n must be");
         let r = SpawnRequest { n: 2, ..r };
         refused(r.clone(), false, "memory_limit_mib must be ≥ 1");

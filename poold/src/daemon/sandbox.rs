@@ -95,6 +95,8 @@ pub struct Sandbox {
     pub vm: tokio::sync::Mutex<Option<Vm>>,
     /// `Running`, `Branching` or `Destroyed`; see [`Sandbox::advance`].
     phase: Mutex<Phase>,
+    /// Published ports' proxies; dropping one stops it.
+    pub published: Mutex<Vec<forkd_net::proxy::Published>>,
 }
 
 impl Sandbox {
@@ -108,6 +110,7 @@ impl Sandbox {
             record: Mutex::new(record),
             vm: tokio::sync::Mutex::new(Some(vm)),
             phase: Mutex::new(Phase::Running),
+            published: Mutex::new(Vec::new()),
         }
     }
 
@@ -130,6 +133,7 @@ impl Sandbox {
     /// Kills QEMU and removes the VM directory. Idempotent. Waits for a
     /// branch in progress (it holds the VM lock) to finish first.
     pub async fn destroy(&self) {
+        self.published.lock().unwrap().clear();
         if let Some(vm) = self.vm.lock().await.take() {
             if let Err(e) = self.advance(Phase::Destroyed) {
                 tracing::error!("sandbox {}: {e}", self.id);

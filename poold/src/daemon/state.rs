@@ -48,6 +48,12 @@ pub struct SandboxRecord {
     /// Spawn request received → this child's agent answered, ms.
     #[serde(default)]
     pub spawn_ms: u64,
+    /// Its network namespace and addresses, when networked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<forkd_net::ChildNet>,
+    /// Published ports (with the host ports actually bound).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
 /// A paused child waiting in a pool.
@@ -151,6 +157,13 @@ mod tests {
                 branch_count: 0,
                 pool_hit: true,
                 spawn_ms: 5,
+                net: Some(forkd_net::ChildNet {
+                    netns: "forkd-sb-1".into(),
+                    slot: 7,
+                    host_addr: "10.201.0.29".parse().unwrap(),
+                    guest_addr: "10.201.0.30".parse().unwrap(),
+                }),
+                ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
             },
         );
         f.save(&s).unwrap();
@@ -304,8 +317,8 @@ impl From<SandboxRecord> for forkd_api::SandboxInfo {
         forkd_api::SandboxInfo {
             id: r.id,
             snapshot_tag: r.snapshot_tag,
-            netns: None,
-            guest_addr: None,
+            netns: r.net.as_ref().map(|n| n.netns.clone()),
+            guest_addr: r.net.as_ref().map(|n| n.guest_addr.to_string()),
             created_at_unix: r.created_at_unix,
             pid: Some(r.pid),
             memory_limit_mib: r.memory_limit_mib,
@@ -319,6 +332,7 @@ impl From<SandboxRecord> for forkd_api::SandboxInfo {
             spawn_ms: r.spawn_ms,
             cpus: r.cpus,
             pids_max: r.pids_max,
+            ports: r.ports,
         }
     }
 }

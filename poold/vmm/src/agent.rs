@@ -356,6 +356,16 @@ impl AgentClient {
     /// Gives a freshly forked child its identity: host entropy, host clock,
     /// hostname, and a reseeded interpreter.
     pub async fn identity(&self, hostname: Option<&str>) -> Result<IdentityResult, CallError> {
+        self.identity_with(hostname, None).await
+    }
+
+    /// [`Self::identity`], also writing the guest's resolv.conf with
+    /// `nameservers` when given (a networked child).
+    pub async fn identity_with(
+        &self,
+        hostname: Option<&str>,
+        nameservers: Option<Vec<std::net::Ipv4Addr>>,
+    ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
         let now = std::time::SystemTime::now()
@@ -365,7 +375,7 @@ impl AgentClient {
             unix_time_ns: Some(now.as_nanos() as u64),
             hostname: hostname.map(String::from),
             reseed_interpreter: true,
-            nameservers: None,
+            nameservers,
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))

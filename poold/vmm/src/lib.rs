@@ -19,6 +19,7 @@ mod cgroup;
 mod disk;
 mod jail;
 mod migrate;
+pub mod net;
 pub mod private;
 mod process;
 mod qemu;
@@ -68,6 +69,10 @@ pub struct VmRecord {
     /// The uid QEMU runs as when jailed (see [`jail`]); None when unjailed.
     #[serde(default)]
     pub jail_uid: Option<u32>,
+    /// The child's network namespace and addresses (docs/network.md);
+    /// torn down with the VM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub net: Option<forkd_net::ChildNet>,
 }
 
 /// Files of one VM directory.
@@ -180,17 +185,29 @@ pub struct StartSpec {
     pub disk: DiskBase,
     /// Whether the VM dies with this process or outlives it.
     pub lifetime: Lifetime,
-    /// A tap device for a guest NIC; None for no network.
+    /// The guest NIC's namespace (and child network, which the VM then
+    /// owns); None for a machine without a NIC or a parent's isolated one.
     pub nic: Option<qemu::Nic>,
 }
 
-/// Removes a VM directory when dropped, unless disarmed: a start that fails,
-/// panics or is cancelled leaves no directory behind.
-struct DirGuard<'a>(Option<&'a Path>);
+/// Removes a VM directory, and tears down the child network it was given,
+/// when dropped unless disarmed: a start that fails, panics or is cancelled
+/// leaves neither behind. Once QEMU runs, its record owns the network and
+/// [`Vm::destroy`] tears it down.
+struct StartGuard<'a> {
+    dir: Option<&'a Path>,
+    net: Option<forkd_net::ChildNet>,
+}
 
-impl Drop for DirGuard<'_> {
+impl Drop for StartGuard<'_> {
     fn drop(&mut self) {
-        if let Some(p) = self.0 {
+        if let Some(n) = self.net.take() {
+            // forkd_net runs its netlink work on its own thread: safe here.
+            if let Err(e) = forkd_net::teardown(&n) {
+                tracing::warn!("tearing down network {}: {e}", n.netns);
+            }
+        }
+        if let Some(p) = self.dir {
             let _ = std::fs::remove_dir_all(p);
         }
     }
@@ -220,9 +237,12 @@ impl Vm {
     where
         F: AsyncFnOnce(&mut Vm) -> Result<()>,
     {
+        let mut guard = StartGuard {
+            dir: Some(&dir.path),
+            net: spec.nic.as_ref().and_then(|n| n.child.clone()),
+        };
         private::create_dir_all(&dir.path)
             .with_context(|| format!("creating {}", dir.path.display()))?;
-        let mut guard = DirGuard(Some(&dir.path));
         match &spec.disk {
             DiskBase::Image(base) => disk::create_overlay(base, &dir.disk()).await?,
             DiskBase::Snapshot { path, size } => {
@@ -241,11 +261,12 @@ impl Vm {
             nic: spec.nic,
         };
         let mut vm = Vm::spawn(&spec.id, dir.clone(), &launch, spec.lifetime).await?;
+        guard.net = None;
         if let Err(e) = init(&mut vm).await {
             vm.destroy().await;
             return Err(e);
         }
-        guard.0 = None;
+        guard.dir = None;
         Ok(vm)
     }
 
@@ -268,7 +289,10 @@ impl Vm {
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log);
-        // The jail goes first: PR_SET_PDEATHSIG is cleared by a uid change.
+        // The network namespace goes first, while the process still has
+        // CAP_SYS_ADMIN and CAP_NET_ADMIN; the fd is closed once spawned.
+        let _netns = enter_netns(&mut cmd, launch)?;
+        // The jail goes next: PR_SET_PDEATHSIG is cleared by a uid change.
         let claim = if jail_cfg.enabled {
             Some(prepare_jail(&dir, launch, jail_cfg, &mut cmd, &binary)?)
         } else {
@@ -309,6 +333,7 @@ impl Vm {
             lifetime,
             created_at_unix: crate::unix_now(),
             jail_uid: claim.as_ref().map(|c| c.uid),
+            net: launch.nic.as_ref().and_then(|n| n.child.clone()),
         };
         dir.write_record(&record)?;
         let connect = async {
@@ -388,6 +413,9 @@ impl Vm {
     /// Stops QEMU at once (SIGKILL) and removes the VM directory.
     pub async fn destroy(mut self) {
         self.kill_now().await;
+        if let Some(n) = self.record.net.take() {
+            net::teardown(n).await;
+        }
         let _ = std::fs::remove_dir_all(&self.dir.path);
         if let Some(uid) = self.record.jail_uid {
             jail::UidClaim::release_for(uid, &self.dir.path);
@@ -509,9 +537,7 @@ fn jail_spec(
         groups.push(m.gid());
         devices.push(kvm.to_path_buf());
     }
-    if launch.machine.net {
-        devices.push("/dev/net/tun".into());
-    }
+    // A networked QEMU gets its tap as an open descriptor: no /dev/net/tun.
     Ok(jail::JailSpec {
         uid,
         gid,
@@ -520,6 +546,54 @@ fn jail_spec(
         binds: jail::minimize(binds),
         devices,
     })
+}
+
+/// Puts the QEMU of `launch` in a network namespace between fork and exec:
+/// the child's namespace (holding the tap it gets as [`qemu::TAP_FD`]) for a
+/// networked child, an isolated one holding only a tap for any other VM
+/// with a NIC (a parent, a branch collector), a fresh empty one otherwise (QEMU never needs the host's
+/// network: its sockets are unix sockets on the filesystem). Returns the
+/// namespace's file, to keep open until the process is spawned.
+fn enter_netns(cmd: &mut std::process::Command, launch: &Launch) -> Result<Option<std::fs::File>> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    match (&launch.nic, launch.machine.net) {
+        (nic, true) => {
+            let ns = match nic {
+                Some(nic) => forkd_net::netns_open(&nic.netns)
+                    .with_context(|| format!("the network namespace of VM {}", launch.name))?,
+                // A parent or a branch collector: its NIC needs a tap but no
+                // network. The namespace's name is dropped at once; the open
+                // file keeps it until QEMU is inside, and QEMU until it exits.
+                None => {
+                    let name = format!("{}{}", forkd_net::BOOT_NETNS_PREFIX, launch.name);
+                    forkd_net::create_isolated(&name)?;
+                    let ns = forkd_net::netns_open(&name);
+                    let _ = forkd_net::delete_isolated(&name);
+                    ns?
+                }
+            };
+            let fd = ns.as_raw_fd();
+            // SAFETY: open_tap_in makes only async-signal-safe system calls
+            // on `fd`, which stays open in the parent until spawn returns.
+            unsafe {
+                cmd.pre_exec(move || forkd_net::open_tap_in(fd, qemu::TAP_FD));
+            }
+            Ok(Some(ns))
+        }
+        (_, false) => {
+            // SAFETY: unshare is async-signal-safe.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::unshare(libc::CLONE_NEWNET) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+            Ok(None)
+        }
+    }
 }
 
 /// Creates an empty file unless it exists (never following a symlink).
@@ -568,6 +642,9 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
         match dir.read_record() {
             Ok(r) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
                 kill_proc(&r.qemu).await;
+                if let Some(n) = r.net {
+                    net::teardown(n).await;
+                }
             }
             Ok(_) => continue,
             Err(_) if older_than(&ent.path(), Duration::from_secs(60)) => {}

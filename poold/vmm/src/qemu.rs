@@ -181,18 +181,14 @@ impl Device {
                 "-device",
                 "virtio-rng-device,rng=rng",
             ]),
-            Device::Net => {
-                let (tap, mac) = match &l.nic {
-                    Some(n) => (n.tap.clone(), n.mac.clone()),
-                    None => (String::new(), String::new()),
-                };
-                v(&[
-                    "-netdev",
-                    &format!("tap,id=net0,ifname={tap},script=no,downscript=no"),
-                    "-device",
-                    &format!("virtio-net-device,netdev=net0,mac={mac}"),
-                ])
-            }
+            // The tap is an open descriptor (Vm::spawn); the MAC is part
+            // of the guest's state, identical in every child.
+            Device::Net => v(&[
+                "-netdev",
+                &format!("tap,id=net0,fd={TAP_FD}"),
+                "-device",
+                &format!("virtio-net-device,netdev=net0,mac={}", forkd_net::GUEST_MAC),
+            ]),
         }
     }
 }
@@ -233,14 +229,20 @@ pub enum Boot {
     Incoming,
 }
 
-/// A tap device for the guest's NIC.
+/// The guest's NIC: the tap `tap0` inside the network namespace `netns`
+/// (docs/network.md). QEMU gets the tap as an open descriptor, [`TAP_FD`],
+/// opened in that namespace before the jail drops privileges.
 #[derive(Debug, Clone)]
 pub struct Nic {
-    /// Host tap device name.
-    pub tap: String,
-    /// The guest NIC's MAC address.
-    pub mac: String,
+    /// A namespace name under /run/netns.
+    pub netns: String,
+    /// The child's network (None: an isolated parent namespace), recorded
+    /// with the VM so whoever destroys it tears the network down.
+    pub child: Option<forkd_net::ChildNet>,
 }
+
+/// The descriptor QEMU finds its tap at (`-netdev tap,fd=`).
+pub const TAP_FD: i32 = 100;
 
 /// One QEMU invocation.
 #[derive(Debug, Clone)]
@@ -368,9 +370,18 @@ pub fn host_tsc_khz() -> u64 {
     })
 }
 
-/// The kernel command line of a forkd guest under `accel`.
-pub fn kernel_cmdline(accel: Accel, hostname: &str, extra: &str) -> String {
+/// The kernel command line of a forkd guest under `accel`; a networked
+/// guest (`net`) configures eth0 at boot (forkd-init reads `forkd.ip`).
+pub fn kernel_cmdline(accel: Accel, hostname: &str, net: bool, extra: &str) -> String {
     let mut c = format!("console=ttyS0 quiet panic=-1 forkd.hostname={hostname}");
+    if net {
+        c.push_str(&format!(
+            " forkd.ip={}/{} forkd.gw={}",
+            forkd_net::GUEST_ADDR,
+            forkd_net::GUEST_PREFIX,
+            forkd_net::GATEWAY
+        ));
+    }
     if accel == Accel::Tcg {
         // Guest TSC = host TSC under TCG: trust it and skip calibration.
         c.push_str(&format!(" tsc=reliable tsc_early_khz={}", host_tsc_khz()));
@@ -435,8 +446,8 @@ mod tests {
                 agent_socket: "/a".into(),
                 console_log: "/c".into(),
                 nic: net.then(|| Nic {
-                    tap: "tap0".into(),
-                    mac: "02:00:00:00:00:02".into(),
+                    netns: "forkd-t".into(),
+                    child: None,
                 }),
             };
             let args: Vec<String> = l

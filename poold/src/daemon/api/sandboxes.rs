@@ -40,6 +40,9 @@ pub async fn spawn(
         pids_max: b.pids_max,
         ttl_secs: b.ttl_secs,
         per_child_netns: b.per_child_netns,
+        net: b.net,
+        network: b.network,
+        ports: b.ports,
     };
     let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((

@@ -166,7 +166,7 @@ async fn create_work(
     }
     if b.tap.is_some() {
         return Err(ApiError::bad_request(
-            "tap networking is not supported: children talk to the host over virtio-serial (exec, eval, files)",
+            "tap: forkd makes each child's tap itself; ask for a networked snapshot with \"net\": true",
         ));
     }
     let image = match (&b.image, &b.rootfs, &b.kernel) {
@@ -201,8 +201,15 @@ async fn create_work(
     let _claim = d
         .claim_tag(&b.tag)
         .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} is being written", b.tag)))?;
+    let net = match &image {
+        ImageSource::Named(n) => {
+            forkd_snapshot::create::default_net(n, b.net == Some(true), b.net == Some(false))
+        }
+        ImageSource::Files { .. } => b.net == Some(true),
+    };
     let spec = CreateSpec {
         tag: b.tag.clone(),
+        net,
         image,
         mem_mib: b.mem_mib.unwrap_or(512),
         vcpus: b.vcpus.unwrap_or(1),
