@@ -312,8 +312,26 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
             !v["stderr"].as_str().unwrap_or("").contains("refused"),
             "the host must drop, not refuse: {v}"
         );
+        // Pool children wait deny-all and get their policy at hand-out.
+        let (st, v) = p.put("/v1/pools/net", json!({"min_ready": 2})).await;
+        assert_eq!(st, 200, "{v}");
+        p.wait_pool("net", 2).await;
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "net", "n": 2}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let pooled = ids(&v);
+        for (s, id) in v.as_array().unwrap().iter().zip(&pooled) {
+            assert_eq!(s["pool_hit"], true, "{s}");
+            if let Err(e) = fetch(&p, id, SERVER_A).await {
+                panic!("pooled child {id} could not fetch: {e}");
+            }
+        }
+        let (st, v) = p.delete("/v1/pools/net").await;
+        assert_eq!(st, 204, "{v}");
         let mut all = ten.clone();
         all.extend([denied, listed]);
+        all.extend(pooled);
         all
     });
 
