@@ -583,6 +583,22 @@ fn pool_hits_refill_and_misses() {
         }
         let (_, pools) = p.get("/v1/pools").await;
         assert_eq!(pools[0]["hits"], 8);
+        // A result over the channel's 1 MiB header limit is a prompt 400
+        // naming the way out; it used to panic the agent's reply task and
+        // leave the caller waiting for its timeout. The child still answers.
+        let one = ten[0]["id"].as_str().unwrap();
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{one}/eval"),
+                json!({"code": "'x' * 2_000_000", "timeout_secs": 60}),
+            )
+            .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("files API"), "{v}");
+        let (st, v) = p
+            .post(&format!("/v1/sandboxes/{one}/eval"), json!({"code": "2+2"}))
+            .await;
+        assert_eq!((st, v["result"].as_str()), (200, Some("4")), "{v}");
 
         // Deleting the snapshot drains its pool first.
         for id in ids(&four).iter().chain(ids(&ten).iter()) {

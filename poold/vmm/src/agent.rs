@@ -11,7 +11,15 @@
 //!   them, whatever other requests interleave;
 //! - when the connection closes, every route is dropped at once, so every
 //!   waiter fails with [`CallError::Channel`] instead of hanging, and new
-//!   requests fail the same way.
+//!   requests fail the same way;
+//! - the guest cannot grow poold's memory: frames for an unknown id are
+//!   dropped, and a request whose unread frames exceed [`MAX_UNREAD_FRAMES`]
+//!   or [`MAX_UNREAD_BYTES`] gets one final error and its route is removed;
+//! - bytes that do not form a frame are skipped and decoding continues with
+//!   what follows them (the decoder resynchronises on the frame magic);
+//! - request ids start at a random point per connection, so a reply the
+//!   agent still owed a previous connection (before a poold restart) never
+//!   answers a request of this one.
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
@@ -23,7 +31,7 @@ use rootfs_init::protocol::{
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,7 +41,41 @@ use tokio::sync::mpsc;
 /// One frame for a request: a reply or an event, with its payload.
 pub type Event = (Reply, Bytes);
 
-type Routes = Arc<Mutex<Option<HashMap<u64, mpsc::UnboundedSender<Event>>>>>;
+/// Most frames of one request queued unread before the request is failed.
+pub const MAX_UNREAD_FRAMES: usize = 1024;
+/// Most payload bytes of one request queued unread before it is failed.
+pub const MAX_UNREAD_BYTES: usize = 64 << 20;
+
+/// What is queued unread for one request.
+#[derive(Default)]
+struct Unread {
+    frames: AtomicUsize,
+    bytes: AtomicUsize,
+}
+
+struct Route {
+    tx: mpsc::UnboundedSender<Event>,
+    unread: Arc<Unread>,
+}
+
+type Routes = Arc<Mutex<Option<HashMap<u64, Route>>>>;
+
+/// The frames of one request, in the order the agent sent them; `None`
+/// from [`Events::recv`] means the channel closed.
+pub struct Events {
+    rx: mpsc::UnboundedReceiver<Event>,
+    unread: Arc<Unread>,
+}
+
+impl Events {
+    /// The next frame of the request.
+    pub async fn recv(&mut self) -> Option<Event> {
+        let ev = self.rx.recv().await?;
+        self.unread.frames.fetch_sub(1, Ordering::Relaxed);
+        self.unread.bytes.fetch_sub(ev.1.len(), Ordering::Relaxed);
+        Some(ev)
+    }
+}
 
 /// Why an agent call failed.
 #[derive(Debug, thiserror::Error)]
@@ -101,13 +143,23 @@ impl AgentClient {
         tokio::spawn(async move {
             let mut dec = FrameDecoder::new();
             let mut buf = vec![0u8; 256 * 1024];
+            let mut garbage_logged = false;
             loop {
                 match rd.read(&mut buf).await {
                     Ok(0) | Err(_) => break,
                     Ok(n) => dec.extend(&buf[..n]),
                 }
-                while let Ok(Some(f)) = dec.next_frame() {
-                    route(&r, &f.header, f.payload);
+                loop {
+                    match dec.next_frame() {
+                        Ok(Some(f)) => route(&r, &f.header, f.payload),
+                        Ok(None) => break,
+                        // The bad bytes are gone; what follows may be a frame.
+                        Err(e) if !garbage_logged => {
+                            garbage_logged = true;
+                            tracing::warn!("agent channel: {e} (further garbage is not logged)");
+                        }
+                        Err(_) => {}
+                    }
                 }
             }
             // Closing the map drops every sender, failing all waiters.
@@ -116,16 +168,13 @@ impl AgentClient {
         AgentClient {
             tx,
             routes,
-            next_id: Arc::new(AtomicU64::new(1)),
+            // Far from 0 and from u64::MAX: ids never wrap in practice.
+            next_id: Arc::new(AtomicU64::new((rand::random::<u64>() >> 2) + 1)),
         }
     }
 
     /// Sends a request and returns the receiver of its frames.
-    pub fn start(
-        &self,
-        op: Op,
-        payload: &[u8],
-    ) -> Result<(u64, mpsc::UnboundedReceiver<Event>), CallError> {
+    pub fn start(&self, op: Op, payload: &[u8]) -> Result<(u64, Events), CallError> {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let mut buf = BytesMut::new();
         encode_request(&RequestHeader { id, op }, payload, &mut buf).map_err(|e| {
@@ -135,14 +184,19 @@ impl AgentClient {
             ))
         })?;
         let (etx, erx) = mpsc::unbounded_channel();
+        let unread = Arc::new(Unread::default());
+        let route = Route {
+            tx: etx,
+            unread: unread.clone(),
+        };
         match self.routes.lock().unwrap().as_mut() {
-            Some(m) => m.insert(id, etx),
+            Some(m) => m.insert(id, route),
             None => return Err(CallError::Channel("connection closed".into())),
         };
         self.tx
             .send(buf.freeze())
             .map_err(|_| CallError::Channel("connection closed".into()))?;
-        Ok((id, erx))
+        Ok((id, Events { rx: erx, unread }))
     }
 
     /// Writes raw bytes into the channel, bypassing framing. For tests and
@@ -245,7 +299,7 @@ impl AgentClient {
         &self,
         mut spec: ExecSpec,
         stdin: &[u8],
-    ) -> Result<(u64, mpsc::UnboundedReceiver<Event>), CallError> {
+    ) -> Result<(u64, Events), CallError> {
         spec.stream = true;
         self.start(Op::Exec(spec), stdin)
     }
@@ -391,17 +445,32 @@ impl AgentClient {
     }
 }
 
-/// Routes one decoded frame to its waiter.
+/// Routes one decoded frame to its waiter. A request over its unread
+/// budget gets one final error instead and its route is removed.
 fn route(routes: &Routes, header: &[u8], payload: Bytes) {
     let Ok(h) = serde_json::from_slice::<ReplyHeader>(header) else {
         return;
     };
     let mut guard = routes.lock().unwrap();
     let Some(map) = guard.as_mut() else { return };
-    let last = h.body.is_final();
-    if let Some(tx) = map.get(&h.id) {
-        let _ = tx.send((h.body, payload));
+    let Some(r) = map.get(&h.id) else { return };
+    let frames = r.unread.frames.fetch_add(1, Ordering::Relaxed) + 1;
+    let bytes = r.unread.bytes.fetch_add(payload.len(), Ordering::Relaxed) + payload.len();
+    if frames > MAX_UNREAD_FRAMES || bytes > MAX_UNREAD_BYTES {
+        let error = AgentError::new(
+            rootfs_init::protocol::ErrorKind::Internal,
+            format!(
+                "the guest sent this request more than {MAX_UNREAD_FRAMES} frames or \
+                 {} MiB that were not read yet; the request was dropped",
+                MAX_UNREAD_BYTES >> 20
+            ),
+        );
+        let _ = r.tx.send((Reply::Error { error }, Bytes::new()));
+        map.remove(&h.id);
+        return;
     }
+    let last = h.body.is_final();
+    let _ = r.tx.send((h.body, payload));
     if last {
         map.remove(&h.id);
     }
@@ -575,5 +644,101 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let r = c.ping(Duration::from_secs(5)).await;
         assert!(matches!(r, Err(CallError::Channel(_))), "{r:?}");
+    }
+
+    /// Garbage in front of a reply is skipped and the reply still arrives:
+    /// the reader used to stop decoding at the first bad byte and wait for
+    /// more input, so the caller timed out.
+    #[tokio::test]
+    async fn garbage_before_a_frame_does_not_stall_the_channel() {
+        let (c, mut agent) = pair();
+        let fake = async {
+            let (h, _) = agent.recv().await;
+            let mut out = BytesMut::from(&b"not a frame at all"[..]);
+            let p = PingResult {
+                hostname: "after-garbage".into(),
+                ..Default::default()
+            };
+            encode_reply(
+                &ReplyHeader {
+                    id: h.id,
+                    body: ok(p),
+                },
+                &[],
+                &mut out,
+            );
+            agent.stream.write_all(&out).await.unwrap();
+            agent
+        };
+        let (p, _agent) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        assert_eq!(p.unwrap().hostname, "after-garbage");
+    }
+
+    /// Replies the agent still owed an earlier connection (ids 1, 2, ... of
+    /// a poold before its restart) never answer a request of this one: ids
+    /// used to restart at 1 on every connection.
+    #[tokio::test]
+    async fn a_reply_owed_to_an_earlier_connection_answers_nothing_here() {
+        let (c, mut agent) = pair();
+        let fake = async {
+            let (h, _) = agent.recv().await;
+            for stale in 1..=64 {
+                let p = PingResult {
+                    hostname: "stale".into(),
+                    ..Default::default()
+                };
+                agent.send(stale, ok(p), &[]).await;
+            }
+            let p = PingResult {
+                hostname: "fresh".into(),
+                ..Default::default()
+            };
+            agent.send(h.id, ok(p), &[]).await;
+            agent
+        };
+        let (p, _agent) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        assert_eq!(p.unwrap().hostname, "fresh");
+    }
+
+    /// A guest that floods a request nobody reads gets that request failed
+    /// once the unread budget is spent; poold's queue stays bounded.
+    #[tokio::test]
+    async fn a_flooded_request_is_failed_not_buffered_without_bound() {
+        let (c, mut agent) = pair();
+        let (sid, mut rx) = c
+            .exec_stream(
+                ExecSpec {
+                    shell: Some("x".into()),
+                    ..Default::default()
+                },
+                &[],
+            )
+            .unwrap();
+        agent.recv().await;
+        for _ in 0..MAX_UNREAD_FRAMES + 100 {
+            agent.send(sid, Reply::Stdout, b"flood").await;
+        }
+        // A later request on the same channel still works.
+        let fake = async {
+            let (h, _) = agent.recv().await;
+            agent.send(h.id, ok(PingResult::default()), &[]).await;
+            agent
+        };
+        let (p, _agent) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        p.unwrap();
+        let mut frames = 0;
+        let last = loop {
+            let (r, _) = rx.recv().await.expect("a final error");
+            frames += 1;
+            if r.is_final() {
+                break r;
+            }
+        };
+        assert!(frames <= MAX_UNREAD_FRAMES + 1, "{frames}");
+        match last {
+            Reply::Error { error } => assert!(error.message.contains("not read yet"), "{error:?}"),
+            other => panic!("expected the flood error, got {other:?}"),
+        }
+        assert!(c.routes.lock().unwrap().as_ref().unwrap().is_empty());
     }
 }

@@ -31,7 +31,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use accel::{kvm_usable, Accel, AccelChoice};
-pub use agent::{AgentClient, CallError};
+pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES};
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};

@@ -50,10 +50,10 @@ impl Outbox {
     /// Queues a reply or event; silently dropped if the channel is gone.
     pub async fn send(&self, id: u64, body: Reply, payload: Bytes) {
         let mut head = BytesMut::new();
-        encode_reply_head(&ReplyHeader { id, body }, payload.len(), &mut head);
+        let keep = encode_reply_head(&ReplyHeader { id, body }, payload.len(), &mut head);
         let frame = OutFrame {
             head: head.freeze(),
-            payload,
+            payload: if keep { payload } else { Bytes::new() },
         };
         let _ = self.tx.send(frame).await;
     }
