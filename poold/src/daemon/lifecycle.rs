@@ -622,13 +622,21 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
             Err(e) => Err(e),
         };
         match adopted {
-            Ok(vm) => {
-                d.pools.adopt(PooledVm {
-                    vm,
-                    record: rec.clone(),
-                });
-                alive_ids.insert(id.clone());
-            }
+            Ok(vm) => match d.pools.adopt(PooledVm {
+                vm,
+                record: rec.clone(),
+            }) {
+                None => {
+                    alive_ids.insert(id.clone());
+                }
+                Some(unwanted) => {
+                    tracing::info!(
+                        "pooled child {id}: its pool was deleted or shrunk; removing it"
+                    );
+                    unwanted.vm.destroy().await;
+                    dead_pooled.push(id.clone());
+                }
+            },
             Err(e) => {
                 tracing::warn!("pooled child {id} cannot be re-adopted ({e:#}); removing it");
                 forget_vm(d, id).await;

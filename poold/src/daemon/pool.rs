@@ -263,13 +263,17 @@ impl<V: Parked> Pools<V> {
         }
     }
 
-    /// Puts back an adopted child after a restart.
-    pub fn adopt(&self, vm: V) {
+    /// Puts back an adopted child after a restart, unless its pool has no
+    /// room for it (deleted, or shrunk below its ready children while poold
+    /// was down): then the child is handed back, to destroy.
+    pub fn adopt(&self, vm: V) -> Option<V> {
         let mut g = self.inner.lock().unwrap();
-        g.entry(vm.record().tag.clone())
-            .or_default()
-            .ready
-            .push_back(vm);
+        let p = g.entry(vm.record().tag.clone()).or_default();
+        if p.spec.is_some_and(|s| p.ready.len() >= s.max()) {
+            return Some(vm);
+        }
+        p.ready.push_back(vm);
+        None
     }
 
     /// Status of every pool that has a sizing or children.
@@ -479,7 +483,7 @@ mod tests {
         p.set("a", spec(1, None));
         let t1 = p.plan_refills(10);
         // An adopted child (after a restart) filled the pool meanwhile.
-        p.adopt(fake("a", "s", 9));
+        assert!(p.adopt(fake("a", "s", 9)).is_none());
         assert!(p.finish_refill(&t1[0], Some(fake("a", "s", 0))).is_some());
         assert_eq!(p.status_of("a").ready, 1);
     }
@@ -508,7 +512,7 @@ mod tests {
         fill(&p, "s");
         let (got, _) = p.take("a", "s", 1);
         // Put it back as the only one, then kill it.
-        p.adopt(fake("a", "s", 7));
+        assert!(p.adopt(fake("a", "s", 7)).is_none());
         let victim = {
             let g = p.inner.lock().unwrap();
             g["a"].ready.back().unwrap().alive.clone()
@@ -522,12 +526,34 @@ mod tests {
         drop(got);
     }
 
+    /// A pool deleted just before a kill -9 does not take its children
+    /// back at restart: they used to sit parked (with their networks) in a
+    /// pool of size 0 forever.
+    #[test]
+    fn adopting_into_a_deleted_or_full_pool_hands_the_child_back() {
+        let p = Pools::<Fake>::default();
+        p.set(
+            "gone",
+            Some(PoolSpec {
+                min_ready: 0,
+                max_ready: Some(0),
+                warm: false,
+            }),
+        );
+        assert!(p.adopt(fake("gone", "s", 0)).is_some());
+        assert_eq!(p.status_of("gone").ready, 0);
+        p.set("a", spec(1, None));
+        assert!(p.adopt(fake("a", "s", 1)).is_none());
+        assert!(p.adopt(fake("a", "s", 2)).is_some());
+        assert_eq!(p.status_of("a").ready, 1);
+    }
+
     #[test]
     fn status_lists_pools_with_a_sizing_or_children() {
         let p = Pools::<Fake>::default();
         assert!(p.status().is_empty());
         p.set("a", spec(1, None));
-        p.adopt(fake("orphan", "s", 0));
+        assert!(p.adopt(fake("orphan", "s", 0)).is_none());
         let tags: Vec<String> = p.status().into_iter().map(|s| s.tag).collect();
         assert_eq!(tags, ["a", "orphan"]);
         let z = p.status_of("none");

@@ -8,7 +8,12 @@
 //! - when the connection closes, every command still waiting fails (its
 //!   sender is dropped) rather than hanging;
 //! - QEMU's states are read into enums ([`RunState`], [`MigrationStatus`]),
-//!   never compared as strings by callers.
+//!   never compared as strings by callers;
+//! - no command waits longer than [`COMMAND_TIMEOUT`] (sending included): a
+//!   wedged QEMU fails its caller with an error naming the command, it does
+//!   not hang a reaper, a spawn or a delete;
+//! - a QEMU is as untrusted as its guest (it runs guest-driven device code),
+//!   so a line from it longer than [`MAX_LINE`] closes the connection.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::Deserialize;
@@ -18,12 +23,19 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
 use tokio::sync::{broadcast, oneshot};
 
 type Pending = Arc<Mutex<HashMap<u64, oneshot::Sender<Result<Value>>>>>;
+
+/// Longest a QMP command may take, from sending it to its reply. QEMU
+/// answers every command forkd uses at once (migrations run in the
+/// background and are polled).
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest line accepted from QEMU (its replies to forkd are small).
+pub const MAX_LINE: usize = 4 << 20;
 
 /// A connected QMP session (capabilities negotiated).
 pub struct Qmp {
@@ -31,6 +43,7 @@ pub struct Qmp {
     pending: Pending,
     next_id: AtomicU64,
     events: broadcast::Sender<Value>,
+    timeout: Duration,
 }
 
 impl Qmp {
@@ -79,6 +92,7 @@ impl Qmp {
             pending,
             next_id: AtomicU64::new(1),
             events,
+            timeout: COMMAND_TIMEOUT,
         };
         qmp.execute("qmp_capabilities", json!({})).await?;
         Ok(qmp)
@@ -97,16 +111,39 @@ impl Qmp {
         self.pending.lock().unwrap().insert(id, tx);
         let mut line = serde_json::to_vec(&json!({"execute": cmd, "arguments": args, "id": id}))?;
         line.push(b'\n');
-        {
-            let mut w = self.writer.lock().await;
-            if let Err(e) = w.write_all(&line).await {
-                self.pending.lock().unwrap().remove(&id);
-                return Err(anyhow!("QMP {cmd}: {e} (QEMU exited?)"));
+        let run = async {
+            {
+                let mut w = self.writer.lock().await;
+                w.write_all(&line)
+                    .await
+                    .map_err(|e| anyhow!("QMP {cmd}: {e} (QEMU exited?)"))?;
             }
+            rx.await
+                .map_err(|_| anyhow!("QMP {cmd}: connection closed (QEMU exited?)"))?
+                .with_context(|| format!("QMP {cmd}"))
+        };
+        self.bounded(id, cmd, run).await
+    }
+
+    /// Runs one command's send-and-wait within the command timeout; on any
+    /// failure its pending entry is removed (a late reply is dropped).
+    async fn bounded<T>(
+        &self,
+        id: u64,
+        cmd: &str,
+        run: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        let r = match tokio::time::timeout(self.timeout, run).await {
+            Ok(r) => r,
+            Err(_) => Err(anyhow!(
+                "QMP {cmd}: no answer from QEMU within {:?}; it is wedged: destroy the VM",
+                self.timeout
+            )),
+        };
+        if r.is_err() {
+            self.pending.lock().unwrap().remove(&id);
         }
-        rx.await
-            .map_err(|_| anyhow!("QMP {cmd}: connection closed (QEMU exited?)"))?
-            .with_context(|| format!("QMP {cmd}"))
+        r
     }
 
     /// Passes `fd` to QEMU under `name` (QMP `getfd`, the descriptor sent as
@@ -121,7 +158,7 @@ impl Qmp {
             &json!({"execute": "getfd", "arguments": {"fdname": name}, "id": id}),
         )?;
         line.push(b'\n');
-        let sent = {
+        let run = async {
             let mut w = self.writer.lock().await;
             let stream: &UnixStream = w.as_ref();
             let first = loop {
@@ -145,20 +182,19 @@ impl Qmp {
                     Err(e) => break Err(e),
                 }
             };
-            match first {
-                // The descriptor went with the first byte; the rest is plain.
+            // The descriptor went with the first byte; the rest is plain.
+            let sent = match first {
                 Ok(n) => w.write_all(&line[n..]).await,
                 Err(e) => Err(e),
-            }
+            };
+            drop(w);
+            sent.map_err(|e| anyhow!("QMP getfd: {e} (QEMU exited?)"))?;
+            rx.await
+                .map_err(|_| anyhow!("QMP getfd: connection closed (QEMU exited?)"))?
+                .context("QMP getfd")
+                .map(drop)
         };
-        if let Err(e) = sent {
-            self.pending.lock().unwrap().remove(&id);
-            return Err(anyhow!("QMP getfd: {e} (QEMU exited?)"));
-        }
-        rx.await
-            .map_err(|_| anyhow!("QMP getfd: connection closed (QEMU exited?)"))?
-            .context("QMP getfd")
-            .map(drop)
+        self.bounded(id, "getfd", run).await
     }
 
     /// The VM's run state (`query-status`).
@@ -326,14 +362,20 @@ async fn read_loop(
     pending: Pending,
     events: broadcast::Sender<Value>,
 ) {
-    let mut line = String::new();
+    let mut line = Vec::new();
     loop {
         line.clear();
-        match rd.read_line(&mut line).await {
+        // At most MAX_LINE + 1 bytes: a longer line ends the session.
+        let mut limited = (&mut rd).take(MAX_LINE as u64 + 1);
+        match limited.read_until(b'\n', &mut line).await {
             Ok(0) | Err(_) => break,
+            Ok(_) if line.len() > MAX_LINE => {
+                tracing::warn!("QMP: a line over {MAX_LINE} bytes from QEMU; closing");
+                break;
+            }
             Ok(_) => {}
         }
-        let Ok(v) = serde_json::from_str::<Value>(&line) else {
+        let Ok(v) = serde_json::from_slice::<Value>(&line) else {
             continue;
         };
         if v.get("event").is_some() {
@@ -509,5 +551,41 @@ mod tests {
         assert!(!MigrationStatus::Completed.is_failed());
         assert!(MigrationStatus::Device.is_in_progress());
         assert!(!MigrationStatus::Cancelled.is_in_progress());
+    }
+
+    /// A QEMU that never answers fails the command after the timeout with
+    /// an error naming it; commands used to wait forever.
+    #[tokio::test]
+    async fn a_wedged_qemu_fails_the_command_instead_of_hanging() {
+        let (mut qmp, mut fake) = pair().await;
+        qmp.timeout = Duration::from_millis(200);
+        let server = async {
+            let _ = fake.recv().await;
+            fake
+        };
+        let (r, _fake) = tokio::join!(qmp.execute("stop", json!({})), server);
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("QMP stop") && e.contains("wedged"), "{e}");
+        assert!(qmp.pending.lock().unwrap().is_empty());
+    }
+
+    /// An endless line from a hostile QEMU ends the session (waiters fail)
+    /// instead of growing poold's memory.
+    #[tokio::test]
+    async fn an_endless_line_closes_the_session() {
+        let (qmp, mut fake) = pair().await;
+        // The writer may block once poold stops reading: not awaited.
+        tokio::spawn(async move {
+            let _ = fake.recv().await;
+            let chunk = vec![b'x'; 1 << 20];
+            for _ in 0..(MAX_LINE >> 20) + 2 {
+                if fake.wr.write_all(&chunk).await.is_err() {
+                    break;
+                }
+            }
+        });
+        let r = qmp.execute("stop", json!({})).await;
+        let e = format!("{:#}", r.unwrap_err());
+        assert!(e.contains("connection closed"), "{e}");
     }
 }
