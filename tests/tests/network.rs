@@ -337,7 +337,7 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
 
     // kill -9 poold; a new one re-adopts every child with its network.
     p.kill9();
-    let p = Poold::start(&home.dir, &[], None);
+    let mut p = Poold::start(&home.dir, &[], None);
     block_on(async {
         for id in &sandboxes[..10] {
             if let Err(e) = fetch(&p, id, SERVER_A).await {
@@ -349,10 +349,11 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
             assert_eq!(st, 204, "{v}");
         }
     });
+    let left = leftovers();
     assert!(
-        leftovers().is_empty(),
-        "left after delete: {:?}",
-        leftovers()
+        left.is_empty(),
+        "left after delete: {left:?}; poold's log:\n{}",
+        p.stderr_now()
     );
     drop(p);
     drop(server);

@@ -264,12 +264,14 @@ impl<V: Parked> Pools<V> {
     }
 
     /// Puts back an adopted child after a restart, unless its pool has no
-    /// room for it (deleted, or shrunk below its ready children while poold
-    /// was down): then the child is handed back, to destroy.
+    /// room for it (deleted, never configured again, or shrunk below its
+    /// ready children while poold was down): then the child is handed
+    /// back, to destroy. A parked child nobody sized a pool for would hold
+    /// its memory and network forever.
     pub fn adopt(&self, vm: V) -> Option<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(vm.record().tag.clone()).or_default();
-        if p.spec.is_some_and(|s| p.ready.len() >= s.max()) {
+        if p.spec.is_none_or(|s| p.ready.len() >= s.max()) {
             return Some(vm);
         }
         p.ready.push_back(vm);
@@ -553,9 +555,12 @@ mod tests {
         let p = Pools::<Fake>::default();
         assert!(p.status().is_empty());
         p.set("a", spec(1, None));
-        assert!(p.adopt(fake("orphan", "s", 0)).is_none());
+        p.set("b", spec(1, None));
+        assert!(p.adopt(fake("b", "s", 0)).is_none());
+        p.set("b", None);
+        assert!(p.adopt(fake("orphan", "s", 0)).is_some());
         let tags: Vec<String> = p.status().into_iter().map(|s| s.tag).collect();
-        assert_eq!(tags, ["a", "orphan"]);
+        assert_eq!(tags, ["a"]);
         let z = p.status_of("none");
         assert_eq!(
             (z.min_ready, z.max_ready, z.ready, z.warm),
