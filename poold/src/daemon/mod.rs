@@ -265,7 +265,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         d.pools.set(tag, (spec.max() > 0).then_some(*spec));
     }
     forkd_vmm::net::configure(d.cfg.net.range, d.cfg.net.egress.clone());
-    if let Err(e) = forkd_vmm::net::host_setup().await {
+    if let Err(e) = forkd_vmm::net::ensure_host().await {
         // Snapshots without a NIC still work; networked spawns will fail
         // with the same cause.
         tracing::warn!("child networking is unavailable: {e:#}");

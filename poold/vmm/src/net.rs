@@ -42,18 +42,31 @@ pub fn default_egress() -> EgressPolicy {
     settings().egress.clone()
 }
 
-/// Prepares the root namespace (forwarding, `table inet forkd`).
-pub async fn host_setup() -> Result<forkd_net::HostSetup> {
-    let pool = pool();
-    tokio::task::spawn_blocking(move || forkd_net::host_setup(&pool))
+/// Set once the root namespace is prepared in this process.
+static HOST_READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+/// Prepares the root namespace (forwarding, `table inet forkd`) once per
+/// process; a failure is returned and retried by the next caller. poold
+/// calls it at start, and every child network's creation before it, so a
+/// `forkd fork` or `forkd run` of a networked snapshot gets NAT too.
+pub async fn ensure_host() -> Result<()> {
+    HOST_READY
+        .get_or_try_init(|| async {
+            let pool = pool();
+            tokio::task::spawn_blocking(move || forkd_net::host_setup(&pool))
+                .await
+                .context("network setup task panicked")?
+                .context("preparing the host for child networks (docs/network.md)")
+                .map(drop)
+        })
         .await
-        .context("network setup task panicked")?
-        .context("preparing the host for child networks (docs/network.md)")
+        .map(drop)
 }
 
 /// Creates the network of VM `id` of the data dir `data_dir` (its scope,
 /// [`forkd_net::scope_of`]).
 pub async fn create_child(data_dir: &Path, id: &str) -> Result<ChildNet> {
+    ensure_host().await?;
     let (pool, id) = (pool(), id.to_string());
     let scope = forkd_net::scope_of(data_dir);
     tokio::task::spawn_blocking(move || forkd_net::create_child(&pool, &scope, &id))
