@@ -28,7 +28,21 @@ fn seg(s: &str) -> String {
 #[test]
 fn snapshot_and_sandbox_endpoints_with_their_errors() {
     let home = Home::new();
+    // poold raises its open-files soft limit to the hard one (two sockets
+    // per sandbox would otherwise cap a host at a few hundred). Start it
+    // with a low soft limit, as many hosts do, to see it raised.
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (_, hard) = getrlimit(Resource::RLIMIT_NOFILE).unwrap();
+    setrlimit(Resource::RLIMIT_NOFILE, 1024.min(hard), hard).unwrap();
     let p = Poold::start(&home.dir, &[], None);
+    let limits = std::fs::read_to_string(format!("/proc/{}/limits", p.child.id())).unwrap();
+    let files: Vec<&str> = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    assert_eq!(files[3], files[4], "{limits}");
     block_on(async {
         // Status endpoints.
         assert_eq!(p.get("/healthz").await, (200, json!({"ok": true})));

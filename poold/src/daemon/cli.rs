@@ -130,6 +130,22 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
     ))
 }
 
+/// Raises the soft limit on open files to the hard one: every sandbox
+/// holds a QMP and an agent socket (and its published ports' sockets), so
+/// the usual soft limit of 1024 would cap a host at a few hundred.
+fn raise_nofile_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("could not raise the open-files limit from {soft} to {hard}: {e}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("reading the open-files limit: {e}"),
+    }
+}
+
 /// Entry point of the poold binary.
 pub fn main() -> ExitCode {
     // Files poold creates hold sandbox data: private even where a mode is
@@ -142,6 +158,7 @@ pub fn main() -> ExitCode {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+    raise_nofile_limit();
     let paths = match &args.home {
         Some(h) => Paths::new(h),
         None => Paths::from_env(),
