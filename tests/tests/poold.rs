@@ -437,6 +437,34 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         );
         let (st, v) = p.delete("/v1/snapshots/base").await;
         assert_eq!(st, 409, "deleting a snapshot a sandbox maps: {v}");
+        // A client that hangs up before the answer is still audited (499):
+        // the line used to be lost while the work ran on.
+        {
+            use std::io::Write;
+            let addr = p.url.trim_start_matches("http://").to_string();
+            let body = r#"{"args":["sleep","3"]}"#;
+            let mut c = std::net::TcpStream::connect(&addr).unwrap();
+            write!(
+                c,
+                "POST /v1/sandboxes/{a}/exec HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let exec_path = format!("\"path\":\"/v1/sandboxes/{a}/exec\"");
+        let mut hung_up = false;
+        for _ in 0..100 {
+            let audit = std::fs::read_to_string(home.dir.join("poold/audit.jsonl")).unwrap();
+            hung_up = audit
+                .lines()
+                .any(|l| l.contains(&exec_path) && l.contains("\"status\":499"));
+            if hung_up {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(hung_up, "no 499 line for the abandoned exec");
         assert_eq!(p.delete(&format!("/v1/sandboxes/{a}")).await.0, 204);
         assert_eq!(p.delete(&format!("/v1/sandboxes/{a}")).await.0, 404);
         assert_eq!(
@@ -456,6 +484,11 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
         let audit = std::fs::read_to_string(home.dir.join("poold/audit.jsonl")).unwrap();
         assert!(audit.lines().count() > 50);
         assert!(audit.contains("\"path\":\"/v1/sandboxes\""));
+        // The query string is audited with the path.
+        assert!(
+            audit.contains("\"query\":\"cascade=true&force=true\""),
+            "{audit}"
+        );
     });
     drop(p);
     assert!(home.qemu_pids().is_empty(), "QEMU left running");

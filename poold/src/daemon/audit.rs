@@ -1,5 +1,9 @@
 //! The audit log: one JSON line per HTTP request, rejected ones (421, 401)
 //! included, appended to a file (`$FORKD_HOME/poold/audit.jsonl` by default).
+//!
+//! Invariant: every request that reached poold gets exactly one line, also
+//! when its client went away before the answer (status 499): work a
+//! request started may still have run.
 
 use anyhow::{Context, Result};
 use serde::Serialize;
@@ -13,6 +17,10 @@ pub struct Entry<'a> {
     pub ts_unix_ms: u64,
     pub method: &'a str,
     pub path: &'a str,
+    /// The query string, when the request had one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub query: Option<&'a str>,
+    /// The HTTP status; 499 when the client closed the connection first.
     pub status: u16,
     /// Client address, or `unix` for the unix socket.
     pub remote: &'a str,

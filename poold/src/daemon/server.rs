@@ -123,32 +123,68 @@ async fn json_errors(req: Request, next: Next) -> Response {
     out
 }
 
+/// What the audit line of one request needs; written when the response is
+/// ready, or on drop with status 499 when the client went away first (axum
+/// drops the handler's future then).
+struct AuditLine {
+    d: Arc<Daemon>,
+    t0: Instant,
+    method: String,
+    path: String,
+    query: Option<String>,
+    host: Option<String>,
+    remote: String,
+    written: bool,
+}
+
+impl AuditLine {
+    fn write(&mut self, status: u16, auth: &str) {
+        self.written = true;
+        self.d.audit.record(&Entry {
+            ts_unix_ms: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_millis() as u64),
+            method: &self.method,
+            path: &self.path,
+            query: self.query.as_deref(),
+            status,
+            remote: &self.remote,
+            host: self.host.as_deref(),
+            auth,
+            duration_ms: self.t0.elapsed().as_millis() as u64,
+        });
+    }
+}
+
+impl Drop for AuditLine {
+    fn drop(&mut self) {
+        if !self.written {
+            // nginx's "client closed request".
+            self.write(499, "unknown");
+        }
+    }
+}
+
 async fn audit(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Response {
-    let t0 = Instant::now();
-    let method = req.method().to_string();
-    let path = req.uri().path().to_string();
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned());
-    let remote = req
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map_or_else(|| "unix".to_string(), |c| c.0.to_string());
+    let mut line = AuditLine {
+        d: d.clone(),
+        t0: Instant::now(),
+        method: req.method().to_string(),
+        path: req.uri().path().to_string(),
+        query: req.uri().query().map(str::to_string),
+        host: req
+            .headers()
+            .get(header::HOST)
+            .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned()),
+        remote: req
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map_or_else(|| "unix".to_string(), |c| c.0.to_string()),
+        written: false,
+    };
     let r = next.run(req).await;
     let auth = r.extensions().get::<AuthOutcome>().map_or("none", |a| a.0);
-    d.audit.record(&Entry {
-        ts_unix_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |t| t.as_millis() as u64),
-        method: &method,
-        path: &path,
-        status: r.status().as_u16(),
-        remote: &remote,
-        host: host.as_deref(),
-        auth,
-        duration_ms: t0.elapsed().as_millis() as u64,
-    });
+    line.write(r.status().as_u16(), auth);
     d.metrics
         .requests
         .with_label_values(&[r.status().as_str()])
