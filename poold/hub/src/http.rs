@@ -92,17 +92,8 @@ impl HttpHub {
             return Ok(None);
         }
         check(resp.status(), &url, &mut resp).await?;
-        let limit = key.max_len();
-        if resp.content_length().is_some_and(|n| n > limit) {
-            bail!("{key} from {url} is over the {limit}-byte limit for its kind");
-        }
-        let mut buf = Vec::new();
-        while let Some(part) = resp.chunk().await.with_context(|| format!("GET {url}"))? {
-            if (buf.len() + part.len()) as u64 > limit {
-                bail!("{key} from {url} is over the {limit}-byte limit for its kind");
-            }
-            buf.extend_from_slice(&part);
-        }
+        let what = format!("{key} from {url}");
+        let buf = read_limited(&mut resp, key.max_len(), &what).await?;
         Ok(Some(Bytes::from(buf)))
     }
 
@@ -134,9 +125,12 @@ impl HttpHub {
                 .await
                 .with_context(|| format!("POST {url}"))?;
             check(resp.status(), &url, &mut resp).await?;
-            let have: HasResponse = resp
-                .json()
-                .await
+            // `{"have":[...]}` with one `false,` at most per key, and room
+            // for whitespace: a hub cannot make poold buffer more.
+            let limit = 64 + 8 * part.len() as u64;
+            let what = format!("the answer of POST {url}");
+            let body = read_limited(&mut resp, limit, &what).await?;
+            let have: HasResponse = serde_json::from_slice(&body)
                 .with_context(|| format!("decoding the answer of POST {url}"))?;
             if have.have.len() != part.len() {
                 bail!(
@@ -149,6 +143,23 @@ impl HttpHub {
         }
         Ok(out)
     }
+}
+
+/// Reads a response body of at most `limit` bytes, refusing a longer one
+/// (announced or sent) before buffering past the limit.
+async fn read_limited(resp: &mut reqwest::Response, limit: u64, what: &str) -> Result<Vec<u8>> {
+    let over = || anyhow!("{what} is over the {limit}-byte limit; the hub is broken or hostile");
+    if resp.content_length().is_some_and(|n| n > limit) {
+        return Err(over());
+    }
+    let mut buf = Vec::new();
+    while let Some(part) = resp.chunk().await.with_context(|| what.to_string())? {
+        if (buf.len() + part.len()) as u64 > limit {
+            return Err(over());
+        }
+        buf.extend_from_slice(&part);
+    }
+    Ok(buf)
 }
 
 /// Turns a non-success status into an error carrying the server's reason.
@@ -176,4 +187,28 @@ async fn check(status: StatusCode, url: &Url, resp: &mut reqwest::Response) -> R
         _ => "",
     };
     Err(anyhow!("{url}: HTTP {status}: {reason}{hint}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A hub whose `/v1/has` answer is far longer than any honest one is
+    /// refused by size; the client used to buffer whatever came.
+    #[tokio::test]
+    async fn an_oversized_has_answer_is_refused() {
+        let app = axum::Router::new().route(
+            "/v1/has",
+            axum::routing::post(|| async {
+                let pad = " ".repeat(4 << 20);
+                format!("{{\"have\":[true]{pad}}}")
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await });
+        let hub = HttpHub::new(&format!("http://{addr}"), None).unwrap();
+        let e = hub.has(&[Key::tag("t").unwrap()]).await.unwrap_err();
+        assert!(format!("{e:#}").contains("byte limit"), "{e:#}");
+    }
 }
