@@ -335,20 +335,28 @@ impl Vm {
             jail_uid: claim.as_ref().map(|c| c.uid),
             net: launch.nic.as_ref().and_then(|n| n.child.clone()),
         };
-        dir.write_record(&record)?;
         let connect = async {
+            dir.write_record(&record)?;
             let qmp = Qmp::connect(&launch.qmp_socket, Duration::from_secs(10)).await?;
             let agent = AgentClient::connect(&launch.agent_socket, Duration::from_secs(10)).await?;
             Ok::<_, anyhow::Error>((qmp, agent))
         };
-        let (qmp, agent) = tokio::select! {
+        let started = tokio::select! {
             r = connect => r,
             status = child.wait() => Err(anyhow!("QEMU exited during start-up ({})", status.map(|s| s.to_string()).unwrap_or_default())),
-        }
-        .map_err(|e| {
-            child.start_kill();
-            e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20)))
-        })?;
+        };
+        let (qmp, agent) = match started {
+            Ok(c) => c,
+            Err(e) => {
+                // Killed and reaped (no zombie), its uid free again.
+                child.start_kill();
+                let _ = child.wait().await;
+                if let Some(c) = &claim {
+                    c.release();
+                }
+                return Err(e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20))));
+            }
+        };
         Ok(Vm {
             id: id.to_string(),
             dir,
