@@ -899,6 +899,32 @@ fn branch_endpoint_follows_forkd_rules() {
     });
 }
 
+/// Snapshot creations past `snapshot_concurrency` are a 503 naming the
+/// setting, not more VMs booting at once (there was no limit).
+#[test]
+fn snapshot_creations_past_the_cap_are_refused() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &["--snapshot-concurrency", "1"], None);
+    block_on(async {
+        let body = |tag: &str| json!({"tag": tag, "image": "minimal", "mem_mib": 128});
+        let (a, b) = tokio::join!(
+            p.post("/v1/snapshots", body("cap-a")),
+            p.post("/v1/snapshots", body("cap-b"))
+        );
+        let mut codes = [a.0, b.0];
+        codes.sort();
+        assert_eq!(codes, [201, 503], "{a:?} {b:?}");
+        let refused = if a.0 == 503 { &a.1 } else { &b.1 };
+        assert!(
+            refused["error"]
+                .as_str()
+                .unwrap()
+                .contains("snapshot_concurrency"),
+            "{refused}"
+        );
+    });
+}
+
 #[test]
 fn unix_socket_serves_api_and_cli() {
     let home = Home::new();

@@ -52,6 +52,9 @@ pub struct Args {
     pub allowed_hosts: Vec<String>,
     #[arg(long)]
     pub branch_concurrency: Option<usize>,
+    /// Snapshot creations at once (503 beyond).
+    #[arg(long)]
+    pub snapshot_concurrency: Option<usize>,
     /// A pool: TAG=MIN[:MAX] (repeatable); add ",cold" to park children
     /// without their warm-up run.
     #[arg(long = "pool", value_name = "TAG=MIN[:MAX][,cold]")]
@@ -88,6 +91,9 @@ impl Args {
         }
         if let Some(v) = self.branch_concurrency {
             c.branch_concurrency = v;
+        }
+        if let Some(v) = self.snapshot_concurrency {
+            c.snapshot_concurrency = v;
         }
         c.allowed_paths.extend(self.allowed_paths.iter().cloned());
         c.allowed_hosts.extend(self.allowed_hosts.iter().cloned());

@@ -60,6 +60,9 @@ pub struct Config {
     pub allowed_hosts: Vec<String>,
     /// Concurrent branches (forkd's cap); more get 503.
     pub branch_concurrency: usize,
+    /// Concurrent snapshot creations (each boots a VM and writes the
+    /// store); more get 503.
+    pub snapshot_concurrency: usize,
     /// Pools by snapshot tag.
     pub pools: BTreeMap<String, PoolSpec>,
     /// CPU quota (in CPUs) of a sandbox whose spawn sets no `cpus`.
@@ -98,6 +101,7 @@ impl Default for Config {
             allowed_paths: Vec::new(),
             allowed_hosts: Vec::new(),
             branch_concurrency: 4,
+            snapshot_concurrency: 2,
             pools: BTreeMap::new(),
             default_cpus: None,
             default_pids_max: Some(1024),
@@ -147,8 +151,8 @@ impl Config {
         if self.refill_concurrency == 0 || self.spawn_parallel == 0 {
             bail!("refill_concurrency and spawn_parallel must be at least 1");
         }
-        if self.branch_concurrency == 0 {
-            bail!("branch_concurrency must be at least 1");
+        if self.branch_concurrency == 0 || self.snapshot_concurrency == 0 {
+            bail!("branch_concurrency and snapshot_concurrency must be at least 1");
         }
         self.default_limits()
             .validate()

@@ -47,6 +47,8 @@ pub struct Daemon {
     pub refill_wake: Notify,
     pub refill_slots: Arc<Semaphore>,
     pub branch_slots: Arc<Semaphore>,
+    /// One permit per snapshot creation in flight (`snapshot_concurrency`).
+    pub snapshot_slots: Arc<Semaphore>,
     /// Tags being written (snapshot creates and branches), for 409s.
     pub writing: Mutex<HashSet<String>>,
     /// The cgroup controllers, when the host has any.
@@ -245,6 +247,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         metrics: metrics::Metrics::new(cfg.branch_concurrency),
         refill_slots: Arc::new(Semaphore::new(cfg.refill_concurrency)),
         branch_slots: Arc::new(Semaphore::new(cfg.branch_concurrency)),
+        snapshot_slots: Arc::new(Semaphore::new(cfg.snapshot_concurrency)),
         cgroups: forkd_vmm::Hierarchy::detect().ok(),
         audit: audit::AuditLog::open(&audit_path)?,
         state: state::Persisted::start(file, saved.clone()),

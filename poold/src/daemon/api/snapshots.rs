@@ -161,6 +161,12 @@ async fn create_work(
     b: CreateSnapshotBody,
 ) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     check_tag(&b.tag)?;
+    let _slot = d.snapshot_slots.clone().try_acquire_owned().map_err(|_| {
+        ApiError::unavailable(format!(
+            "{} snapshot creations are in flight (snapshot_concurrency); retry later",
+            d.cfg.snapshot_concurrency
+        ))
+    })?;
     if b.boot_wait_secs.is_some_and(|s| s > 60) {
         return Err(ApiError::bad_request("boot_wait_secs must be ≤ 60"));
     }
