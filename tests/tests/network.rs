@@ -312,10 +312,11 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
             !v["stderr"].as_str().unwrap_or("").contains("refused"),
             "the host must drop, not refuse: {v}"
         );
-        // Pool children wait deny-all and get their policy at hand-out.
-        let (st, v) = p.put("/v1/pools/net", json!({"min_ready": 2})).await;
+        // Pool children wait (paused) with the default policy written; a
+        // hand-out asking for another one gets it instead.
+        let (st, v) = p.put("/v1/pools/net", json!({"min_ready": 3})).await;
         assert_eq!(st, 200, "{v}");
-        p.wait_pool("net", 2).await;
+        p.wait_pool("net", 3).await;
         let (st, v) = p
             .post("/v1/sandboxes", json!({"snapshot_tag": "net", "n": 2}))
             .await;
@@ -327,11 +328,22 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
                 panic!("pooled child {id} could not fetch: {e}");
             }
         }
+        let (st, v) = p
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "net", "network": {"deny_out": ["0.0.0.0/0"]}}),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(v[0]["pool_hit"], true, "{v}");
+        let pooled_denied = ids(&v)[0].clone();
+        assert!(fetch(&p, &pooled_denied, SERVER_A).await.is_err());
         let (st, v) = p.delete("/v1/pools/net").await;
         assert_eq!(st, 204, "{v}");
         let mut all = ten.clone();
         all.extend([denied, listed]);
         all.extend(pooled);
+        all.push(pooled_denied);
         all
     });
 

@@ -468,12 +468,21 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     let src = source(d, &t.tag).map_err(|e| anyhow::anyhow!(e.message))?;
     let id = new_id();
     let mut timings = ChildTimings::default();
-    let vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;
+    let mut vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;
     if t.warm {
         if let Err(e) = warm_once(&vm).await {
             vm.destroy().await;
             return Err(e);
         }
+    }
+    // The default egress policy is written while the child waits (paused,
+    // so it sends nothing): a hand-out with the default skips the write.
+    // Domain names in it are resolved now, not at hand-out.
+    if let Err(e) =
+        forkd_snapshot::restore::set_egress(&mut vm, &forkd_vmm::net::default_egress()).await
+    {
+        vm.destroy().await;
+        return Err(e);
     }
     let record = PooledRecord {
         vm_id: id.clone(),

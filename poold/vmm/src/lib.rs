@@ -225,6 +225,10 @@ pub struct Vm {
     pub qmp: Qmp,
     /// Channel to its guest agent.
     pub agent: AgentClient,
+    /// The egress policy last written into its child network, if known
+    /// (None: the deny-all a network is created with, or unknown after an
+    /// adoption), so a hand-out with the same policy skips the write.
+    pub egress: Option<forkd_net::EgressPolicy>,
     child: Option<process::Spawned>,
 }
 
@@ -363,6 +367,7 @@ impl Vm {
             record,
             qmp,
             agent,
+            egress: None,
             child: Some(child),
         })
     }
@@ -385,6 +390,7 @@ impl Vm {
             record,
             qmp,
             agent,
+            egress: None,
             child: None,
         })
     }
