@@ -76,6 +76,7 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
         b.n,
         t_fill.elapsed().as_secs_f64()
     );
+    hold_pool(&c, &b.tag, b.n).await?;
     phases.push(phase(&c, &b, &b.tag, "full pool").await?);
     if let Some(net_tag) = &b.net_tag {
         c.delete(&format!("/v1/pools/{}", b.tag)).await?;
@@ -85,6 +86,7 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
         )
         .await?;
         wait_pool(&c, net_tag, |p| p.ready >= b.n).await?;
+        hold_pool(&c, net_tag, b.n).await?;
         phases.push(phase(&c, &b, net_tag, "pool + net").await?);
         c.delete(&format!("/v1/pools/{net_tag}")).await?;
         wait_pool(&c, net_tag, |p| p.ready == 0 && p.in_flight == 0).await?;
@@ -142,6 +144,18 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
 }
 
 /// Spawns N, evaluates the probe in each, deletes them.
+/// Keeps a filled pool's `n` children but stops refilling it, so the
+/// hand-outs of a pool phase are measured without restores of
+/// replacements competing for the CPU.
+async fn hold_pool(c: &Client, tag: &str, n: usize) -> Result<()> {
+    c.put::<PoolStatus>(
+        &format!("/v1/pools/{tag}"),
+        json!({"min_ready": 0, "max_ready": n, "warm": true}),
+    )
+    .await?;
+    Ok(())
+}
+
 async fn phase(c: &Client, b: &SpawnBench, tag: &str, name: &'static str) -> Result<Phase> {
     let cpu0 = poold_cpu(c).await?;
     let t0 = Instant::now();
