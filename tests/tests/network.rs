@@ -45,6 +45,7 @@ impl Server {
     fn start() -> Server {
         let pid = std::process::id();
         let (ns, link) = (format!("fdt-srv-{pid}"), format!("fdtv{}", pid % 100_000));
+        let peer = format!("fdtp{}", pid % 100_000);
         let s = Server {
             ns: ns.clone(),
             link: link.clone(),
@@ -52,23 +53,14 @@ impl Server {
         };
         for cmd in [
             format!("ip netns add {ns}"),
-            format!(
-                "ip link add {link} type veth peer name fdtp{}",
-                pid % 100_000
-            ),
-            format!("ip link set fdtp{} netns {ns}", pid % 100_000),
+            format!("ip link add {link} type veth peer name {peer}"),
+            format!("ip link set {peer} netns {ns}"),
             format!("ip addr add 10.209.0.1/24 dev {link}"),
             format!("ip link set {link} up"),
             format!("ip -n {ns} link set lo up"),
-            format!(
-                "ip -n {ns} addr add {SERVER_A}/24 dev fdtp{}",
-                pid % 100_000
-            ),
-            format!(
-                "ip -n {ns} addr add {SERVER_B}/24 dev fdtp{}",
-                pid % 100_000
-            ),
-            format!("ip -n {ns} link set fdtp{} up", pid % 100_000),
+            format!("ip -n {ns} addr add {SERVER_A}/24 dev {peer}"),
+            format!("ip -n {ns} addr add {SERVER_B}/24 dev {peer}"),
+            format!("ip -n {ns} link set {peer} up"),
             format!("ip -n {ns} route add default via 10.209.0.1"),
         ] {
             let (ok, out) = sh(&cmd);
@@ -163,6 +155,15 @@ impl Drop for Scope {
 /// The two tests here count the host's child networks: one at a time.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
+/// The test's turn (see [`SERIAL`]), or None with a note when not root.
+fn serial_as_root() -> Option<std::sync::MutexGuard<'static, ()>> {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return None;
+    }
+    Some(SERIAL.lock().unwrap_or_else(|e| e.into_inner()))
+}
+
 /// What of the children's networks is left on the host.
 fn leftovers() -> Vec<String> {
     let mut out = Vec::new();
@@ -195,11 +196,9 @@ fn leftovers() -> Vec<String> {
 
 #[test]
 fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
+    let Some(_serial) = serial_as_root() else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    };
     assert!(
         leftovers().is_empty(),
         "child networks left before the test: {:?}",
@@ -373,11 +372,9 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
 
 #[test]
 fn a_published_port_serves_a_server_started_in_a_child() {
-    if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipped: needs root");
+    let Some(_serial) = serial_as_root() else {
         return;
-    }
-    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    };
     let home = Home::new();
     let _scope = Scope::of(&home.dir);
     let p = Poold::start(&home.dir, &[], None);

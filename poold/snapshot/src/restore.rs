@@ -208,20 +208,12 @@ pub async fn hand_out(
     t0: Instant,
     timings: &mut ChildTimings,
 ) -> Result<()> {
-    let nameservers = match vm.record.net.is_some() {
-        true => {
-            let default;
-            let policy = match policy {
-                Some(p) => p,
-                None => {
-                    default = forkd_vmm::net::default_egress();
-                    &default
-                }
-            };
-            set_egress(vm, policy).await?;
-            Some(forkd_vmm::net::nameservers())
-        }
-        false => None,
+    let nameservers = if vm.record.net.is_some() {
+        let default = forkd_vmm::net::default_egress();
+        set_egress(vm, policy.unwrap_or(&default)).await?;
+        Some(forkd_vmm::net::nameservers())
+    } else {
+        None
     };
     vm.resume().await?;
     timings.resumed_ms = ms(t0.elapsed());
