@@ -228,13 +228,14 @@ fn fork_bomb_and_busy_loop_leave_poold_and_a_sibling_answering() {
             assert_eq!(st, 400, "{bad}: {v}");
         }
 
-        // The hostile one: a busy loop on each vCPU, then a fork bomb.
+        // The hostile one: a busy loop on each vCPU, then a fork bomb (a
+        // second later, so this exec's own reply gets out first).
         let hostile = &sb[0];
         let sibling = &sb[1];
         let (st, v) = p
             .post(
                 &format!("/v1/sandboxes/{hostile}/exec"),
-                json!({"args": ["sh", "-c", "for i in 1 2; do (while :; do :; done) & done; b() { b | b & }; (b) >/dev/null 2>&1 & exit 0"]}),
+                json!({"args": ["sh", "-c", "for i in 1 2; do (while :; do :; done) & done; b() { b | b & }; (sleep 1; b) >/dev/null 2>&1 & exit 0"]}),
             )
             .await;
         assert_eq!(st, 200, "{v}");
