@@ -60,6 +60,18 @@ restore_host_net() {
   fi
 }
 trap restore_host_net EXIT
+# Real client libraries (tests/python/requirements.txt) in a venv keyed by
+# the file's hash, so a changed pin gets a fresh venv.
+reqs="$REPO_ROOT/tests/python/requirements.txt"
+venv="$FORKD_HOME/venv-$(sha256sum "$reqs" | cut -c1-12)"
+if [ ! -x "$venv/bin/python" ]; then
+  say "Python test clients into $venv"
+  rm -rf "$FORKD_HOME"/venv-*  # older pins and a half-made .tmp
+  python3 -m venv "$venv.tmp"
+  "$venv.tmp/bin/pip" install --quiet -r "$reqs"
+  mv "$venv.tmp" "$venv"
+fi
+export FORKD_TEST_PYTHON="$venv/bin/python"
 say "cargo test (release)"
 cargo test --release --workspace "${cargo_args[@]}"
 say "All tests passed in $(( $(date +%s) - started ))s"
