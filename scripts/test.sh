@@ -64,12 +64,12 @@ trap restore_host_net EXIT
 # the file's hash, so a changed pin gets a fresh venv.
 reqs="$REPO_ROOT/tests/python/requirements.txt"
 venv="$FORKD_HOME/venv-$(sha256sum "$reqs" | cut -c1-12)"
-if [ ! -x "$venv/bin/python" ]; then
+if [ ! -f "$venv/.complete" ]; then
   say "Python test clients into $venv"
-  rm -rf "$FORKD_HOME"/venv-*  # older pins and a half-made .tmp
-  python3 -m venv "$venv.tmp"
-  "$venv.tmp/bin/pip" install --quiet -r "$reqs"
-  mv "$venv.tmp" "$venv"
+  rm -rf "$FORKD_HOME"/venv-*  # older pins, or this one half-made
+  python3 -m venv "$venv"
+  "$venv/bin/python" -m pip install --quiet -r "$reqs"
+  touch "$venv/.complete"
 fi
 export FORKD_TEST_PYTHON="$venv/bin/python"
 say "cargo test (release)"
