@@ -776,3 +776,131 @@ fn make_bench_home() {
     let (_, base, head) = build_chain(Path::new(&home), 65536, mib << 20);
     println!("built base {base} and head {head} in {home}/store");
 }
+
+/// A record as a hostile hub would serve it, naming one `memory.bin`
+/// manifest the hub does not have.
+fn forged_record(
+    id: u8,
+    parent: Option<SnapshotId>,
+    config: serde_json::Value,
+    mem: u64,
+) -> Vec<u8> {
+    let files = BTreeMap::from([(
+        "memory.bin".to_string(),
+        forkd_layers::FileRef {
+            manifest: forkd_layers::ManifestId::default(),
+            size: mem,
+        },
+    )]);
+    let rec = forkd_layers::SnapshotRecord {
+        id: SnapshotId([id; 16]),
+        parent,
+        files,
+        config,
+        lineage: BTreeMap::new(),
+        created_at_unix: 1,
+    };
+    serde_json::to_vec(&rec).unwrap()
+}
+
+/// A hub serving a long chain of near-maximal records: the pull stops at
+/// its record budget instead of holding every record in memory. (Before
+/// the budget, the pull read all of them and failed only later, at the
+/// first missing manifest.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chain_of_huge_records_is_refused_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
+    let pad = "x".repeat(3 << 20);
+    let mut parent = None;
+    for i in 1..=24u8 {
+        let bytes = forged_record(i, parent, serde_json::json!({ "pad": pad }), 1 << 20);
+        let id = SnapshotId([i; 16]);
+        hub.put(&Key::Snapshot(id), bytes.into()).await.unwrap();
+        parent = Some(id);
+    }
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    let head = parent.unwrap().to_string();
+    let e = pull(s.clone(), &hub, &head, &quiet_pull())
+        .await
+        .unwrap_err();
+    let e = format!("{e:#}");
+    assert!(e.contains("records pass 64 MiB"), "{e}");
+    assert!(s.view().list_snapshots().unwrap().is_empty());
+}
+
+/// A pulled record may not choose the child's CPU model or size its memory
+/// past this host: a forged VM config is refused before any transfer,
+/// naming what is wrong. (Before, such a pull only checked the QEMU version
+/// and machine signature, which a forger sets to match.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forged_vm_config_is_refused() {
+    use forkd_snapshot::VmConfig;
+    use forkd_vmm::{Accel, Machine, MACHINE_TYPE};
+    let dir = tempfile::tempdir().unwrap();
+    let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
+    let config = |m: Machine| {
+        serde_json::to_value(VmConfig {
+            qemu_version: forkd_vmm::qemu_version().unwrap_or_default(),
+            machine_signature: m.signature(),
+            machine_type: MACHINE_TYPE.into(),
+            machine: m,
+            kernel_blake3: String::new(),
+            initrd_blake3: String::new(),
+            cmdline: String::new(),
+            image: "minimal".into(),
+            image_built_at_unix: 0,
+            host_cpu: None,
+        })
+        .unwrap()
+    };
+    let mut evil_cpu = Machine::new(Accel::Tcg, 256, 1);
+    evil_cpu.cpu = "max,+pdpe1gb".into();
+    let huge = Machine::new(Accel::Tcg, 1 << 30, 1);
+    let many = Machine::new(Accel::Tcg, 256, 100_000);
+    let cases = [
+        (
+            1u8,
+            config(evil_cpu),
+            256u64 << 20,
+            "CPU model \"max,+pdpe1gb\"",
+        ),
+        (2, config(huge), 1 << 50, "MiB of memory"),
+        (3, config(many), 256 << 20, "100000 vCPUs"),
+        (
+            4,
+            config(Machine::new(Accel::Tcg, 256, 1)),
+            4096,
+            "memory.bin is 4096 bytes",
+        ),
+    ];
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    for (i, cfg, mem, want) in cases {
+        let id = SnapshotId([i; 16]);
+        hub.put(&Key::Snapshot(id), forged_record(i, None, cfg, mem).into())
+            .await
+            .unwrap();
+        let e = pull(s.clone(), &hub, &id.to_string(), &quiet_pull())
+            .await
+            .unwrap_err();
+        let e = format!("{e:#}");
+        assert!(e.contains("cannot be trusted") && e.contains(want), "{e}");
+    }
+    // A sane config passes the check and the pull goes on (to fail at the
+    // manifest this fake hub does not have).
+    let id = SnapshotId([9; 16]);
+    let sane = config(Machine::new(Accel::Tcg, 256, 1));
+    hub.put(
+        &Key::Snapshot(id),
+        forged_record(9, None, sane, 256 << 20).into(),
+    )
+    .await
+    .unwrap();
+    let e = pull(s.clone(), &hub, &id.to_string(), &quiet_pull())
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("lacks manifest"), "{e:#}");
+    assert!(s.view().list_snapshots().unwrap().is_empty());
+}

@@ -4,6 +4,7 @@
 //! with this host before transferring anything.
 
 use forkd_layers::SnapshotRecord;
+use forkd_snapshot::{host_memory_mib, VmConfig};
 use forkd_vmm::Accel;
 use forkd_vmm::{qemu_version, Machine};
 
@@ -52,6 +53,22 @@ pub fn check_against(
         }
     }
     warnings
+}
+
+/// Refuses a record whose VM config is forged or inconsistent
+/// ([`VmConfig::check_sane`]): a hub is not trusted to pick the child's CPU
+/// model or size its memory past this host. A record without a VM config
+/// (not made by `forkd snapshot create`) passes here; restore refuses it.
+pub fn refuse_forged(rec: &SnapshotRecord) -> Result<(), String> {
+    if rec.config.get("machine").is_none() {
+        return Ok(());
+    }
+    let cfg = VmConfig::from_record(rec).map_err(|e| format!("{e:#}"))?;
+    cfg.check_sane(
+        rec.files.get("memory.bin").map(|f| f.size),
+        host_memory_mib(),
+    )
+    .map_err(|e| format!("{e:#}"))
 }
 
 /// Every machine signature this build produces (memory and vCPUs do not

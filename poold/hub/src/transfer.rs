@@ -36,6 +36,12 @@ use std::time::{Duration, Instant};
 
 /// Longest parent chain a pull follows.
 const MAX_CHAIN: usize = 10_000;
+/// Most snapshot-record bytes one pull holds (a real record is a few KiB;
+/// each may be up to `MAX_RECORD_BYTES`, so a hostile chain could otherwise
+/// make a pull hold gigabytes before anything is checked).
+const MAX_PULL_RECORD_BYTES: usize = 64 << 20;
+/// Most manifest bytes one pull holds before importing them.
+const MAX_PULL_MANIFEST_BYTES: usize = 1 << 30;
 /// Chunks per durable import batch (or [`IMPORT_BATCH_BYTES`], whichever first).
 const IMPORT_BATCH_CHUNKS: usize = 256;
 const IMPORT_BATCH_BYTES: usize = 16 << 20;
@@ -292,6 +298,15 @@ pub async fn pull(
         }
     }
     let to_import = fetch_chain(&view, hub, head_id).await?;
+    for r in &to_import {
+        compat::refuse_forged(r).map_err(|why| {
+            Refused(format!(
+                "snapshot {} from {} cannot be trusted: {why}",
+                r.id,
+                hub.describe()
+            ))
+        })?;
+    }
     let head_rec = match to_import.last() {
         Some(r) => r.clone(),
         None => view.snapshot(&head_id)?.expect("present locally"),
@@ -385,6 +400,7 @@ async fn fetch_chain(
     head: SnapshotId,
 ) -> Result<Vec<SnapshotRecord>> {
     let mut out: Vec<SnapshotRecord> = Vec::new();
+    let mut held = 0usize;
     let mut next = Some(head);
     while let Some(id) = next {
         if view.snapshot(&id)?.is_some() {
@@ -407,6 +423,16 @@ async fn fetch_chain(
                 None => format!("{} lacks snapshot record {id}", hub.describe()),
             })
         })?;
+        held += bytes.len();
+        if held > MAX_PULL_RECORD_BYTES {
+            return Err(Refused(format!(
+                "the parent chain of snapshot {head} on {}: its records pass {} MiB in total after {} of them (real records are a few KiB each); the hub copy is altered or hostile",
+                hub.describe(),
+                MAX_PULL_RECORD_BYTES >> 20,
+                out.len() + 1
+            ))
+            .into());
+        }
         let rec = decode_record(&id, &bytes).map_err(|e| {
             Refused(format!(
                 "snapshot record {id} from {} is invalid: {e}",
@@ -428,6 +454,7 @@ async fn fetch_manifests(
     report: &mut TransferReport,
 ) -> Result<Vec<(ManifestId, Bytes)>> {
     let mut out: Vec<(ManifestId, Bytes)> = Vec::new();
+    let mut held = 0usize;
     for f in recs.iter().flat_map(|r| r.files.values()) {
         if view.has_manifest(&f.manifest)? || out.iter().any(|(m, _)| *m == f.manifest) {
             continue;
@@ -439,6 +466,15 @@ async fn fetch_manifests(
                 hub.describe()
             ))
         })?;
+        held += bytes.len();
+        if held > MAX_PULL_MANIFEST_BYTES {
+            return Err(Refused(format!(
+                "the snapshots to pull from {} name over {} MiB of manifests; pull an older snapshot of the chain first, then this one",
+                hub.describe(),
+                MAX_PULL_MANIFEST_BYTES >> 20
+            ))
+            .into());
+        }
         let b = bytes.clone();
         blocking(move || Ok(decode_manifest(&id, &b)?))
             .await

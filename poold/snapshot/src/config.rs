@@ -117,6 +117,65 @@ impl VmConfig {
     }
 }
 
+/// Smallest guest memory forkd makes, MiB.
+pub const MIN_MEM_MIB: u64 = 64;
+/// Most vCPUs forkd gives a VM.
+pub const MAX_VCPUS: u32 = 64;
+
+impl VmConfig {
+    /// Refuses a config `forkd snapshot create` would never record: a CPU
+    /// model other than its accelerator's, vCPUs outside 1..=[`MAX_VCPUS`],
+    /// memory under [`MIN_MEM_MIB`] or over this host's `host_mem_mib`, or
+    /// a `memory.bin` of another size than the memory. A record pulled from
+    /// a hub is not trusted: without this it would choose QEMU's `-cpu`
+    /// argument and size a child past what the host has.
+    pub fn check_sane(&self, memory_bin_bytes: Option<u64>, host_mem_mib: u64) -> Result<()> {
+        let m = &self.machine;
+        let want_cpu = Machine::new(m.accel, m.mem_mib, m.vcpus).cpu;
+        if m.cpu != want_cpu {
+            bail!(
+                "snapshot asks for CPU model {:?}, but a {:?} VM is always {want_cpu:?}; the record was not made by forkd (or was altered): refusing it",
+                m.cpu,
+                m.accel
+            );
+        }
+        if m.vcpus == 0 || m.vcpus > MAX_VCPUS {
+            bail!(
+                "snapshot asks for {} vCPUs; forkd runs 1-{MAX_VCPUS}: the record was not made by forkd (or was altered)",
+                m.vcpus
+            );
+        }
+        if m.mem_mib < MIN_MEM_MIB || m.mem_mib > host_mem_mib {
+            bail!(
+                "snapshot asks for {} MiB of memory; this host allows {MIN_MEM_MIB}-{host_mem_mib} MiB (its RAM): take the snapshot with less memory",
+                m.mem_mib
+            );
+        }
+        if let Some(len) = memory_bin_bytes {
+            if len != m.mem_mib << 20 {
+                bail!(
+                    "snapshot's memory.bin is {len} bytes but its VM has {} MiB ({} bytes): the record is inconsistent (altered or corrupt)",
+                    m.mem_mib,
+                    m.mem_mib << 20
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// MemTotal of this host in MiB (`u64::MAX` if unknown).
+pub fn host_memory_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(u64::MAX, |kib| kib / 1024)
+}
+
 /// Identifies this host's CPU for [`VmConfig::host_cpu`]: vendor, family,
 /// model, stepping, name and a hash of the feature flags of the first
 /// processor in /proc/cpuinfo.
@@ -222,6 +281,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("model 85") && e.contains("AuthenticAMD"), "{e}");
+    }
+
+    #[test]
+    fn sane_config_passes_and_forged_ones_are_refused() {
+        let mut c = cfg();
+        c.check_sane(Some(256 << 20), 1024).unwrap();
+        c.check_sane(None, 1024).unwrap();
+        let refused = |c: &VmConfig, mem: Option<u64>, host: u64, want: &str| {
+            let e = c.check_sane(mem, host).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+        };
+        refused(&c, Some(1 << 20), 1024, "memory.bin is 1048576 bytes");
+        refused(&c, None, 128, "this host allows 64-128 MiB");
+        c.machine.cpu = "max,+pdpe1gb".into();
+        refused(&c, None, 1024, "CPU model \"max,+pdpe1gb\"");
+        c.machine.cpu = "host".into();
+        refused(&c, None, 1024, "always \"max\"");
+        let mut c = cfg();
+        c.machine.vcpus = 0;
+        refused(&c, None, 1024, "0 vCPUs");
+        c.machine.vcpus = 4096;
+        refused(&c, None, 1024, "4096 vCPUs");
+        let mut c = cfg();
+        c.machine.mem_mib = 1 << 40;
+        refused(&c, None, 1 << 20, "MiB of memory");
     }
 
     #[test]

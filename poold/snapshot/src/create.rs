@@ -2,7 +2,7 @@
 //! up, pause it, save its device state, and ingest RAM, device state and
 //! disk into the layer store as one snapshot.
 
-use super::config::{file_blake3, VmConfig};
+use super::config::{file_blake3, host_memory_mib, VmConfig, MAX_VCPUS, MIN_MEM_MIB};
 use super::staging::Staging;
 use super::SnapshotError;
 use crate::boot::{cold_boot, BootSpec};
@@ -123,10 +123,11 @@ pub struct Created {
 /// VM directory) is gone when it returns, on success and on failure.
 pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
     forkd_layers::validate_tag(&spec.tag)?;
-    if spec.mem_mib < 64 || spec.vcpus == 0 || spec.vcpus > 64 {
-        return Err(
-            SnapshotError::BadSpec("memory must be at least 64 MiB and vCPUs 1-64".into()).into(),
-        );
+    if spec.mem_mib < MIN_MEM_MIB || spec.vcpus == 0 || spec.vcpus > MAX_VCPUS {
+        return Err(SnapshotError::BadSpec(format!(
+            "memory must be at least {MIN_MEM_MIB} MiB and vCPUs 1-{MAX_VCPUS}"
+        ))
+        .into());
     }
     let host_mib = host_memory_mib();
     if spec.mem_mib > host_mib {
@@ -454,18 +455,6 @@ async fn check_tag_free(paths: &Paths, tag: &str, replace: bool) -> Result<()> {
         Ok(())
     })
     .await
-}
-
-/// MemTotal of this host in MiB (u64::MAX if unknown).
-fn host_memory_mib() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(u64::MAX, |kib| kib / 1024)
 }
 
 pub(crate) fn ms(d: Duration) -> u64 {

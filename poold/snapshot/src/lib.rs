@@ -35,7 +35,7 @@ mod staging;
 pub mod store;
 mod util;
 
-pub use config::VmConfig;
+pub use config::{host_memory_mib, VmConfig};
 pub use error::SnapshotError;
 pub use paths::{Paths, DEFAULT_HOME};
 pub use progress::{mib, Progress};

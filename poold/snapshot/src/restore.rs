@@ -48,6 +48,12 @@ impl Source {
         };
         let config = VmConfig::from_record(rec).map_err(incompatible)?;
         config.check_restorable().map_err(incompatible)?;
+        config
+            .check_sane(
+                rec.files.get(MEMORY).map(|f| f.size),
+                super::config::host_memory_mib(),
+            )
+            .map_err(incompatible)?;
         let dir = forkd_fs::prefetch::file_path(mount, &rec.id, MEMORY)
             .parent()
             .map(PathBuf::from)
