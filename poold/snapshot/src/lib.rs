@@ -31,7 +31,7 @@ pub mod info;
 mod paths;
 mod progress;
 pub mod restore;
-mod staging;
+pub mod staging;
 pub mod store;
 mod util;
 

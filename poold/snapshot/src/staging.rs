@@ -27,10 +27,12 @@ impl Staging {
         Ok(Staging { path })
     }
 
+    /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// A file inside it.
     pub fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }

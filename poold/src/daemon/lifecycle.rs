@@ -599,6 +599,7 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
     for (id, rec) in &saved.sandboxes {
         match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
             Ok(vm) => {
+                run_again(&vm, id).await;
                 let mut rec = rec.clone();
                 rec.pid = vm.pid();
                 let ports = std::mem::take(&mut rec.ports);
@@ -654,6 +655,13 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         }
     }
     kill_unrecorded(d, &alive_ids).await;
+    // What a kill -9 mid-branch or mid-create left: the collector VM's
+    // directory (an ephemeral VM of the dead poold) and staging files.
+    let swept = forkd_vmm::sweep(&d.paths.vms_dir()).await;
+    if !swept.is_empty() {
+        tracing::warn!("removed VM directories of a dead poold: {swept:?}");
+    }
+    forkd_snapshot::staging::sweep(&d.paths.staging_dir());
     reconcile_networks(d).await;
     d.state
         .commit(move |s| {
@@ -667,6 +675,52 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         .await?;
     d.metrics.sandboxes.set(d.sandboxes.len() as i64);
     Ok(())
+}
+
+/// A sandbox always runs while poold is away; one that is stopped was left
+/// so by a poold that died mid-branch (its migration to the collector
+/// stops the vCPUs, or waits at pre-switchover). Cancels that migration
+/// (the collector is gone with its poold) and resumes the vCPUs.
+async fn run_again(vm: &Vm, id: &str) {
+    use forkd_vmm::RunState;
+    let state = match vm.run_state().await {
+        Ok(RunState::Running) => return,
+        Ok(s) => s,
+        Err(e) => {
+            tracing::warn!("sandbox {id}: reading its run state: {e:#}");
+            return;
+        }
+    };
+    if !matches!(
+        state,
+        RunState::Paused | RunState::Postmigrate | RunState::FinishMigrate
+    ) {
+        tracing::warn!("sandbox {id} is {state:?}, not stopped by a branch; leaving it");
+        return;
+    }
+    tracing::warn!("sandbox {id} was left {state:?} (a branch poold did not finish); resuming it");
+    if vm
+        .qmp
+        .query_migrate()
+        .await
+        .is_ok_and(|m| m.status.is_in_progress())
+    {
+        let _ = vm
+            .qmp
+            .execute("migrate_cancel", serde_json::json!({}))
+            .await;
+        for _ in 0..100 {
+            match vm.qmp.query_migrate().await {
+                Ok(m) if m.status.is_in_progress() => {
+                    tokio::time::sleep(Duration::from_millis(50)).await
+                }
+                _ => break,
+            }
+        }
+    }
+    if let Err(e) = vm.resume().await {
+        tracing::warn!("sandbox {id}: resuming it: {e:#}");
+    }
 }
 
 /// Removes every child network (namespace, link, rule) of this data dir
