@@ -24,12 +24,33 @@ fn post_in_background(url: &str, path: &str, body: &str) -> std::net::TcpStream 
     s
 }
 
+/// Whether poold lists a snapshot tagged `tag`.
+async fn has_snapshot(p: &Poold, tag: &str) -> bool {
+    let (st, v) = p.get("/v1/snapshots").await;
+    assert_eq!(st, 200, "{v}");
+    v.as_array()
+        .expect("a list")
+        .iter()
+        .any(|s| s["tag"] == tag)
+}
+
 async fn exec_echo(p: &Poold, id: &str) -> (u16, serde_json::Value) {
     p.post(
         &format!("/v1/sandboxes/{id}/exec"),
         json!({"args": ["echo", "running"], "timeout_secs": 20}),
     )
     .await
+}
+
+/// Names in a directory (empty if it does not exist).
+fn entries(d: std::path::PathBuf) -> Vec<String> {
+    std::fs::read_dir(d)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A branch stops the source's vCPUs (full mode, or the last round of a
@@ -80,28 +101,67 @@ fn sandbox_left_stopped_by_a_dead_poold_runs_again() {
             "only the sandbox runs after the restart (no collector left)"
         );
         let paths = forkd_snapshot::Paths::new(&home.dir);
-        let entries = |d: std::path::PathBuf| -> Vec<String> {
-            std::fs::read_dir(d)
-                .map(|rd| {
-                    rd.flatten()
-                        .map(|e| e.file_name().to_string_lossy().into_owned())
-                        .collect()
-                })
-                .unwrap_or_default()
-        };
         assert_eq!(entries(paths.vms_dir()), vec![id.clone()], "VM dirs left");
         assert_eq!(
             entries(paths.staging_dir()),
             Vec::<String>::new(),
             "staging left"
         );
-        let done = block_on(p.get(&format!("/v1/snapshots/b{i}"))).0 == 200;
+        let done = block_on(has_snapshot(&p, &format!("b{i}")));
         eprintln!(
             "kill after {wait_ms} ms: the branch {}",
             if done { "had finished" } else { "was cut" }
         );
     }
     block_on(async {
+        assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+    });
+    drop(p);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}
+
+/// poold killed while it takes a snapshot (parent booting, warming up,
+/// saving): after the restart no parent QEMU, VM directory or staging file
+/// is left, the tag is either absent or complete, and a new create works.
+#[test]
+fn kill_9_mid_create_leaves_nothing_behind() {
+    let home = Home::new();
+    let paths = forkd_snapshot::Paths::new(&home.dir);
+    let mut p = Poold::start(&home.dir, &[], None);
+    for (i, wait_ms) in [500u64, 2500, 6000].into_iter().enumerate() {
+        let body = json!({"tag": format!("s{i}"), "image": "minimal", "mem_mib": MINIMAL_MIB});
+        let _held = post_in_background(&p.url, "/v1/snapshots", &body.to_string());
+        std::thread::sleep(Duration::from_millis(wait_ms));
+        p.kill9();
+        p = Poold::start(&home.dir, &[], None);
+        std::thread::sleep(Duration::from_millis(300));
+        assert!(home.qemu_pids().is_empty(), "parent QEMU left running");
+        assert_eq!(
+            entries(paths.vms_dir()),
+            Vec::<String>::new(),
+            "VM dirs left"
+        );
+        assert_eq!(
+            entries(paths.staging_dir()),
+            Vec::<String>::new(),
+            "staging left"
+        );
+        let done = block_on(has_snapshot(&p, &format!("s{i}")));
+        eprintln!(
+            "kill after {wait_ms} ms: the snapshot {}",
+            if done { "was complete" } else { "was cut" }
+        );
+    }
+    block_on(async {
+        p.snapshot("after", "minimal", MINIMAL_MIB).await;
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "after"}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let id = ids(&v).remove(0);
+        let (st, v) = exec_echo(&p, &id).await;
+        assert_eq!((st, v["stdout"].as_str()), (200, Some("running\n")), "{v}");
         assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
     });
     drop(p);
