@@ -112,12 +112,16 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
         } => {
             let deps = Dependents::from_flags(cascade, force);
             let p = paths.clone();
-            let reports =
-                forkd_snapshot::store::with_rw(paths, move |store| delete(&p, store, &tag, deps))
-                    .await?;
+            // Deleting releases references; the GC right after frees the
+            // space (a chunk another snapshot uses is never freed).
+            let (reports, gc) = forkd_snapshot::store::with_rw(paths, move |store| {
+                let reports = delete(&p, store, &tag, deps)?;
+                Ok((reports, store.gc()?))
+            })
+            .await?;
             for r in reports {
                 println!(
-                    "deleted snapshot {}{} ({} of chunks released; `forkd store gc` reclaims them)",
+                    "deleted snapshot {}{} ({} of chunks released)",
                     r.id,
                     if r.tags_removed.is_empty() {
                         String::new()
@@ -126,6 +130,10 @@ pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
                     },
                     mib(r.stored_bytes_released)
                 );
+            }
+            println!("store GC reclaimed {} of disk", mib(gc.bytes_reclaimed));
+            for p in gc.problems {
+                eprintln!("warning: store GC: {p} (run `forkd store verify`)");
             }
             Ok(0)
         }

@@ -63,6 +63,9 @@ pub struct Config {
     /// Concurrent snapshot creations (each boots a VM and writes the
     /// store); more get 503.
     pub snapshot_concurrency: usize,
+    /// Reclaim store space by itself: a GC runs at start and shortly after
+    /// every snapshot delete (deletes only release references).
+    pub auto_gc: bool,
     /// Pools by snapshot tag.
     pub pools: BTreeMap<String, PoolSpec>,
     /// CPU quota (in CPUs) of a sandbox whose spawn sets no `cpus`.
@@ -102,6 +105,7 @@ impl Default for Config {
             allowed_hosts: Vec::new(),
             branch_concurrency: 4,
             snapshot_concurrency: 2,
+            auto_gc: true,
             pools: BTreeMap::new(),
             default_cpus: None,
             default_pids_max: Some(1024),

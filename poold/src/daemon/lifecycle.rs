@@ -422,10 +422,46 @@ pub fn discard_pooled(d: &Arc<Daemon>, vms: Vec<PooledVm>) {
     });
 }
 
-/// Starts the refill loop and the TTL reaper.
+/// Starts the refill loop, the TTL reaper and (with `auto_gc`) the store GC.
 pub fn start_background(d: &Arc<Daemon>) {
     tokio::spawn(refill_loop(d.clone()));
     tokio::spawn(reaper_loop(d.clone()));
+    if d.cfg.auto_gc {
+        tokio::spawn(gc_loop(d.clone()));
+    }
+}
+
+/// Deletes coming in together are reclaimed by one GC this long after the
+/// first.
+const GC_DEBOUNCE: Duration = Duration::from_secs(2);
+
+/// Runs a store GC at start (what deletes made while poold was away left)
+/// and after snapshot deletes, so deleted snapshots free their disk without
+/// anyone running `forkd store gc`. GC takes the store's write turn, so it
+/// waits for a create in flight and a create waits for it.
+async fn gc_loop(d: Arc<Daemon>) {
+    loop {
+        match forkd_snapshot::store::with_rw(&d.paths, |store| Ok(store.gc()?)).await {
+            Ok(r) => {
+                if r.bytes_reclaimed > 0 || r.manifests_removed > 0 {
+                    tracing::info!(
+                        "store GC: {} manifests and {} chunks removed, {} packs deleted, {} MiB reclaimed in {} ms",
+                        r.manifests_removed,
+                        r.chunks_removed,
+                        r.packs_deleted,
+                        r.bytes_reclaimed >> 20,
+                        r.elapsed_ms
+                    );
+                }
+                for p in r.problems {
+                    tracing::warn!("store GC: {p} (run `forkd store verify`)");
+                }
+            }
+            Err(e) => tracing::warn!("store GC: {e:#}"),
+        }
+        d.gc_wake.notified().await;
+        tokio::time::sleep(GC_DEBOUNCE).await;
+    }
 }
 
 async fn refill_loop(d: Arc<Daemon>) {
@@ -854,6 +890,7 @@ pub async fn delete_snapshot(
         .map_err(ApiError::from_anyhow);
     match &result {
         Ok(_) => {
+            d.gc_wake.notify_one();
             // The pools of deleted tags go with them.
             let gone = tags.clone();
             d.state

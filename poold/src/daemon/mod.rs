@@ -45,6 +45,8 @@ pub struct Daemon {
     reader: Mutex<forkd_layers::StoreReader>,
     /// Wakes the refill loop.
     pub refill_wake: Notify,
+    /// Wakes the store GC loop (after a snapshot delete).
+    pub gc_wake: Notify,
     pub refill_slots: Arc<Semaphore>,
     pub branch_slots: Arc<Semaphore>,
     /// One permit per snapshot creation in flight (`snapshot_concurrency`).
@@ -257,6 +259,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         pools: Default::default(),
         reader: Mutex::new(reader),
         refill_wake: Notify::new(),
+        gc_wake: Notify::new(),
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         token,
