@@ -168,3 +168,106 @@ fn kill_9_mid_create_leaves_nothing_behind() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(home.qemu_pids().is_empty(), "QEMU left running");
 }
+
+/// The TTL reaper destroyed expired sandboxes one after another, so one
+/// whose destroy waits (a branch in progress holds its VM until QMP times
+/// out, 30 s, when its QEMU is wedged) held up every other expiry. Fails on
+/// the previous code: `b` outlived its TTL by the whole wait.
+#[test]
+fn a_wedged_sandbox_does_not_hold_up_other_expiries() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    let spawn = |ttl: u64| {
+        let (st, v) = block_on(p.post(
+            "/v1/sandboxes",
+            json!({"snapshot_tag": "r", "ttl_secs": ttl}),
+        ));
+        assert_eq!(st, 201, "{v}");
+        ids(&v).remove(0)
+    };
+    block_on(p.snapshot("r", "minimal", MINIMAL_MIB));
+    let a = spawn(2);
+    let b = spawn(6);
+    let spawned = std::time::Instant::now();
+    // Wedge a's QEMU, and start a branch of it: the branch holds a's VM
+    // while its QMP calls wait.
+    let pid = block_on(p.get(&format!("/v1/sandboxes/{a}"))).1["pid"]
+        .as_u64()
+        .expect("pid") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let _held = post_in_background(
+        &p.url,
+        &format!("/v1/sandboxes/{a}/branch"),
+        &json!({"tag": "wedged", "mode": "full"}).to_string(),
+    );
+    // b expires at 6 s; the reaper ticks every second. Well before a's
+    // branch gives up (30 s), b must be gone.
+    let gone = loop {
+        let (st, _) = block_on(p.get(&format!("/v1/sandboxes/{b}")));
+        if st == 404 {
+            break true;
+        }
+        if spawned.elapsed() > Duration::from_secs(20) {
+            break false;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    };
+    assert!(
+        gone,
+        "sandbox b outlived its 6 s TTL while a's destroy waited"
+    );
+    // a goes too, once its branch has failed.
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGCONT,
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while block_on(p.get(&format!("/v1/sandboxes/{a}"))).0 != 404 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "sandbox a never expired"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    drop(p);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}
+
+/// A restart gave each QEMU 5 s to answer before killing it as dead, so a
+/// sandbox whose QEMU was stalled for a moment (a loaded host; here a
+/// SIGSTOP for 8 s) was destroyed. Fails on the previous code.
+#[test]
+fn a_qemu_stalled_across_a_restart_is_adopted_not_killed() {
+    use nix::sys::signal::{kill, Signal};
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(p.snapshot("r", "minimal", MINIMAL_MIB));
+    let (st, v) = block_on(p.post("/v1/sandboxes", json!({"snapshot_tag": "r"})));
+    assert_eq!(st, 201, "{v}");
+    let id = ids(&v).remove(0);
+    let pid = block_on(p.get(&format!("/v1/sandboxes/{id}"))).1["pid"]
+        .as_u64()
+        .expect("pid") as i32;
+    let pid = nix::unistd::Pid::from_raw(pid);
+    p.kill9();
+    kill(pid, Signal::SIGSTOP).unwrap();
+    let waker = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(8));
+        kill(pid, Signal::SIGCONT).unwrap();
+    });
+    let p = Poold::start(&home.dir, &[], None);
+    waker.join().unwrap();
+    block_on(async {
+        let (st, v) = exec_echo(&p, &id).await;
+        assert_eq!((st, v["stdout"].as_str()), (200, Some("running\n")), "{v}");
+        assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+    });
+    drop(p);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}

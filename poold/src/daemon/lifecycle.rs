@@ -567,6 +567,10 @@ fn update_pool_gauges(d: &Daemon) {
 }
 
 async fn reaper_loop(d: Arc<Daemon>) {
+    // Sandboxes whose destroy is under way.
+    let reaping = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let dead = d.pools.remove_dead();
@@ -584,7 +588,7 @@ async fn reaper_loop(d: Arc<Daemon>) {
             rotate_console(&sb.dir.console());
             let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
             let dead = !sb.dir.read_record().is_ok_and(|v| v.qemu.is_alive());
-            if expired || dead {
+            if (expired || dead) && reaping.lock().unwrap().insert(r.id.clone()) {
                 tracing::info!(
                     "sandbox {}: {}",
                     r.id,
@@ -594,7 +598,14 @@ async fn reaper_loop(d: Arc<Daemon>) {
                         "QEMU exited"
                     }
                 );
-                destroy(&d, &r.id).await;
+                // Each on its own task: one destroy that waits (a branch in
+                // progress holds the VM lock until its QMP calls time out)
+                // must not hold up every other expiry.
+                let (d, reaping) = (d.clone(), reaping.clone());
+                tokio::spawn(async move {
+                    destroy(&d, &r.id).await;
+                    reaping.lock().unwrap().remove(&r.id);
+                });
             }
         }
     }
@@ -632,10 +643,19 @@ fn rotate_console(path: &std::path::Path) {
 pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
     let mut alive_ids = std::collections::HashSet::new();
     let mut dead_sb = Vec::new();
-    for (id, rec) in &saved.sandboxes {
-        match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+    // Reconnected all at once: one slow QEMU costs its own timeout, not
+    // everyone's.
+    let adopted = futures::future::join_all(saved.sandboxes.keys().map(|id| async move {
+        let vm = Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await;
+        if let Ok(vm) = &vm {
+            run_again(vm, id).await;
+        }
+        vm
+    }))
+    .await;
+    for ((id, rec), vm) in saved.sandboxes.iter().zip(adopted) {
+        match vm {
             Ok(vm) => {
-                run_again(&vm, id).await;
                 let mut rec = rec.clone();
                 rec.pid = vm.pid();
                 let ports = std::mem::take(&mut rec.ports);
@@ -654,8 +674,15 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         }
     }
     let mut dead_pooled = Vec::new();
-    for (id, rec) in &saved.pooled {
-        let adopted = match Vm::adopt(VmDir::new(d.paths.vm_dir(id))).await {
+    let adopted = futures::future::join_all(
+        saved
+            .pooled
+            .keys()
+            .map(|id| Vm::adopt(VmDir::new(d.paths.vm_dir(id)))),
+    )
+    .await;
+    for ((id, rec), vm) in saved.pooled.iter().zip(adopted) {
+        let adopted = match vm {
             // Only a still-paused child may be parked again: one that was
             // being handed out when poold died has run, without its record.
             Ok(vm) => match vm.run_state().await {

@@ -372,6 +372,11 @@ impl Vm {
         })
     }
 
+    /// A QEMU that does not answer within this long is given up (and
+    /// killed by poold): as long as a QMP command may take, since a loaded
+    /// host (or a VM stalled for a moment) is no reason to kill a sandbox.
+    pub const ADOPT_TIMEOUT: Duration = Duration::from_secs(30);
+
     /// Re-attaches to a VM started by an earlier process (after a daemon
     /// restart): reconnects QMP and the agent socket.
     /// The record then names this process as the owner.
@@ -380,8 +385,8 @@ impl Vm {
         if !record.qemu.is_alive() {
             bail!("VM {}: QEMU pid {} is gone", record.id, record.qemu.pid);
         }
-        let qmp = Qmp::connect(&dir.qmp(), Duration::from_secs(5)).await?;
-        let agent = AgentClient::connect(&dir.agent(), Duration::from_secs(5)).await?;
+        let qmp = Qmp::connect(&dir.qmp(), Self::ADOPT_TIMEOUT).await?;
+        let agent = AgentClient::connect(&dir.agent(), Self::ADOPT_TIMEOUT).await?;
         record.owner = ProcId::current();
         dir.write_record(&record)?;
         Ok(Vm {
