@@ -121,6 +121,38 @@ impl VmDir {
         self.path.join("vm.json")
     }
 
+    /// Who made this directory: written before anything else in it, so a
+    /// directory whose maker died before `vm.json` existed can be swept.
+    pub fn owner_file(&self) -> PathBuf {
+        self.path.join("owner.json")
+    }
+
+    /// Makes the directory atomically with its owner file: it is made
+    /// under a name that carries this process's identity, then renamed.
+    /// There is no instant at which a kill -9 leaves a directory that
+    /// [`sweep`] cannot attribute.
+    fn create(&self) -> Result<()> {
+        let me = ProcId::current();
+        let (parent, name) = match (self.path.parent(), self.path.file_name()) {
+            (Some(p), Some(n)) => (p, n.to_string_lossy()),
+            _ => bail!("VM directory {} has no parent", self.path.display()),
+        };
+        private::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+        let tmp = parent.join(format!(
+            "{NEW_DIR_PREFIX}{}-{}-{name}",
+            me.pid, me.start_time
+        ));
+        private::create_dir_all(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
+        private::write(&tmp.join("owner.json"), &serde_json::to_vec(&me)?)?;
+        if let Err(e) = std::fs::rename(&tmp, &self.path) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(e)
+                .with_context(|| format!("creating {} (is the id in use?)", self.path.display()));
+        }
+        Ok(())
+    }
+
     /// Reads and parses `vm.json`.
     pub fn read_record(&self) -> Result<VmRecord> {
         let text = std::fs::read(self.record())
@@ -245,8 +277,7 @@ impl Vm {
             dir: Some(&dir.path),
             net: spec.nic.as_ref().and_then(|n| n.child.clone()),
         };
-        private::create_dir_all(&dir.path)
-            .with_context(|| format!("creating {}", dir.path.display()))?;
+        dir.create()?;
         match &spec.disk {
             DiskBase::Image(base) => disk::create_overlay(base, &dir.disk()).await?,
             DiskBase::Snapshot { path, size } => {
@@ -646,10 +677,14 @@ pub async fn kill_proc(p: &ProcId) {
     }
 }
 
+/// A VM directory being made: `.new-PID-START-ID` (see `VmDir::create`).
+const NEW_DIR_PREFIX: &str = ".new-";
+
 /// Removes VM directories whose owner is provably gone: ephemeral VMs whose
-/// owner process died (their QEMU is killed if it somehow survived) and
-/// directories without a readable record that are older than a minute.
-/// Detached VMs are left to their daemon. Returns the ids swept.
+/// owner process died (their QEMU is killed if it somehow survived),
+/// directories whose maker died before their record was written, and
+/// unattributable directories older than a minute. Detached VMs are left to
+/// their daemon. Returns the names swept.
 pub async fn sweep(vms_dir: &Path) -> Vec<String> {
     let mut swept = Vec::new();
     let Ok(rd) = std::fs::read_dir(vms_dir) else {
@@ -658,22 +693,38 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
     for ent in rd.flatten() {
         let dir = VmDir::new(ent.path());
         let name = ent.file_name().to_string_lossy().into_owned();
-        match dir.read_record() {
-            Ok(r) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
+        let gone = match (dir.read_record(), maker(&dir, &name)) {
+            (Ok(r), _) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
                 kill_proc(&r.qemu).await;
                 if let Some(n) = r.net {
                     net::teardown(n).await;
                 }
+                true
             }
-            Ok(_) => continue,
-            Err(_) if older_than(&ent.path(), Duration::from_secs(60)) => {}
-            Err(_) => continue,
+            (Ok(_), _) => false,
+            (Err(_), Some(maker)) => !maker.is_alive(),
+            (Err(_), None) => older_than(&ent.path(), Duration::from_secs(60)),
+        };
+        if !gone {
+            continue;
         }
         if std::fs::remove_dir_all(ent.path()).is_ok() {
             swept.push(name);
         }
     }
     swept
+}
+
+/// The process that made a record-less VM directory: from its name while
+/// it is being made, from its owner file after.
+fn maker(dir: &VmDir, name: &str) -> Option<ProcId> {
+    if let Some(rest) = name.strip_prefix(NEW_DIR_PREFIX) {
+        let mut it = rest.splitn(3, '-');
+        let pid = it.next()?.parse().ok()?;
+        let start_time = it.next()?.parse().ok()?;
+        return Some(ProcId { pid, start_time });
+    }
+    serde_json::from_slice(&std::fs::read(dir.owner_file()).ok()?).ok()
 }
 
 fn older_than(p: &Path, age: Duration) -> bool {
@@ -701,4 +752,41 @@ pub fn check_socket_path(p: &Path) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod sweep_tests {
+    use super::*;
+
+    fn dead() -> ProcId {
+        ProcId {
+            start_time: ProcId::current().start_time + 1,
+            ..ProcId::current()
+        }
+    }
+
+    /// A kill -9 between making a VM directory and writing its record left
+    /// the directory for a minute (and a restart's sweep kept it).
+    #[tokio::test]
+    async fn record_less_dirs_go_when_their_maker_is_gone() {
+        let vms = tempfile::tempdir().unwrap();
+        let mine = VmDir::new(vms.path().join("mine"));
+        mine.create().unwrap();
+        assert!(mine.owner_file().exists());
+        let orphan = VmDir::new(vms.path().join("orphan"));
+        orphan.create().unwrap();
+        std::fs::write(orphan.owner_file(), serde_json::to_vec(&dead()).unwrap()).unwrap();
+        let d = dead();
+        let half_made = format!("{NEW_DIR_PREFIX}{}-{}-x", d.pid, d.start_time);
+        std::fs::create_dir(vms.path().join(&half_made)).unwrap();
+        let me = ProcId::current();
+        let being_made = format!("{NEW_DIR_PREFIX}{}-{}-y", me.pid, me.start_time);
+        std::fs::create_dir(vms.path().join(&being_made)).unwrap();
+
+        let mut swept = sweep(vms.path()).await;
+        swept.sort();
+        assert_eq!(swept, vec![half_made, "orphan".to_string()]);
+        assert!(mine.path.exists());
+        assert!(vms.path().join(being_made).exists());
+    }
 }
