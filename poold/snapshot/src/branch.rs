@@ -188,6 +188,77 @@ pub async fn branch(
     commit(paths, c, parent, tag, lineage).await
 }
 
+/// Most qcow2 files a child's disk stacks above the snapshot's rootfs.
+/// Every branch freezes the child's overlay and adds a new one on top, so
+/// a sandbox branched again and again would read through an ever longer
+/// chain (and past 64 files could not be branched at all).
+pub const MAX_DISK_LAYERS: usize = 8;
+
+/// How long flattening a child's disk chain may take.
+const FLATTEN_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// Keeps a branched child's disk chain within [`MAX_DISK_LAYERS`]: past it,
+/// QEMU streams every layer above `rootfs` into the active overlay while
+/// the child runs (`block-stream`), and the now unused layers are removed.
+/// Call after the branch's commit (the frozen layer is ingested by then).
+/// Returns the number of layers left above `rootfs`.
+pub async fn bound_disk_chain(vm: &Vm, rootfs: &Path) -> Result<usize> {
+    let (active, _) = active_disk(vm).await?;
+    let chain = forkd_vmm::backing_chain(&active)?;
+    let layers = chain.len().saturating_sub(1);
+    if layers <= MAX_DISK_LAYERS {
+        return Ok(layers);
+    }
+    const JOB: &str = "forkd-flatten";
+    vm.qmp
+        .execute(
+            "block-stream",
+            json!({"job-id": JOB, "device": "root", "base": rootfs, "auto-dismiss": false}),
+        )
+        .await
+        .context("starting to flatten the disk chain")?;
+    let deadline = Instant::now() + FLATTEN_TIMEOUT;
+    let job = loop {
+        let jobs = vm.qmp.execute("query-block-jobs", json!({})).await?;
+        let job = jobs
+            .as_array()
+            .and_then(|a| a.iter().find(|j| j["device"] == JOB).cloned())
+            .ok_or_else(|| anyhow!("the flatten job vanished: {jobs}"))?;
+        if job["status"] == "concluded" {
+            break job;
+        }
+        if Instant::now() > deadline {
+            let _ = vm
+                .qmp
+                .execute("block-job-cancel", json!({"device": JOB, "force": true}))
+                .await;
+            bail!("flattening the disk chain of {} timed out", vm.id);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let _ = vm.qmp.execute("job-dismiss", json!({"id": JOB})).await;
+    if let Some(e) = job["error"].as_str() {
+        bail!("flattening the disk chain of {}: {e}", vm.id);
+    }
+    let now = forkd_vmm::backing_chain(&active)?;
+    if now.len() != 2 || now.last().map(PathBuf::as_path) != Some(rootfs) {
+        bail!("the disk chain of {} after flattening is {now:?}", vm.id);
+    }
+    // The middle layers are in the VM directory (checked at every branch)
+    // and no longer read. Those a branch added stay open in QEMU until
+    // deleted (the command line's first disk closes by itself).
+    for layer in &chain[1..layers] {
+        let _ = vm
+            .qmp
+            .execute("blockdev-del", json!({"node-name": overlay_node(layer)}))
+            .await;
+        if layer.parent() == Some(vm.dir.path.as_path()) {
+            let _ = std::fs::remove_file(layer);
+        }
+    }
+    Ok(1)
+}
+
 /// Starts the collector: the child's machine and devices, RAM in a new
 /// shared file, waiting for the migration on its `migrate.sock` (in its own
 /// socket directory), paused (-S) after it.
@@ -397,11 +468,7 @@ async fn prepare_overlay(vm: &Vm) -> Result<NextOverlay> {
         let _ = std::fs::remove_file(&file);
         return Err(e);
     }
-    let node = format!(
-        "ovl-{}",
-        file.file_stem()
-            .map_or("x".into(), |s| s.to_string_lossy().replace('.', "-"))
-    );
+    let node = overlay_node(&file);
     let added = vm
         .qmp
         .execute(
@@ -421,6 +488,15 @@ async fn prepare_overlay(vm: &Vm) -> Result<NextOverlay> {
         return Err(e.context("opening the next disk overlay"));
     }
     Ok(NextOverlay { node, file, frozen })
+}
+
+/// The QMP node name a branch gives the overlay `file` it adds.
+fn overlay_node(file: &Path) -> String {
+    format!(
+        "ovl-{}",
+        file.file_stem()
+            .map_or("x".into(), |s| s.to_string_lossy().replace('.', "-"))
+    )
 }
 
 /// The file the child's root disk currently writes to, and its size.

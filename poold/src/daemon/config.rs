@@ -63,9 +63,17 @@ pub struct Config {
     /// Concurrent snapshot creations (each boots a VM and writes the
     /// store); more get 503.
     pub snapshot_concurrency: usize,
+    /// Large requests (file transfers, bodies over 1 MiB) in flight at
+    /// once; more wait up to 60 s, then get 503 (`daemon::transfers`).
+    pub transfer_concurrency: usize,
     /// Reclaim store space by itself: a GC runs at start and shortly after
     /// every snapshot delete (deletes only release references).
     pub auto_gc: bool,
+    /// New work (spawns, pool refills, snapshot creates, branches) is
+    /// refused with 503 while the host's MemAvailable is under this.
+    pub min_free_memory_mib: u64,
+    /// ... or while the data dir's filesystem has less free than this.
+    pub min_free_disk_mib: u64,
     /// Pools by snapshot tag.
     pub pools: BTreeMap<String, PoolSpec>,
     /// CPU quota (in CPUs) of a sandbox whose spawn sets no `cpus`.
@@ -105,7 +113,10 @@ impl Default for Config {
             allowed_hosts: Vec::new(),
             branch_concurrency: 4,
             snapshot_concurrency: 2,
+            transfer_concurrency: 8,
             auto_gc: true,
+            min_free_memory_mib: 256,
+            min_free_disk_mib: 1024,
             pools: BTreeMap::new(),
             default_cpus: None,
             default_pids_max: Some(1024),
@@ -155,8 +166,13 @@ impl Config {
         if self.refill_concurrency == 0 || self.spawn_parallel == 0 {
             bail!("refill_concurrency and spawn_parallel must be at least 1");
         }
-        if self.branch_concurrency == 0 || self.snapshot_concurrency == 0 {
-            bail!("branch_concurrency and snapshot_concurrency must be at least 1");
+        if self.branch_concurrency == 0
+            || self.snapshot_concurrency == 0
+            || self.transfer_concurrency == 0
+        {
+            bail!(
+                "branch_concurrency, snapshot_concurrency and transfer_concurrency must be at least 1"
+            );
         }
         self.default_limits()
             .validate()

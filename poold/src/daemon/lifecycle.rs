@@ -153,6 +153,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
             .map_err(|e| ApiError::bad_request(format!("network: {e}")))?;
     }
     let _reserved = d.reserve(req.n)?;
+    d.check_headroom("spawn")?;
     let sid = src.id.to_string();
     let (hits, stale) = d.pools.take(&req.tag, &sid, req.n);
     let n_hits = hits.len();
@@ -501,6 +502,8 @@ async fn refill_loop(d: Arc<Daemon>) {
 
 /// Restores one paused child for a pool, warms it once, records it.
 async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledVm> {
+    d.check_headroom(&format!("refilling pool {}", t.tag))
+        .map_err(|e| anyhow::anyhow!(e.message))?;
     let src = source(d, &t.tag).map_err(|e| anyhow::anyhow!(e.message))?;
     let id = new_id();
     let mut timings = ChildTimings::default();

@@ -10,6 +10,7 @@
 //!   [`hosts`]: DNS-rebinding protection (the `Host` check);
 //! - [`cgroup`]: memory limits; [`metrics`]: Prometheus.
 
+pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod cli;
@@ -22,6 +23,7 @@ pub mod pool;
 pub mod sandbox;
 pub mod server;
 pub mod state;
+pub mod transfers;
 
 use anyhow::{Context, Result};
 use config::Config;
@@ -51,6 +53,8 @@ pub struct Daemon {
     pub branch_slots: Arc<Semaphore>,
     /// One permit per snapshot creation in flight (`snapshot_concurrency`).
     pub snapshot_slots: Arc<Semaphore>,
+    /// One permit per large request in flight (`daemon::transfers`).
+    pub transfer_slots: Arc<Semaphore>,
     /// Tags being written (snapshot creates and branches), for 409s.
     pub writing: Mutex<HashSet<String>>,
     /// The cgroup controllers, when the host has any.
@@ -113,6 +117,20 @@ impl Daemon {
                 Ok(_) => return Ok(Reservation { d: self.clone(), n }),
                 Err(now) => cur = now,
             }
+        }
+    }
+
+    /// 503 when the host is under its memory or disk floor
+    /// (`daemon::admission`): called before `what` starts anything new.
+    pub fn check_headroom(&self, what: &str) -> error::ApiResult<()> {
+        let h = admission::Headroom::now(&self.paths.home);
+        match h.refusal(
+            what,
+            self.cfg.min_free_memory_mib,
+            self.cfg.min_free_disk_mib,
+        ) {
+            Some(why) => Err(error::ApiError::unavailable(why)),
+            None => Ok(()),
         }
     }
 
@@ -250,6 +268,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         refill_slots: Arc::new(Semaphore::new(cfg.refill_concurrency)),
         branch_slots: Arc::new(Semaphore::new(cfg.branch_concurrency)),
         snapshot_slots: Arc::new(Semaphore::new(cfg.snapshot_concurrency)),
+        transfer_slots: Arc::new(Semaphore::new(cfg.transfer_concurrency)),
         cgroups: forkd_vmm::Hierarchy::detect().ok(),
         audit: audit::AuditLog::open(&audit_path)?,
         state: state::Persisted::start(file, saved.clone()),

@@ -97,6 +97,10 @@ pub struct Sandbox {
     phase: Mutex<Phase>,
     /// Published ports' proxies; dropping one stops it.
     pub published: Mutex<Vec<forkd_net::proxy::Published>>,
+    /// Branches captured but not yet committed: each still reads its
+    /// frozen disk layer, so the disk chain is flattened only at zero.
+    /// Changed under the `vm` lock.
+    pub commits_in_flight: std::sync::atomic::AtomicUsize,
 }
 
 impl Sandbox {
@@ -111,6 +115,7 @@ impl Sandbox {
             vm: tokio::sync::Mutex::new(Some(vm)),
             phase: Mutex::new(Phase::Running),
             published: Mutex::new(Vec::new()),
+            commits_in_flight: Default::default(),
         }
     }
 

@@ -6,7 +6,7 @@
 use super::sandboxes::get_sandbox;
 use super::snapshots::info_of;
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
-use crate::daemon::sandbox::Phase;
+use crate::daemon::sandbox::{Phase, Sandbox};
 use crate::daemon::Daemon;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -16,6 +16,7 @@ use forkd_snapshot::branch::{self, Mode};
 use serde::Deserialize;
 use serde_json::json;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 #[derive(Debug, Default, Deserialize)]
@@ -109,6 +110,7 @@ async fn branch_work(
             d.cfg.branch_concurrency
         ))
     })?;
+    d.check_headroom("branch")?;
     let claim = d
         .claim_tag(&tag)
         .ok_or_else(|| ApiError::conflict(format!("a branch to {tag:?} is already in flight")))?;
@@ -151,7 +153,10 @@ async fn branch_work(
         let captured = branch::capture(&d.paths, &d.mount, vm, &parent, mode).await;
         // capture leaves the child running, on success and on failure.
         sb.advance(Phase::Running).map_err(ApiError::internal)?;
-        captured.map_err(|e| ApiError::from_anyhow(e.context("capturing the branch")))?
+        let captured =
+            captured.map_err(|e| ApiError::from_anyhow(e.context("capturing the branch")))?;
+        sb.commits_in_flight.fetch_add(1, Ordering::SeqCst);
+        captured
     };
     let pause_ms = captured.pause_ms;
     {
@@ -176,7 +181,10 @@ async fn branch_work(
         let tag = tag.clone();
         async move {
             let t0 = std::time::Instant::now();
+            let rootfs =
+                forkd_snapshot::restore::Source::new(&d.mount, &parent).map(|s| s.rootfs());
             let r = branch::commit(&d.paths, captured, &parent, &tag, lineage).await;
+            bound_disk_chain(&sb, rootfs).await;
             // The slot first: once the tag reads "ready" a new branch fits.
             drop((slot, guard, claim));
             r.map(|b| (b, t0.elapsed().as_secs_f64() * 1e3))
@@ -207,6 +215,23 @@ async fn branch_work(
     info.diff_ms = Some(diff_ms);
     info.diff_physical_bytes = Some(made.new_stored_bytes);
     Ok((StatusCode::CREATED, Json(info)))
+}
+
+/// After a branch's commit: flattens the sandbox's disk chain if it grew
+/// past `MAX_DISK_LAYERS` and no other branch of it still reads a frozen
+/// layer. A failure leaves the chain as it was (still correct, only long).
+async fn bound_disk_chain(sb: &Sandbox, rootfs: anyhow::Result<std::path::PathBuf>) {
+    let vm = sb.vm.lock().await;
+    if sb.commits_in_flight.fetch_sub(1, Ordering::SeqCst) != 1 {
+        return;
+    }
+    let (Some(vm), Ok(rootfs)) = (vm.as_ref(), rootfs) else {
+        return;
+    };
+    match branch::bound_disk_chain(vm, &rootfs).await {
+        Ok(n) => tracing::debug!("sandbox {}: {n} disk layers", sb.id),
+        Err(e) => tracing::warn!("sandbox {}: {e:#}", sb.id),
+    }
 }
 
 /// Keeps `forkd_branches_in_flight` true while a branch runs.

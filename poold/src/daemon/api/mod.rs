@@ -59,6 +59,10 @@ pub fn routes(d: Arc<Daemon>) -> Router {
             get(pools::get).put(pools::put).delete(pools::delete),
         )
         .layer(DefaultBodyLimit::max(files::MAX_FILE_BYTES + 4096))
+        .layer(axum::middleware::from_fn_with_state(
+            d.clone(),
+            super::transfers::turn,
+        ))
         .with_state(d)
 }
 

@@ -167,6 +167,7 @@ async fn create_work(
             d.cfg.snapshot_concurrency
         ))
     })?;
+    d.check_headroom("snapshot create")?;
     if b.boot_wait_secs.is_some_and(|s| s > 60) {
         return Err(ApiError::bad_request("boot_wait_secs must be ≤ 60"));
     }
