@@ -144,8 +144,15 @@ pub struct Status {
     pub mountpoint: PathBuf,
     /// The store it serves from.
     pub store: PathBuf,
-    /// Pid of the `forkd-fs mount` process.
+    /// Pid of the process serving the mount (the worker, behind a holder).
     pub pid: u32,
+    /// Pid of the holder keeping the mount's connection, if any.
+    #[serde(default)]
+    pub holder_pid: Option<u32>,
+    /// Which worker this is: 1 for the first, +1 per restart or upgrade
+    /// (0 without a holder).
+    #[serde(default)]
+    pub generation: u64,
     /// Time since it started, ms.
     pub uptime_ms: u64,
     /// Open file handles per snapshot id (only ids with any).
@@ -343,6 +350,8 @@ fn status(sh: &Shared) -> Status {
         mountpoint: sh.mountpoint.clone(),
         store: sh.store_dir.clone(),
         pid: std::process::id(),
+        holder_pid: sh.worker.map(|w| w.0),
+        generation: sh.worker.map_or(0, |w| w.1),
         uptime_ms: sh.started.elapsed().as_millis() as u64,
         open_handles: sh
             .handles

@@ -1,6 +1,13 @@
 //! The `forkd-fs mount` process: open the store, mount, serve FUSE requests
 //! on a pool of threads and the control socket, unmount on SIGTERM/SIGINT.
 //!
+//! As root the mount is *held* (`holder`): `forkd-fs mount` keeps the
+//! `/dev/fuse` connection and relays it to a `forkd-fs worker` process that
+//! does the serving ([`serve_worker`]), restarted whenever it dies and
+//! replaced on `forkd-fs upgrade` (SIGUSR2 to the holder), with every VM
+//! mapping the mount left running. Without root the mount goes through
+//! fusermount3 and one process serves it ([`serve`]).
+//!
 //! Shutdown: on SIGTERM/SIGINT the control socket is removed and the mount
 //! unmounted; if files are still open (VMs map them) the mount is detached
 //! lazily instead, and this process keeps serving those open files until
@@ -18,6 +25,10 @@ use fuser::{Config, MountOption, Session, SessionACL};
 use nix::sys::signal::{SigSet, Signal};
 use tracing::{info, warn};
 
+use std::sync::Arc;
+
+use crate::holder::{self, WorkerCommand};
+use crate::journal::{Entry, Journal};
 use crate::mount::{self, State};
 use crate::ops::{ForkdFs, KernelTuning};
 use crate::shared::Shared;
@@ -64,9 +75,19 @@ fn shutdown_signals() -> SigSet {
     s
 }
 
-/// Blocks the shutdown signals in this thread and all threads it spawns.
+/// The holder's signals: the shutdown ones, and SIGUSR2 (replace the
+/// worker, an upgrade).
+fn holder_signals() -> SigSet {
+    let mut s = shutdown_signals();
+    s.add(Signal::SIGUSR2);
+    s
+}
+
+/// Blocks the shutdown signals (and SIGUSR2) in this thread and all
+/// threads it spawns. A worker never unblocks them: stopping a mount is
+/// the holder's business, a worker only dies by SIGKILL or with it.
 pub fn block_signals() -> Result<()> {
-    shutdown_signals()
+    holder_signals()
         .thread_block()
         .context("blocking SIGTERM/SIGINT")
 }
@@ -127,6 +148,14 @@ fn check_mountpoint(mp: &Path, control: &Path) -> Result<()> {
 }
 
 fn mount_config(threads: usize, gid: Option<u32>) -> Config {
+    let mut c = session_config(threads, gid);
+    c.clone_fd = true;
+    c
+}
+
+/// What every session needs: the mount options (used only when fuser
+/// mounts), who may use it, the request threads.
+fn session_config(threads: usize, gid: Option<u32>) -> Config {
     let root = nix::unistd::geteuid().is_root();
     let mut c = Config::default();
     c.mount_options = vec![
@@ -152,7 +181,8 @@ fn mount_config(threads: usize, gid: Option<u32>) -> Config {
         SessionACL::Owner
     };
     c.n_threads = Some(threads.max(1));
-    c.clone_fd = true;
+    // A worker's threads share its socket (a packet per read).
+    c.clone_fd = false;
     c
 }
 
@@ -189,6 +219,221 @@ fn shutdown(shared: &Shared, mp: &Path, control: &Path, sock_id: (u64, u64)) {
     }
 }
 
+/// Opens the store's read view for a serving process. `worker` is the
+/// holder's pid and this worker's generation.
+fn open_store(
+    opts: &ServeOptions,
+    mp: &Path,
+    worker: Option<(u32, u64)>,
+) -> Result<(Arc<Shared>, StoreReader)> {
+    std::fs::create_dir_all(&opts.secondary_dir)?;
+    let reader = StoreReader::open_secondary_with_cache(
+        &opts.store_dir,
+        &opts.secondary_dir,
+        opts.cache_bytes,
+    )
+    .with_context(|| format!("opening the store {} read-only", opts.store_dir.display()))?;
+    let shared = Shared::new(
+        reader.view(),
+        opts.store_dir.clone(),
+        mp.to_path_buf(),
+        opts.gid,
+        worker,
+    );
+    Ok((shared, reader))
+}
+
+fn tuning(opts: &ServeOptions) -> KernelTuning {
+    KernelTuning {
+        max_read: opts.max_read_kib.clamp(4, 1024) << 10,
+        ..KernelTuning::default()
+    }
+}
+
+/// Holds the mount (as root; see the module doc): mounts `/dev/fuse`,
+/// starts a worker and relays to it, restarting it as long as the mount
+/// lives. `ready` runs once the first worker serves.
+pub fn hold(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
+    std::fs::create_dir_all(&opts.mountpoint)
+        .with_context(|| format!("creating mount point {}", opts.mountpoint.display()))?;
+    let mp = opts.mountpoint.canonicalize()?;
+    check_mountpoint(&mp, &opts.control_socket)?;
+    let journal = mount::journal_path(&opts.control_socket);
+    Journal::create(&journal)?;
+    let cmd = WorkerCommand {
+        binary: std::env::current_exe().context("finding the forkd-fs binary")?,
+        args: worker_args(opts, &mp, &journal),
+    };
+    let m = holder::mount(&mp, opts.gid)?;
+    set_readahead(&mp, opts.readahead_kib);
+    let worker_pid: holder::WorkerPid = Default::default();
+    if opts.handle_signals {
+        let (mp2, wp) = (mp.clone(), worker_pid.clone());
+        std::thread::Builder::new()
+            .name("forkd-fs-signals".into())
+            .spawn(move || holder_signal_loop(&mp2, &wp))?;
+    }
+    let control = opts.control_socket.clone();
+    let mp2 = mp.clone();
+    let res = holder::run(m, &cmd, worker_pid, move || {
+        wait_serving(&mp2, &control)?;
+        info!(mountpoint = %mp2.display(), pid = std::process::id(), "holding the mount");
+        ready(&mp2);
+        Ok(())
+    });
+    if let Err(e) = &res {
+        warn!("{e:#}; detaching {}", mp.display());
+        let _ = mount::sys_unmount(&mp, true);
+    }
+    res
+}
+
+/// The `forkd-fs worker` command line for a mount.
+fn worker_args(opts: &ServeOptions, mp: &Path, journal: &Path) -> Vec<std::ffi::OsString> {
+    let mut a: Vec<std::ffi::OsString> = vec!["worker".into(), mp.into()];
+    let mut kv = |k: &str, v: std::ffi::OsString| {
+        a.push(k.into());
+        a.push(v);
+    };
+    kv("--store", opts.store_dir.clone().into());
+    kv("--secondary-dir", opts.secondary_dir.clone().into());
+    kv("--control", opts.control_socket.clone().into());
+    kv("--journal", journal.into());
+    kv("--cache-mib", (opts.cache_bytes >> 20).to_string().into());
+    kv("--threads", opts.threads.to_string().into());
+    kv("--max-read-kib", opts.max_read_kib.to_string().into());
+    if let Some(g) = opts.gid {
+        kv("--gid", g.to_string().into());
+    }
+    a
+}
+
+/// Waits until the first worker answers on its control socket and through
+/// the mount, or fails after a minute.
+fn wait_serving(mp: &Path, control: &Path) -> Result<()> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while mount::control_status(control, Duration::from_secs(1)).is_err() {
+        if std::time::Instant::now() > deadline {
+            bail!(
+                "the forkd-fs worker did not answer on {} within 60 s",
+                control.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    std::fs::metadata(mp.join(crate::inode::BY_ID_NAME))
+        .with_context(|| format!("checking the new mount at {}", mp.display()))?;
+    Ok(())
+}
+
+/// SIGTERM/SIGINT/SIGHUP: unmount (lazily if busy; the worker serves the
+/// open files until they close). SIGUSR2: replace the worker (it is
+/// killed; the holder starts the binary on disk and replays its requests).
+fn holder_signal_loop(mp: &Path, worker: &holder::WorkerPid) {
+    loop {
+        let Ok(sig) = holder_signals().wait() else {
+            continue;
+        };
+        if sig == Signal::SIGUSR2 {
+            if let Some(pid) = *worker.lock().unwrap() {
+                info!("SIGUSR2: replacing worker pid {pid}");
+                let _ =
+                    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), Signal::SIGKILL);
+            }
+            continue;
+        }
+        info!("{sig:?}: unmounting {}", mp.display());
+        match mount::sys_unmount(mp, false) {
+            Ok(()) => info!("unmounted {}", mp.display()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {
+                warn!(
+                    "{} is busy; detaching it, its open files are served until they are closed",
+                    mp.display()
+                );
+                if let Err(e) = mount::sys_unmount(mp, true) {
+                    warn!("lazy unmount of {} failed: {e}", mp.display());
+                }
+            }
+            Err(e) => warn!("unmounting {} failed: {e}", mp.display()),
+        }
+    }
+}
+
+/// A worker: serves the holder's connection on fd [`holder::WORKER_FD`]
+/// (see the module doc). Never touches the mount itself before it serves
+/// (every access would wait on itself). Replays the mount's journal first.
+pub fn serve_worker(opts: &ServeOptions, journal: &Path, generation: u64) -> Result<()> {
+    use std::os::fd::FromRawFd;
+    // SAFETY: the holder passes the socket as this fd; nothing else owns it.
+    let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(holder::WORKER_FD) };
+    holder::check_worker_fd(&fd)?;
+    let mp = opts.mountpoint.clone();
+    let holder_pid = nix::unistd::getppid().as_raw() as u32;
+    let (shared, _reader) = open_store(opts, &mp, Some((holder_pid, generation)))?;
+    replay_journal(&shared, journal)?;
+    let (listener, sock_id) = bind_control(&opts.control_socket)?;
+    let fs = ForkdFs::new(shared.clone(), tuning(opts));
+    let acl = if opts.gid.is_some() {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    let session = Session::from_fd(fs, fd, acl, session_config(opts.threads, opts.gid))
+        .context("the FUSE handshake with the holder")?;
+    *shared.notifier.lock().unwrap() = Some(session.notifier());
+    let sh = shared.clone();
+    std::thread::Builder::new()
+        .name("forkd-fs-control".into())
+        .spawn(move || crate::control::serve(listener, sh))?;
+    info!(
+        generation,
+        pid = std::process::id(),
+        holder = holder_pid,
+        "worker serving {}",
+        mp.display()
+    );
+    let res = session.run();
+    remove_own_socket(&opts.control_socket, sock_id);
+    if let Err(e) = res {
+        // The holder closed the connection: the mount ended.
+        info!("worker {generation}: session ended ({e})");
+    }
+    Ok(())
+}
+
+/// Rebuilds what earlier workers handed out, then compacts the journal and
+/// keeps it for this worker's own changes.
+fn replay_journal(sh: &Shared, path: &Path) -> Result<()> {
+    let entries = Journal::load(path)?;
+    if entries.iter().any(|e| matches!(e, Entry::Snapshot { .. })) {
+        sh.catchup.now().context("catching up with the store")?;
+    }
+    let mut lost = 0;
+    for e in &entries {
+        match e {
+            Entry::Snapshot { ino, id } => match sh.view.snapshot(id) {
+                Ok(Some(rec)) => sh.inodes.replay_snapshot(&rec, *ino),
+                // Deleted since (the protocol saw no open file of it).
+                _ => lost += 1,
+            },
+            Entry::Tag { ino, name } => sh.inodes.replay_tag(name, *ino),
+            e => sh.handles.replay(e),
+        }
+    }
+    if !entries.is_empty() {
+        info!(
+            entries = entries.len(),
+            "replayed the mount journal ({lost} snapshots no longer in the store)"
+        );
+    }
+    let mut now = sh.inodes.journal_entries();
+    now.extend(sh.handles.journal_entries());
+    let j = Arc::new(Journal::rewrite(path, &now)?);
+    sh.inodes.set_journal(j.clone());
+    sh.handles.set_journal(j);
+    Ok(())
+}
+
 /// Mounts and serves until unmounted. `ready` runs once the mount answers
 /// requests (the daemonizing parent waits for it).
 pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
@@ -197,21 +442,9 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
     let mp = opts.mountpoint.canonicalize()?;
     check_mountpoint(&mp, &opts.control_socket)?;
 
-    std::fs::create_dir_all(&opts.secondary_dir)?;
-    let reader = StoreReader::open_secondary_with_cache(
-        &opts.store_dir,
-        &opts.secondary_dir,
-        opts.cache_bytes,
-    )
-    .with_context(|| format!("opening the store {} read-only", opts.store_dir.display()))?;
-    let shared = Shared::new(reader.view(), opts.store_dir.clone(), mp.clone(), opts.gid);
-
+    let (shared, _reader) = open_store(opts, &mp, None)?;
     let (listener, sock_id) = bind_control(&opts.control_socket)?;
-    let tuning = KernelTuning {
-        max_read: opts.max_read_kib.clamp(4, 1024) << 10,
-        ..KernelTuning::default()
-    };
-    let fs = ForkdFs::new(shared.clone(), tuning);
+    let fs = ForkdFs::new(shared.clone(), tuning(opts));
     let session = Session::new(fs, &mp, &mount_config(opts.threads, opts.gid)).with_context(|| {
         format!(
             "mounting FUSE at {} (needs /dev/fuse, and root or fusermount3)",

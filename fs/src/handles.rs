@@ -9,9 +9,11 @@
 //! `memory.bin` counts as a user until it exits.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use forkd_layers::SnapshotId;
+
+use crate::journal::{Entry, Journal};
 
 /// Why an id cannot be opened or deleted.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,10 +37,32 @@ struct Inner {
     gone: HashSet<SnapshotId>,
 }
 
-/// Handle counts and hidden ids (see the module invariant).
+impl Inner {
+    fn add(&mut self, fh: u64, snap: SnapshotId) {
+        if self.handles.insert(fh, snap).is_none() {
+            *self.counts.entry(snap).or_default() += 1;
+        }
+    }
+
+    fn remove(&mut self, fh: u64) {
+        if let Some(snap) = self.handles.remove(&fh) {
+            if let Some(n) = self.counts.get_mut(&snap) {
+                *n -= 1;
+                if *n == 0 {
+                    self.counts.remove(&snap);
+                }
+            }
+        }
+    }
+}
+
+/// Handle counts and hidden ids (see the module invariant). Behind a
+/// holder, every change is journaled under the same lock, so the journal's
+/// order is the order of the changes.
 #[derive(Default)]
 pub struct Handles {
     inner: Mutex<Inner>,
+    journal: OnceLock<Arc<Journal>>,
 }
 
 impl Handles {
@@ -50,22 +74,69 @@ impl Handles {
         }
         g.next_fh += 1;
         let fh = g.next_fh;
-        g.handles.insert(fh, snap);
-        *g.counts.entry(snap).or_default() += 1;
+        self.log(&Entry::Open { fh, id: snap });
+        g.add(fh, snap);
         Ok(fh)
+    }
+
+    fn log(&self, e: &Entry) {
+        if let Some(j) = self.journal.get() {
+            j.append(e);
+        }
+    }
+
+    /// From now on, journal every change.
+    pub fn set_journal(&self, j: Arc<Journal>) {
+        let _ = self.journal.set(j);
+    }
+
+    /// Applies one journaled change (a worker's start, before serving).
+    pub fn replay(&self, e: &Entry) {
+        let mut g = self.inner.lock().unwrap();
+        match *e {
+            Entry::Open { fh, id } => {
+                g.next_fh = g.next_fh.max(fh);
+                g.add(fh, id);
+            }
+            Entry::Close { fh } => g.remove(fh),
+            Entry::Hide { id } => {
+                g.hidden.insert(id);
+            }
+            Entry::Unhide { id } => {
+                g.hidden.remove(&id);
+            }
+            Entry::Gone { id } => {
+                g.hidden.remove(&id);
+                g.gone.insert(id);
+            }
+            Entry::Snapshot { .. } | Entry::Tag { .. } => {}
+        }
+    }
+
+    /// The state as journal entries (for compaction).
+    pub fn journal_entries(&self) -> Vec<Entry> {
+        let g = self.inner.lock().unwrap();
+        let mut v: Vec<Entry> = g
+            .handles
+            .iter()
+            .map(|(&fh, &id)| Entry::Open { fh, id })
+            .collect();
+        v.sort_by_key(|e| match e {
+            Entry::Open { fh, .. } => *fh,
+            _ => 0,
+        });
+        v.extend(g.hidden.iter().map(|&id| Entry::Hide { id }));
+        v.extend(g.gone.iter().map(|&id| Entry::Gone { id }));
+        v
     }
 
     /// Forgets a file handle (FUSE release).
     pub fn close(&self, fh: u64) {
         let mut g = self.inner.lock().unwrap();
-        if let Some(snap) = g.handles.remove(&fh) {
-            if let Some(n) = g.counts.get_mut(&snap) {
-                *n -= 1;
-                if *n == 0 {
-                    g.counts.remove(&snap);
-                }
-            }
+        if g.handles.contains_key(&fh) {
+            self.log(&Entry::Close { fh });
         }
+        g.remove(fh);
     }
 
     /// True if new lookups and opens of `snap` must fail.
@@ -105,6 +176,7 @@ impl Handles {
         match g.counts.get(&snap) {
             Some(&n) if n > 0 => Err(Refusal::InUse(n)),
             _ => {
+                self.log(&Entry::Hide { id: snap });
                 g.hidden.insert(snap);
                 Ok(())
             }
@@ -115,6 +187,11 @@ impl Handles {
     /// good if it was.
     pub fn end_delete(&self, snap: SnapshotId, deleted: bool) {
         let mut g = self.inner.lock().unwrap();
+        self.log(&if deleted {
+            Entry::Gone { id: snap }
+        } else {
+            Entry::Unhide { id: snap }
+        });
         g.hidden.remove(&snap);
         if deleted {
             g.gone.insert(snap);
@@ -143,5 +220,33 @@ mod tests {
         h.end_delete(a, true);
         assert!(h.is_hidden(&a));
         assert_eq!(h.open(a), Err(Refusal::Hidden));
+    }
+
+    #[test]
+    fn replaying_the_entries_rebuilds_the_state() {
+        let h = Handles::default();
+        let (a, b, c) = (
+            SnapshotId([1; 16]),
+            SnapshotId([2; 16]),
+            SnapshotId([3; 16]),
+        );
+        let f1 = h.open(a).unwrap();
+        let _f2 = h.open(a).unwrap();
+        let f3 = h.open(b).unwrap();
+        h.close(f1);
+        h.begin_delete(c).unwrap();
+        let r = Handles::default();
+        for e in h.journal_entries() {
+            r.replay(&e);
+        }
+        assert_eq!(r.counts(), h.counts());
+        assert_eq!(r.begin_delete(a), Err(Refusal::InUse(1)));
+        assert_eq!(r.open(c), Err(Refusal::Hidden));
+        r.close(f3);
+        assert_eq!(r.count(&b), 0);
+        assert!(
+            r.open(b).unwrap() > f3,
+            "new handles come after the replayed ones"
+        );
     }
 }

@@ -17,6 +17,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use forkd_layers::{FileReader, SnapshotId, SnapshotRecord, StoreView};
 
+use crate::journal::{Entry, Journal};
+
 /// Inode of the mount root.
 pub const ROOT: u64 = 1;
 /// Inode of `by-id`.
@@ -85,6 +87,8 @@ pub enum Node {
 /// The mount's inode table (see the module invariants).
 pub struct Inodes {
     inner: RwLock<Table>,
+    /// Set in a worker behind a holder: numbers survive a restart.
+    journal: OnceLock<Arc<Journal>>,
 }
 
 struct Table {
@@ -115,8 +119,48 @@ impl Default for Inodes {
                 tags: HashMap::new(),
                 next: 3,
             }),
+            journal: OnceLock::new(),
         }
     }
+}
+
+/// Adds `rec` with its directory at `dir_ino` and its files right after
+/// it, in the record's order, then `snapshot.json`: the same numbers every
+/// time for the same `dir_ino` (which is what lets a journal replay them).
+fn insert_snapshot(t: &mut Table, rec: &SnapshotRecord, dir_ino: u64) -> Arc<SnapInfo> {
+    let mtime = unix_time(rec.created_at_unix);
+    let json = record_json(rec);
+    let mut next = dir_ino + 1;
+    let mut files = BTreeMap::new();
+    let stored = rec
+        .files
+        .iter()
+        .filter(|(name, _)| name.as_str() != RECORD_JSON)
+        .map(|(name, f)| (name.as_str(), f.size, Content::Stored(OnceLock::new())));
+    let generated = std::iter::once((RECORD_JSON, json.len() as u64, Content::Generated(json)));
+    for (name, size, content) in stored.chain(generated) {
+        let node = Arc::new(FileNode {
+            ino: next,
+            snap: rec.id,
+            name: name.to_string(),
+            size,
+            mtime,
+            content,
+        });
+        t.nodes.insert(next, Node::File(node.clone()));
+        files.insert(name.to_string(), node);
+        next += 1;
+    }
+    t.next = t.next.max(next);
+    let info = Arc::new(SnapInfo {
+        id: rec.id,
+        dir_ino,
+        mtime,
+        files,
+    });
+    t.nodes.insert(dir_ino, Node::Dir(info.clone()));
+    t.snaps.insert(rec.id, info.clone());
+    info
 }
 
 fn unix_time(secs: u64) -> SystemTime {
@@ -143,49 +187,60 @@ impl Inodes {
 
     /// Adds a snapshot (directory and file inodes) from its record, or
     /// returns the existing entry: records are immutable, so the first one
-    /// seen stays right.
+    /// seen stays right. A new entry is journaled before it is returned.
     pub fn add_snapshot(&self, rec: &SnapshotRecord) -> Arc<SnapInfo> {
         let mut t = self.inner.write().unwrap();
         if let Some(s) = t.snaps.get(&rec.id) {
             return s.clone();
         }
-        let mtime = unix_time(rec.created_at_unix);
-        let dir_ino = t.next;
-        t.next += 1;
-        let mut files = BTreeMap::new();
-        let json = record_json(rec);
-        let mut add = |t: &mut Table, name: &str, size: u64, content: Content| {
-            let node = Arc::new(FileNode {
-                ino: t.next,
-                snap: rec.id,
-                name: name.to_string(),
-                size,
-                mtime,
-                content,
-            });
-            t.alloc(Node::File(node.clone()));
-            files.insert(name.to_string(), node);
-        };
-        for (name, f) in &rec.files {
-            if name != RECORD_JSON {
-                add(&mut t, name, f.size, Content::Stored(OnceLock::new()));
-            }
+        let ino = t.next;
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Snapshot { ino, id: rec.id });
         }
-        add(
-            &mut t,
-            RECORD_JSON,
-            json.len() as u64,
-            Content::Generated(json),
-        );
-        let info = Arc::new(SnapInfo {
-            id: rec.id,
-            dir_ino,
-            mtime,
-            files,
+        insert_snapshot(&mut t, rec, ino)
+    }
+
+    /// Puts a journaled snapshot back at its inode numbers.
+    pub fn replay_snapshot(&self, rec: &SnapshotRecord, dir_ino: u64) {
+        let mut t = self.inner.write().unwrap();
+        if !t.snaps.contains_key(&rec.id) {
+            insert_snapshot(&mut t, rec, dir_ino);
+        }
+    }
+
+    /// Puts a journaled tag symlink back at its inode number.
+    pub fn replay_tag(&self, name: &str, ino: u64) {
+        let mut t = self.inner.write().unwrap();
+        t.nodes.insert(ino, Node::Tag(name.to_string()));
+        t.tags.insert(name.to_string(), ino);
+        t.next = t.next.max(ino + 1);
+    }
+
+    /// From now on, journal every number handed out.
+    pub fn set_journal(&self, j: Arc<Journal>) {
+        let _ = self.journal.set(j);
+    }
+
+    /// The table as journal entries (for compaction).
+    pub fn journal_entries(&self) -> Vec<Entry> {
+        let t = self.inner.read().unwrap();
+        let mut v: Vec<Entry> = t
+            .snaps
+            .values()
+            .map(|s| Entry::Snapshot {
+                ino: s.dir_ino,
+                id: s.id,
+            })
+            .chain(t.tags.iter().map(|(name, &ino)| Entry::Tag {
+                ino,
+                name: name.clone(),
+            }))
+            .collect();
+        v.sort_by_key(|e| match e {
+            Entry::Snapshot { ino, .. } | Entry::Tag { ino, .. } => *ino,
+            _ => 0,
         });
-        t.nodes.insert(dir_ino, Node::Dir(info.clone()));
-        t.snaps.insert(rec.id, info.clone());
-        info
+        v
     }
 
     /// The symlink inode of a tag name (allocated on first use).
@@ -197,7 +252,14 @@ impl Inodes {
         if let Some(&ino) = t.tags.get(name) {
             return ino;
         }
-        let ino = t.alloc(Node::Tag(name.to_string()));
+        let ino = t.next;
+        if let Some(j) = self.journal.get() {
+            j.append(&Entry::Tag {
+                ino,
+                name: name.to_string(),
+            });
+        }
+        t.alloc(Node::Tag(name.to_string()));
         t.tags.insert(name.to_string(), ino);
         ino
     }
@@ -260,5 +322,33 @@ mod tests {
         assert_eq!(all.len(), n);
         assert!(all.iter().all(|&i| i > BY_ID));
         assert!(matches!(t.get(a.dir_ino), Some(Node::Dir(_))));
+    }
+
+    /// A table rebuilt from its journal entries gives every name the same
+    /// number, and hands out fresh numbers after the old ones.
+    #[test]
+    fn a_replayed_table_is_the_same_table() {
+        let t = Inodes::default();
+        let a = t.add_snapshot(&rec(1));
+        let x = t.tag("x");
+        let b = t.add_snapshot(&rec(2));
+        let r = Inodes::default();
+        for e in t.journal_entries() {
+            match e {
+                Entry::Snapshot { ino, id } => r.replay_snapshot(&rec(id.0[0]), ino),
+                Entry::Tag { ino, name } => r.replay_tag(&name, ino),
+                _ => unreachable!(),
+            }
+        }
+        for s in [&a, &b] {
+            let s2 = r.snapshot(&s.id).unwrap();
+            assert_eq!(s2.dir_ino, s.dir_ino);
+            for (n, f) in &s.files {
+                assert_eq!(s2.files[n].ino, f.ino, "{n}");
+            }
+        }
+        assert_eq!(r.tag("x"), x);
+        let fresh = r.tag("y");
+        assert!(fresh > b.files.values().map(|f| f.ino).max().unwrap());
     }
 }

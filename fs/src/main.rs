@@ -65,6 +65,37 @@ enum Cmd {
         #[arg(long, hide = true)]
         notify_ready: bool,
     },
+    /// Internal: serve a held mount's connection (started by `mount`).
+    #[command(hide = true)]
+    Worker {
+        mountpoint: PathBuf,
+        #[arg(long)]
+        store: PathBuf,
+        #[arg(long)]
+        secondary_dir: PathBuf,
+        #[arg(long)]
+        control: PathBuf,
+        #[arg(long)]
+        journal: PathBuf,
+        #[arg(long, default_value_t = 64)]
+        cache_mib: usize,
+        #[arg(long, default_value_t = 8)]
+        threads: usize,
+        #[arg(long, default_value_t = 256)]
+        max_read_kib: u32,
+        #[arg(long)]
+        gid: Option<u32>,
+        #[arg(long)]
+        generation: u64,
+    },
+    /// Replace the process serving a mount with the forkd-fs binary now on
+    /// disk, keeping the mount and every VM using it running.
+    Upgrade {
+        #[arg(long)]
+        mount: PathBuf,
+        #[arg(long)]
+        control: Option<PathBuf>,
+    },
     /// Unmount (the serving process then exits).
     Unmount {
         mountpoint: PathBuf,
@@ -179,15 +210,48 @@ fn run(cli: Cli) -> Result<()> {
             };
             if foreground {
                 init_logging();
-                daemon::serve(&opts, |_| {
+                let ready = |_: &Path| {
                     if notify_ready {
                         notify_parent();
                     }
-                })
+                };
+                if forkd_fs::holder::can_hold() {
+                    daemon::hold(&opts, ready)
+                } else {
+                    daemon::serve(&opts, ready)
+                }
             } else {
                 daemonize(&opts)
             }
         }
+        Cmd::Worker {
+            mountpoint,
+            store,
+            secondary_dir,
+            control,
+            journal,
+            cache_mib,
+            threads,
+            max_read_kib,
+            gid,
+            generation,
+        } => {
+            init_logging();
+            let opts = ServeOptions {
+                mountpoint,
+                store_dir: store,
+                secondary_dir,
+                control_socket: control,
+                cache_bytes: cache_mib << 20,
+                threads,
+                readahead_kib: 0,
+                max_read_kib,
+                gid,
+                handle_signals: false,
+            };
+            daemon::serve_worker(&opts, &journal, generation)
+        }
+        Cmd::Upgrade { mount, control } => upgrade(&control_of(&mount, control)),
         Cmd::Unmount { mountpoint, lazy } => {
             if lazy {
                 mount::unmount_lazy(&mountpoint)
@@ -219,6 +283,40 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// Asks a mount's holder for a new worker and waits until it serves.
+fn upgrade(control: &Path) -> Result<()> {
+    let before = Client::connect(control)?.status()?;
+    let Some(holder) = before.holder_pid else {
+        bail!(
+            "the mount at {} has no holder (it was mounted without root, or by a forkd-fs              from before holders): unmount and mount it again to upgrade",
+            before.mountpoint.display()
+        );
+    };
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(holder as i32),
+        nix::sys::signal::Signal::SIGUSR2,
+    )
+    .with_context(|| format!("signalling the holder (pid {holder})"))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        if let Ok(st) = Client::connect(control).and_then(|mut c| c.status()) {
+            if st.generation > before.generation {
+                println!(
+                    "worker {} (pid {}) replaced by worker {} (pid {}); the mount stayed",
+                    before.generation, before.pid, st.generation, st.pid
+                );
+                return Ok(());
+            }
+        }
+    }
+    bail!(
+        "no new worker answered on {} within 60 s; see the mount's log {}",
+        control.display(),
+        mount::log_path(control).display()
+    )
 }
 
 /// Tells the daemonizing parent the mount is live, then detaches stdout

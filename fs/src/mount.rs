@@ -83,6 +83,12 @@ pub fn default_secondary_dir(mountpoint: &Path) -> PathBuf {
     sibling(mountpoint, ".secondary")
 }
 
+/// The mount's journal (`holder`, `journal`): the control socket path with
+/// extension `.journal`.
+pub fn journal_path(control: &Path) -> PathBuf {
+    control.with_extension("journal")
+}
+
 /// The daemon's log file: the control socket path with extension `.log`.
 pub fn log_path(control: &Path) -> PathBuf {
     control.with_extension("log")

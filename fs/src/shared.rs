@@ -49,6 +49,8 @@ pub struct Shared {
     /// The group that may read the mount (the VM jail's), or None: root
     /// only. Files are served `0440 root:<group>`, directories `0550`.
     pub group: Option<u32>,
+    /// Behind a holder: its pid and this worker's generation (1 = first).
+    pub worker: Option<(u32, u64)>,
 }
 
 impl Shared {
@@ -57,6 +59,7 @@ impl Shared {
         store_dir: PathBuf,
         mountpoint: PathBuf,
         group: Option<u32>,
+        worker: Option<(u32, u64)>,
     ) -> Arc<Shared> {
         Arc::new(Shared {
             catchup: CatchUp::new(view.clone()),
@@ -70,6 +73,7 @@ impl Shared {
             notifier: Mutex::new(None),
             started: Instant::now(),
             group,
+            worker,
         })
     }
 

@@ -507,7 +507,9 @@ fn a_hung_daemon_is_aborted_and_replaced() {
     let p = ts.source("memory.bin", &d);
     let rec = ts.commit(&[("memory.bin", &p)], None);
     let mut m = ts.mount();
-    let pid = m.note_pid();
+    m.note_pid();
+    // The process that serves requests hangs (behind a holder: the worker).
+    let pid = m.client().status().unwrap().pid as i32;
     let stop = nix::sys::signal::Signal::SIGSTOP;
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), stop).unwrap();
     assert_eq!(
@@ -516,10 +518,64 @@ fn a_hung_daemon_is_aborted_and_replaced() {
     );
 
     forkd_fs::ensure_mounted(&ts.config()).unwrap();
-    let pid2 = m.note_pid();
-    assert_ne!(pid2, pid);
+    m.note_pid();
+    assert_ne!(m.client().status().unwrap().pid as i32, pid);
     assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::SIGKILL).unwrap();
+    // The old holder kills its hung worker once the connection is gone.
+    assert!(
+        wait_for(Duration::from_secs(15), || !alive(pid)),
+        "the hung worker outlived its aborted mount"
+    );
+}
+
+/// The worker behind a holder is killed while it holds an unanswered
+/// request (it was stopped first, so the request is surely in its hands):
+/// the mount stays, a new worker answers that request, a mapping made
+/// before the crash reads right after it, and the open-file count the
+/// delete protocol relies on survives (journal).
+#[test]
+fn a_killed_worker_is_replaced_and_its_unanswered_requests_replayed() {
+    if no_fuse() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    use nix::sys::signal::{kill, Signal};
+    let ts = TestStore::new();
+    let d = synth::mixed_file(9, 4 * MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    let holder = m.note_pid();
+    let st = m.client().status().unwrap();
+    assert_eq!((st.holder_pid, st.generation), (Some(holder as u32), 1));
+    let worker = nix::unistd::Pid::from_raw(st.pid as i32);
+
+    let f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    let map = Map::private(&f, d.len(), libc::PROT_READ);
+    kill(worker, Signal::SIGSTOP).unwrap();
+    let path = m.path("by-id");
+    let pending = std::thread::spawn(move || std::fs::read_dir(path).unwrap().count());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!pending.is_finished(), "a stopped worker answered");
+    kill(worker, Signal::SIGKILL).unwrap();
+    assert_eq!(pending.join().unwrap(), 1, "the replayed readdir");
+    assert_eq!(map.bytes(), &d[..], "the mapping after the crash");
+
+    let st = m.client().status().unwrap();
+    m.note_pid();
+    assert_eq!((st.holder_pid, st.generation), (Some(holder as u32), 2));
+    assert_eq!(st.open_handles.get(&rec.id.to_string()), Some(&1), "{st:?}");
+    let mut c = m.client();
+    assert!(
+        c.begin_delete(&rec.id).is_err(),
+        "the mapped file counts as open"
+    );
+    drop(map);
+    drop(f);
+    assert!(wait_for(Duration::from_secs(5), || c
+        .begin_delete(&rec.id)
+        .is_ok()));
+    c.end_delete(&rec.id, false).unwrap();
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
 }
 
 #[test]

@@ -271,3 +271,133 @@ fn a_qemu_stalled_across_a_restart_is_adopted_not_killed() {
     std::thread::sleep(Duration::from_millis(500));
     assert!(home.qemu_pids().is_empty(), "QEMU left running");
 }
+
+/// The forkd-fs mount's status, through its CLI.
+fn fs_status(home: &std::path::Path) -> serde_json::Value {
+    let out = std::process::Command::new(forkd_e2e::bin("forkd-fs"))
+        .args(["status", "--mount"])
+        .arg(home.join("mnt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Waits until the mount reports worker `generation`.
+fn wait_generation(home: &std::path::Path, generation: u64) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = std::process::Command::new(forkd_e2e::bin("forkd-fs"))
+            .args(["status", "--mount"])
+            .arg(home.join("mnt"))
+            .output()
+            .unwrap();
+        if let Ok(st) = serde_json::from_slice::<serde_json::Value>(&out.stdout) {
+            if st["generation"] == generation {
+                return st;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no worker {generation} after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every sandbox writes 32 MiB of fresh guest memory (tmpfs pages it never
+/// touched, so their faults read memory.bin through the mount).
+async fn touch_new_memory(p: &Poold, ids: &[String]) {
+    // The page cache of memory.bin would answer without forkd-fs; pages
+    // no VM maps are dropped so the faults reach the mount.
+    std::fs::write("/proc/sys/vm/drop_caches", "1").unwrap();
+    for id in ids {
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{id}/exec"),
+                json!({"args": ["sh", "-c", "dd if=/dev/zero of=/dev/shm/t bs=1M count=32 2>/dev/null && md5sum < /dev/shm/t && rm /dev/shm/t"], "timeout_secs": 120}),
+            )
+            .await;
+        assert_eq!(
+            (st, v["stdout"].as_str()),
+            (200, Some("58f06dd588d8ffb3beb46ada6309436b  -\n")),
+            "sandbox {id}: {v}"
+        );
+    }
+}
+
+/// forkd-fs killed (-9) under a running poold: every running sandbox died
+/// at its next uncached page fault and every spawn failed with ENOTCONN
+/// until poold restarted. Now the mount's holder keeps the connection and
+/// starts a new worker, which replays what the dead one had not answered:
+/// five running sandboxes keep answering with new memory, a full pool
+/// still hands out, spawns work, and `forkd-fs upgrade` swaps the worker
+/// the same way. The journal kept the open-file counts right: the
+/// snapshot can be deleted once its sandboxes are.
+#[test]
+fn sandboxes_and_pools_survive_a_forkd_fs_crash_and_an_upgrade() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    let running = block_on(async {
+        p.snapshot("r", "minimal", 256).await;
+        let (st, v) = p.put("/v1/pools/r", json!({"min_ready": 2})).await;
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 5}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        p.wait_pool("r", 2).await;
+        ids(&v)
+    });
+    let before = fs_status(&home.dir);
+    assert_eq!(before["generation"], 1, "{before}");
+    let worker = before["pid"].as_u64().unwrap() as i32;
+    assert_ne!(Some(worker as u64), before["holder_pid"].as_u64());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    block_on(async {
+        touch_new_memory(&p, &running).await;
+        // Two pool hits and one restore on demand.
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 3}))
+            .await;
+        assert_eq!(st, 201, "spawning after the crash: {v}");
+        touch_new_memory(&p, &ids(&v)).await;
+        for id in ids(&v) {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+    });
+    let after = wait_generation(&home.dir, 2);
+    assert_eq!(after["holder_pid"], before["holder_pid"], "{after}");
+
+    let out = std::process::Command::new(forkd_e2e::bin("forkd-fs"))
+        .args(["upgrade", "--mount"])
+        .arg(home.dir.join("mnt"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_generation(&home.dir, 3);
+    block_on(async {
+        touch_new_memory(&p, &running).await;
+        for id in &running {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+        assert_eq!(p.delete("/v1/pools/r").await.0, 204);
+        let (st, v) = p.delete("/v1/snapshots/r").await;
+        assert_eq!(
+            st, 204,
+            "the snapshot is in use only if a handle count was lost: {v}"
+        );
+    });
+}

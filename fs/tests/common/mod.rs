@@ -139,13 +139,16 @@ impl Mounted {
         forkd_fs::Client::connect(&self.control).unwrap()
     }
 
-    /// Remembers the current daemon's pid (for cleanup).
+    /// Remembers the current daemon's pids (for cleanup) and returns the
+    /// one that keeps the mount: its holder (as root), else the server.
     pub fn note_pid(&mut self) -> i32 {
-        let pid = self.client().status().unwrap().pid as i32;
-        if !self.pids.contains(&pid) {
-            self.pids.push(pid);
+        let st = self.client().status().unwrap();
+        for pid in [Some(st.pid), st.holder_pid].into_iter().flatten() {
+            if !self.pids.contains(&(pid as i32)) {
+                self.pids.push(pid as i32);
+            }
         }
-        pid
+        st.holder_pid.unwrap_or(st.pid) as i32
     }
 
     pub fn path(&self, rel: &str) -> PathBuf {
