@@ -702,7 +702,13 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
                 true
             }
             (Ok(_), _) => false,
-            (Err(_), Some(maker)) => !maker.is_alive(),
+            (Err(_), Some(maker)) if !maker.is_alive() => {
+                // Killed between starting QEMU and writing vm.json: the
+                // QEMU runs, and only its command line names the dir.
+                kill_qemus_naming(&ent.path()).await;
+                true
+            }
+            (Err(_), Some(_)) => false,
             (Err(_), None) => older_than(&ent.path(), Duration::from_secs(60)),
         };
         if !gone {
@@ -713,6 +719,32 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
         }
     }
     swept
+}
+
+/// SIGKILLs every QEMU whose command line names a path inside `dir`.
+async fn kill_qemus_naming(dir: &Path) {
+    let needle = format!("{}/", dir.display());
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(cmd) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        let cmd = String::from_utf8_lossy(&cmd);
+        if cmd.starts_with("qemu-system") && cmd.contains(&needle) {
+            if let Some(p) = ProcId::of(pid) {
+                tracing::warn!(
+                    "killing QEMU pid {pid} of {}: it was never recorded",
+                    dir.display()
+                );
+                kill_proc(&p).await;
+            }
+        }
+    }
 }
 
 /// The process that made a record-less VM directory: from its name while
@@ -783,10 +815,33 @@ mod sweep_tests {
         let being_made = format!("{NEW_DIR_PREFIX}{}-{}-y", me.pid, me.start_time);
         std::fs::create_dir(vms.path().join(&being_made)).unwrap();
 
+        // A QEMU started in the orphan dir whose record was never written.
+        let mut unrecorded = std::process::Command::new("bash")
+            .arg("-c")
+            .arg(format!(
+                "exec -a qemu-system-x86_64 tail -F /dev/null {}/console.log",
+                orphan.path.display()
+            ))
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let cmdline = format!("/proc/{}/cmdline", unrecorded.id());
+        for _ in 0..500 {
+            if std::fs::read(&cmdline).is_ok_and(|c| c.starts_with(b"qemu-system")) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
         let mut swept = sweep(vms.path()).await;
         swept.sort();
         assert_eq!(swept, vec![half_made, "orphan".to_string()]);
         assert!(mine.path.exists());
         assert!(vms.path().join(being_made).exists());
+        let status = unrecorded.wait().unwrap();
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(libc::SIGKILL)
+        );
     }
 }
