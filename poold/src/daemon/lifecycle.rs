@@ -129,13 +129,19 @@ impl SpawnRequest {
 }
 
 /// Resolves a tag to a restorable snapshot: 404 when unknown, 409 when it
-/// cannot be restored here (mismatched QEMU, missing files).
-pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
+/// cannot be restored here (mismatched QEMU, missing files). Reads the
+/// forkd-fs mount, so on a blocking thread (a mount whose worker is being
+/// replaced answers only once the new one serves).
+pub async fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
     super::error::check_tag(tag)?;
+    let (mount, tag) = (d.mount.clone(), tag.to_string());
     // Both fail with a typed `SnapshotError`; `from_anyhow` picks the status.
-    forkd_snapshot::restore::read_record(&d.mount, tag)
-        .and_then(|rec| Source::new(&d.mount, &rec))
-        .map_err(ApiError::from_anyhow)
+    tokio::task::spawn_blocking(move || {
+        forkd_snapshot::restore::read_record(&mount, &tag).and_then(|rec| Source::new(&mount, &rec))
+    })
+    .await
+    .map_err(ApiError::internal)?
+    .map_err(ApiError::from_anyhow)
 }
 
 /// Spawns `req.n` sandboxes (after [`SpawnRequest::validate`]): ready pool children are resumed first, the
@@ -144,7 +150,7 @@ pub fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
 pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
-    let src = source(d, &req.tag)?;
+    let src = source(d, &req.tag).await?;
     let egress = req.egress(src.config.machine.net)?;
     if let Some(p) = &egress {
         // Names that do not resolve are the caller's error, before any VM.
@@ -504,7 +510,9 @@ async fn refill_loop(d: Arc<Daemon>) {
 async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledVm> {
     d.check_headroom(&format!("refilling pool {}", t.tag))
         .map_err(|e| anyhow::anyhow!(e.message))?;
-    let src = source(d, &t.tag).map_err(|e| anyhow::anyhow!(e.message))?;
+    let src = source(d, &t.tag)
+        .await
+        .map_err(|e| anyhow::anyhow!(e.message))?;
     let id = new_id();
     let mut timings = ChildTimings::default();
     let mut vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;

@@ -4,7 +4,6 @@
 //! migration to a collector (snapshot::branch).
 
 use super::sandboxes::get_sandbox;
-use super::snapshots::info_of;
 use crate::daemon::error::{check_tag, detached, ApiError, ApiResult};
 use crate::daemon::sandbox::{Phase, Sandbox};
 use crate::daemon::Daemon;
@@ -117,10 +116,7 @@ async fn branch_work(
     // 3-5. Mode flags.
     let mode = mode_of(&b)?;
     // 6. The tag must be free.
-    if d.with_reader(|v| Ok(v.tag(&tag)?))
-        .map_err(ApiError::from_anyhow)?
-        .is_some()
-    {
+    if super::snapshots::tag_exists(&d, &tag).await? {
         return Err(ApiError::conflict(format!(
             "snapshot {tag:?} already exists"
         )));
@@ -209,9 +205,7 @@ async fn branch_work(
     let (made, diff_ms) = commit
         .await
         .map_err(|e| ApiError::from_anyhow(e.context("storing the branch")))?;
-    let mut info = d
-        .with_reader(|v| Ok(info_of(&d, v, &tag, &made.record)))
-        .map_err(ApiError::from_anyhow)?;
+    let mut info = super::snapshots::info_of_async(&d, &tag, &made.record).await?;
     info.diff_ms = Some(diff_ms);
     info.diff_physical_bytes = Some(made.new_stored_bytes);
     Ok((StatusCode::CREATED, Json(info)))

@@ -90,7 +90,8 @@ async fn version(State(d): State<Arc<Daemon>>) -> Json<serde_json::Value> {
 
 async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
     d.metrics.snapshots.set(
-        d.with_reader(|v| Ok(v.tags()?.len() as i64))
+        d.read(|v| Ok(v.tags()?.len() as i64))
+            .await
             .unwrap_or_default(),
     );
     (

@@ -35,7 +35,7 @@ pub async fn put(
     spec.validate()
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
     // A pool for a snapshot that does not exist would only log refill errors.
-    super::snapshots::resolve(&d, &tag)?;
+    super::snapshots::resolve(&d, &tag).await?;
     // Paused children cost memory too: all pools together stay within
     // max_sandboxes.
     let others: usize = d

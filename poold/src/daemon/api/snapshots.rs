@@ -119,11 +119,33 @@ pub fn empty_info(tag: &str) -> SnapshotInfo {
 }
 
 /// Resolves a tag through the read view; 404 when unknown.
-pub fn resolve(d: &Daemon, tag: &str) -> ApiResult<SnapshotRecord> {
+pub async fn resolve(d: &Arc<Daemon>, tag: &str) -> ApiResult<SnapshotRecord> {
     check_tag(tag)?;
-    d.with_reader(|v| Ok(v.resolve(tag)?))
+    let t = tag.to_string();
+    d.read(move |v| Ok(v.resolve(&t)?))
+        .await
         .map_err(ApiError::from_anyhow)?
         .ok_or_else(|| ApiError::not_found(format!("snapshot {tag:?} not found")))
+}
+
+/// Whether a tag exists, through the read view.
+pub async fn tag_exists(d: &Arc<Daemon>, tag: &str) -> ApiResult<bool> {
+    let t = tag.to_string();
+    d.read(move |v| Ok(v.tag(&t)?.is_some()))
+        .await
+        .map_err(ApiError::from_anyhow)
+}
+
+/// [`info_of`] on a blocking thread.
+pub async fn info_of_async(
+    d: &Arc<Daemon>,
+    tag: &str,
+    rec: &SnapshotRecord,
+) -> ApiResult<SnapshotInfo> {
+    let (d2, tag, rec) = (d.clone(), tag.to_string(), rec.clone());
+    d.read(move |v| Ok(info_of(&d2, v, &tag, &rec)))
+        .await
+        .map_err(ApiError::from_anyhow)
 }
 
 /// A path an API caller named: it must exist and lie inside the data dir or
@@ -196,10 +218,7 @@ async fn create_work(
             ))
         }
     };
-    if d.with_reader(|v| Ok(v.tag(&b.tag)?))
-        .map_err(ApiError::from_anyhow)?
-        .is_some()
-    {
+    if tag_exists(&d, &b.tag).await? {
         return Err(ApiError::bad_request(format!(
             "snapshot {:?} already exists; DELETE first",
             b.tag
@@ -232,9 +251,7 @@ async fn create_work(
     let made = create(&d.paths, spec)
         .await
         .map_err(ApiError::from_anyhow)?;
-    let info = d
-        .with_reader(|v| Ok(info_of(&d, v, &b.tag, &made.record)))
-        .map_err(ApiError::from_anyhow)?;
+    let info = info_of_async(&d, &b.tag, &made.record).await?;
     Ok((StatusCode::CREATED, Json(info)))
 }
 
@@ -267,7 +284,7 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
         return Err(ApiError::bad_request("use cascade or force, not both"));
     }
     let deps = Dependents::from_flags(cascade, force);
-    let rec = resolve(&d, &tag)?;
+    let rec = resolve(&d, &tag).await?;
     super::super::lifecycle::delete_snapshot(&d, rec, &tag, deps)
         .await
         .map(|()| StatusCode::NO_CONTENT)
@@ -276,7 +293,7 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
 /// `GET /v1/snapshots/:tag/info`: forkd's fields, plus the chain with the
 /// bytes each link really stores.
 pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>> {
-    let rec = resolve(&d, &tag)?;
+    let rec = resolve(&d, &tag).await?;
     let mount = d.mount.clone();
     let v = d
         .read(move |v| {
@@ -343,7 +360,7 @@ async fn compact_work(
             "to must differ from the snapshot's tag",
         ));
     }
-    let rec = resolve(&d, &tag)?;
+    let rec = resolve(&d, &tag).await?;
     let _claim = d
         .claim_tag(&b.to)
         .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} is being written", b.to)))?;
@@ -368,8 +385,6 @@ async fn compact_work(
     .await
     .map_err(ApiError::from_anyhow)?
     .ok_or_else(|| ApiError::conflict(format!("snapshot {:?} already exists", b.to)))?;
-    let info = d
-        .with_reader(|v| Ok(info_of(&d, v, &b.to, &new)))
-        .map_err(ApiError::from_anyhow)?;
+    let info = info_of_async(&d, &b.to, &new).await?;
     Ok(Json(info))
 }
