@@ -191,6 +191,21 @@ impl Poold {
         (status, body.to_string())
     }
 
+    /// Sends a POST without waiting for the answer; the connection stays
+    /// open while the returned stream lives.
+    pub fn post_in_background(&self, path: &str, body: &str) -> std::net::TcpStream {
+        use std::io::Write;
+        let addr = self.url.strip_prefix("http://").expect("a TCP poold");
+        let mut s = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            s,
+            "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        s
+    }
+
     /// SIGKILL, as a crash would.
     pub fn kill9(mut self) {
         let _ = self.child.kill();

@@ -9,21 +9,6 @@ use std::time::Duration;
 
 const MINIMAL_MIB: u64 = 128;
 
-/// Sends a request without waiting for the answer; the connection stays
-/// open while the returned stream lives.
-fn post_in_background(url: &str, path: &str, body: &str) -> std::net::TcpStream {
-    use std::io::Write;
-    let addr = url.strip_prefix("http://").expect("a TCP poold");
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    s
-}
-
 /// Whether poold lists a snapshot tagged `tag`.
 async fn has_snapshot(p: &Poold, tag: &str) -> bool {
     let (st, v) = p.get("/v1/snapshots").await;
@@ -86,7 +71,7 @@ fn sandbox_left_stopped_by_a_dead_poold_runs_again() {
     // instants: after each restart the source answers and only it runs.
     for (i, wait_ms) in [150u64, 400, 900].into_iter().enumerate() {
         let body = json!({"tag": format!("b{i}"), "mode": "full"}).to_string();
-        let _held = post_in_background(&p.url, &format!("/v1/sandboxes/{id}/branch"), &body);
+        let _held = p.post_in_background(&format!("/v1/sandboxes/{id}/branch"), &body);
         std::thread::sleep(Duration::from_millis(wait_ms));
         p.kill9();
         p = Poold::start(&home.dir, &[], None);
@@ -131,7 +116,7 @@ fn kill_9_mid_create_leaves_nothing_behind() {
     let mut p = Poold::start(&home.dir, &[], None);
     for (i, wait_ms) in [500u64, 2500, 6000].into_iter().enumerate() {
         let body = json!({"tag": format!("s{i}"), "image": "minimal", "mem_mib": MINIMAL_MIB});
-        let _held = post_in_background(&p.url, "/v1/snapshots", &body.to_string());
+        let _held = p.post_in_background("/v1/snapshots", &body.to_string());
         std::thread::sleep(Duration::from_millis(wait_ms));
         p.kill9();
         p = Poold::start(&home.dir, &[], None);
@@ -199,8 +184,7 @@ fn a_wedged_sandbox_does_not_hold_up_other_expiries() {
         nix::sys::signal::Signal::SIGSTOP,
     )
     .unwrap();
-    let _held = post_in_background(
-        &p.url,
+    let _held = p.post_in_background(
         &format!("/v1/sandboxes/{a}/branch"),
         &json!({"tag": "wedged", "mode": "full"}).to_string(),
     );
