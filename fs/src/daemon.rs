@@ -251,9 +251,10 @@ fn tuning(opts: &ServeOptions) -> KernelTuning {
 }
 
 /// Holds the mount (as root; see the module doc): mounts `/dev/fuse`,
-/// starts a worker and relays to it, restarting it as long as the mount
-/// lives. `ready` runs once the first worker serves.
-pub fn hold(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
+/// starts a worker (`binary worker ...`, a forkd-fs binary) and relays to
+/// it, restarting it as long as the mount lives. `ready` runs once the
+/// first worker serves.
+pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Result<()> {
     std::fs::create_dir_all(&opts.mountpoint)
         .with_context(|| format!("creating mount point {}", opts.mountpoint.display()))?;
     let mp = opts.mountpoint.canonicalize()?;
@@ -261,11 +262,10 @@ pub fn hold(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
     let journal = mount::journal_path(&opts.control_socket);
     Journal::create(&journal)?;
     let cmd = WorkerCommand {
-        binary: std::env::current_exe().context("finding the forkd-fs binary")?,
+        binary: binary.to_path_buf(),
         args: worker_args(opts, &mp, &journal),
     };
     let m = holder::mount(&mp, opts.gid)?;
-    set_readahead(&mp, opts.readahead_kib);
     let worker_pid: holder::WorkerPid = Default::default();
     if opts.handle_signals {
         let (mp2, wp) = (mp.clone(), worker_pid.clone());
@@ -274,9 +274,11 @@ pub fn hold(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
             .spawn(move || holder_signal_loop(&mp2, &wp))?;
     }
     let control = opts.control_socket.clone();
-    let mp2 = mp.clone();
+    let (mp2, readahead_kib) = (mp.clone(), opts.readahead_kib);
     let res = holder::run(m, &cmd, worker_pid, move || {
         wait_serving(&mp2, &control)?;
+        // After the INIT answer, which caps it at what the kernel offered.
+        set_readahead(&mp2, readahead_kib);
         info!(mountpoint = %mp2.display(), pid = std::process::id(), "holding the mount");
         ready(&mp2);
         Ok(())

@@ -216,7 +216,10 @@ fn run(cli: Cli) -> Result<()> {
                     }
                 };
                 if forkd_fs::holder::can_hold() {
-                    daemon::hold(&opts, ready)
+                    // The path, not /proc/self/exe: an upgrade replaces the
+                    // file there and the next worker runs the new one.
+                    let me = std::env::current_exe().context("finding the forkd-fs binary")?;
+                    daemon::hold(&opts, &me, ready)
                 } else {
                     daemon::serve(&opts, ready)
                 }

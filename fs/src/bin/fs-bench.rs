@@ -2,7 +2,9 @@
 //! plain file with the same content, cold and warm, as ratios.
 //!
 //! Builds (or takes with `--file`) a guest-memory-like file, ingests it into
-//! a fresh store, serves the store in-process over FUSE and measures:
+//! a fresh store, serves the store over FUSE — in this process, and held
+//! (`forkd-fs mount` as root: a holder relaying to a worker process, what
+//! survives a crash; the `forkd-fs` binary next to this one) — and measures:
 //! sequential read throughput (1 MiB reads), random 4 KiB `pread` latency,
 //! and random 4 KiB first-touch latency through a MAP_PRIVATE mapping (what
 //! a QEMU child's page faults cost). "Cold" = kernel page cache dropped
@@ -20,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use forkd_fs::daemon::{serve, ServeOptions};
+use forkd_fs::daemon::{hold, serve, ServeOptions};
 use forkd_fs::mount;
 use forkd_layers::synth::{self, SplitMix64};
 use forkd_layers::{IngestOptions, NewSnapshot, SnapshotId, Store, StoreOptions};
@@ -65,20 +67,25 @@ struct Args {
     no_cold: bool,
 }
 
-/// A forkd-fs mount served by a thread of this process.
+/// A forkd-fs mount served by a thread of this process, or held by it and
+/// served by a `forkd-fs worker` process (`held` names the binary).
 struct Served {
     opts: ServeOptions,
     thread: Option<JoinHandle<Result<()>>>,
 }
 
 impl Served {
-    fn start(opts: ServeOptions) -> Result<Served> {
+    fn start(opts: ServeOptions, held: Option<PathBuf>) -> Result<Served> {
         let (tx, rx) = mpsc::channel();
         let o = opts.clone();
         let thread = std::thread::spawn(move || {
-            serve(&o, |_| {
+            let ready = |_: &Path| {
                 let _ = tx.send(());
-            })
+            };
+            match held {
+                Some(bin) => hold(&o, &bin, ready),
+                None => serve(&o, ready),
+            }
         });
         if rx.recv().is_err() {
             let e = thread.join().expect("serve thread panicked");
@@ -195,6 +202,9 @@ struct Results {
     pread_data: [Option<(f64, f64)>; 2],
     fault: [Option<(f64, f64)>; 2],
 }
+
+/// One latency row of [`Results`]: cold and warm (p50, p99).
+type LatColumn = fn(&Results) -> [Option<(f64, f64)>; 2];
 
 /// Runs every pass on one file; `cold` prepares a cold pass.
 fn run_passes(
@@ -366,20 +376,35 @@ fn main() -> Result<()> {
         &mut drop_page_cache,
     )?;
 
-    eprintln!("forkd-fs passes");
-    let mut served = Some(Served::start(opts.clone())?);
-    let mut remount = || -> Result<()> {
+    let fuse_passes = |held: Option<PathBuf>| -> Result<Results> {
+        let mut served = Some(Served::start(opts.clone(), held.clone())?);
+        let mut remount = || -> Result<()> {
+            if let Some(mut s) = served.take() {
+                s.stop()?;
+            }
+            drop_page_cache()?;
+            served = Some(Served::start(opts.clone(), held.clone())?);
+            Ok(())
+        };
+        let r = run_passes(&fuse_path, &offsets, &data_offsets, with_cold, &mut remount)?;
         if let Some(mut s) = served.take() {
             s.stop()?;
         }
-        drop_page_cache()?;
-        served = Some(Served::start(opts.clone())?);
-        Ok(())
+        Ok(r)
     };
-    let fuse = run_passes(&fuse_path, &offsets, &data_offsets, with_cold, &mut remount)?;
-    if let Some(mut s) = served.take() {
-        s.stop()?;
-    }
+    eprintln!("forkd-fs passes (one process)");
+    let fuse = fuse_passes(None)?;
+    let forkd_fs_bin = std::env::current_exe()?.with_file_name("forkd-fs");
+    let held = if forkd_fs::holder::can_hold() && forkd_fs_bin.exists() {
+        eprintln!("forkd-fs passes (holder + worker)");
+        fuse_passes(Some(forkd_fs_bin))?
+    } else {
+        eprintln!(
+            "no held passes: they need root and {} (cargo build --release -p forkd-fs)",
+            forkd_fs_bin.display()
+        );
+        Results::default()
+    };
 
     let data: u64 = extents.iter().map(|r| r.1).sum();
     println!(
@@ -393,39 +418,37 @@ fn main() -> Result<()> {
         args.threads
     );
     println!();
-    println!("| pass | plain ext4 | forkd-fs | forkd-fs / ext4 |");
-    println!("|---|---:|---:|---:|");
+    println!(
+        "| pass | plain ext4 | forkd-fs | forkd-fs / ext4 | forkd-fs held | held / forkd-fs |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|");
     for (i, label) in [(0, "cold"), (1, "warm")] {
         println!(
-            "| sequential read, {label} (MB/s) | {} | {} | {} |",
+            "| sequential read, {label} (MB/s) | {} | {} | {} | {} | {} |",
             fmt_tp(ext4.seq[i]),
             fmt_tp(fuse.seq[i]),
-            ratio(fuse.seq[i], ext4.seq[i])
+            ratio(fuse.seq[i], ext4.seq[i]),
+            fmt_tp(held.seq[i]),
+            ratio(held.seq[i], fuse.seq[i])
         );
     }
-    for (i, label) in [(0, "cold"), (1, "warm")] {
-        println!(
-            "| random 4 KiB pread, {label}, p50 / p99 (us) | {} | {} | {} |",
-            fmt_lat(ext4.pread[i]),
-            fmt_lat(fuse.pread[i]),
-            ratio2(fuse.pread[i], ext4.pread[i])
-        );
-    }
-    for (i, label) in [(0, "cold"), (1, "warm")] {
-        println!(
-            "| random 4 KiB pread in data extents, {label}, p50 / p99 (us) | {} | {} | {} |",
-            fmt_lat(ext4.pread_data[i]),
-            fmt_lat(fuse.pread_data[i]),
-            ratio2(fuse.pread_data[i], ext4.pread_data[i])
-        );
-    }
-    for (i, label) in [(0, "cold"), (1, "warm")] {
-        println!(
-            "| random 4 KiB mmap first touch, {label}, p50 / p99 (us) | {} | {} | {} |",
-            fmt_lat(ext4.fault[i]),
-            fmt_lat(fuse.fault[i]),
-            ratio2(fuse.fault[i], ext4.fault[i])
-        );
+    let lat_rows: [(&str, LatColumn); 3] = [
+        ("random 4 KiB pread", |r| r.pread),
+        ("random 4 KiB pread in data extents", |r| r.pread_data),
+        ("random 4 KiB mmap first touch", |r| r.fault),
+    ];
+    for (name, get) in lat_rows {
+        for (i, label) in [(0, "cold"), (1, "warm")] {
+            let (e, f, h) = (get(&ext4)[i], get(&fuse)[i], get(&held)[i]);
+            println!(
+                "| {name}, {label}, p50 / p99 (us) | {} | {} | {} | {} | {} |",
+                fmt_lat(e),
+                fmt_lat(f),
+                ratio2(f, e),
+                fmt_lat(h),
+                ratio2(h, f)
+            );
+        }
     }
     Ok(())
 }
