@@ -359,6 +359,33 @@ pub fn find_binary(explicit: Option<&Path>) -> PathBuf {
 pub fn ensure_mounted(cfg: &MountConfig) -> Result<()> {
     let mp = absolute(&cfg.mountpoint)?;
     let control = absolute(&cfg.control())?;
+    // One caller at a time per mount point (threads of one process, or
+    // poold and a CLI): two callers that both saw it free would each start
+    // a daemon, and the loser's half-made mount could hide the winner's.
+    let _lock = lock_mountpoint(&mp)?;
+    ensure_mounted_locked(cfg, &mp, &control)
+}
+
+/// `<MOUNTPOINT>.lock`, held (flock) while a caller checks and starts the
+/// mount. The kernel drops it when the holder dies, so a killed caller
+/// never blocks the next.
+fn lock_mountpoint(mp: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = sibling(mp, ".lock");
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("opening the mount lock {}", path.display()))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| anyhow!(e).context(format!("locking {}", path.display())))
+}
+
+fn ensure_mounted_locked(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
+    let (mp, control) = (mp.to_path_buf(), control.to_path_buf());
     match state(&mp, &control)? {
         State::Live(st) if st.gid == cfg.gid => return Ok(()),
         State::Live(st) => {
@@ -380,7 +407,7 @@ pub fn ensure_mounted(cfg: &MountConfig) -> Result<()> {
             recover_stale(&mp, &entry, hung)?;
             if mount_at(&mp)?.is_some_and(|e| e.is_forkd_fs()) {
                 // Stacked stale mounts (several kills in a row): peel them.
-                return ensure_mounted(cfg);
+                return ensure_mounted_locked(cfg, &mp, &control);
             }
         }
         State::Silent => {

@@ -717,3 +717,43 @@ fn the_mount_keeps_its_readahead_window() {
         std::fs::read_to_string(format!("/sys/class/bdi/{}/read_ahead_kb", entry.dev)).unwrap();
     assert_eq!(kb.trim(), "1024");
 }
+
+/// Two test threads (or poold and a CLI) mounting the same store at once
+/// must end with one mount and both callers succeeding; before the mount
+/// lock, both started a daemon and both failed (CI, branch.rs).
+#[test]
+fn concurrent_ensure_mounted_callers_share_one_mount() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(7, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut guard = common::Mounted {
+        mountpoint: ts.mountpoint(),
+        control: ts.config().control(),
+        pids: Vec::new(),
+    };
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| forkd_fs::ensure_mounted(&ts.config())))
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    guard.note_pid();
+    for r in &results {
+        assert!(r.is_ok(), "a concurrent mount failed: {r:?}");
+    }
+    assert_eq!(std::fs::read(guard.file(&rec.id, "memory.bin")).unwrap(), d);
+    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let here = guard.mountpoint.to_str().unwrap();
+    assert_eq!(
+        mounts
+            .lines()
+            .filter(|l| l.contains(&format!(" {here} ")))
+            .count(),
+        1,
+        "concurrent callers stacked mounts"
+    );
+}
