@@ -376,11 +376,15 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);
-    // SAFETY: setsid is async-signal-safe; detaches from our terminal and
-    // process group so the daemon outlives the caller.
+    // SAFETY: setsid, close_range and fcntl are async-signal-safe. setsid
+    // detaches from our terminal and process group so the daemon outlives
+    // the caller; the daemon keeps none of the caller's other fds (a lock
+    // or a pipe the caller's caller waits on would otherwise stay held for
+    // as long as the mount lives).
     unsafe {
         cmd.pre_exec(|| {
             libc::setsid();
+            cloexec_from(3);
             Ok(())
         });
     }
@@ -452,4 +456,25 @@ fn prefetch_cmd(
         list.len()
     );
     Ok(())
+}
+
+/// Marks every fd from `first` up close-on-exec. Runs between fork and
+/// exec: async-signal-safe calls only, no allocation.
+fn cloexec_from(first: u32) {
+    // SAFETY: close_range only changes flags of this process's fds.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            u32::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        // Kernels before 5.11: one fcntl per possible fd.
+        for fd in first as i32..4096 {
+            // SAFETY: F_SETFD on an fd that may not exist fails with EBADF.
+            unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
 }

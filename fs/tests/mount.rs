@@ -757,3 +757,31 @@ fn concurrent_ensure_mounted_callers_share_one_mount() {
         "concurrent callers stacked mounts"
     );
 }
+
+/// The daemon must not keep fds its caller inherited: a lock (flock(1)
+/// around a test run) or a pipe someone waits on for EOF stayed held for
+/// as long as the mount lived.
+#[test]
+fn the_daemon_keeps_none_of_its_callers_fds() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    // A pipe whose write end the mount command inherits (no CLOEXEC).
+    let (r, w) = nix::unistd::pipe().unwrap();
+    let m = ts.mount();
+    drop(w);
+    let mut fds = [nix::poll::PollFd::new(
+        std::os::fd::AsFd::as_fd(&r),
+        nix::poll::PollFlags::POLLIN,
+    )];
+    let ready = nix::poll::poll(&mut fds, nix::poll::PollTimeout::from(3000u16)).unwrap();
+    let hup = fds[0]
+        .revents()
+        .is_some_and(|e| e.intersects(nix::poll::PollFlags::POLLHUP));
+    assert!(
+        ready == 1 && hup,
+        "the forkd-fs daemon still holds the write end of its caller's pipe"
+    );
+    drop(m);
+}
