@@ -10,6 +10,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use forkd_layers::SnapshotId;
 
@@ -32,9 +33,11 @@ struct Inner {
     counts: HashMap<SnapshotId, u64>,
     /// Between `begin_delete` and `end_delete`.
     hidden: HashSet<SnapshotId>,
-    /// Deleted through the protocol: hidden for the rest of the mount, even
-    /// before this process's secondary view has caught up.
-    gone: HashSet<SnapshotId>,
+    /// Deleted through the protocol, and when: hidden even before this
+    /// process's secondary view has caught up, until a catch-up that
+    /// started after the delete finds the id committed again (a pull
+    /// brings a snapshot back under its id; see `Shared::visibility`).
+    gone: HashMap<SnapshotId, Instant>,
 }
 
 impl Inner {
@@ -56,6 +59,18 @@ impl Inner {
     }
 }
 
+/// Whether a snapshot id may be served.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Visibility {
+    /// Servable.
+    Visible,
+    /// Hidden by `begin_delete` until its `end_delete`.
+    Hidden,
+    /// Deleted at this instant; served again only once a catch-up of the
+    /// store view that started after it finds the id committed again.
+    Gone(Instant),
+}
+
 /// Handle counts and hidden ids (see the module invariant). Behind a
 /// holder, every change is journaled under the same lock, so the journal's
 /// order is the order of the changes.
@@ -69,7 +84,7 @@ impl Handles {
     /// Registers an open of a file of `snap`; returns the new file handle.
     pub fn open(&self, snap: SnapshotId) -> Result<u64, Refusal> {
         let mut g = self.inner.lock().unwrap();
-        if g.hidden.contains(&snap) || g.gone.contains(&snap) {
+        if g.hidden.contains(&snap) || g.gone.contains_key(&snap) {
             return Err(Refusal::Hidden);
         }
         g.next_fh += 1;
@@ -104,10 +119,13 @@ impl Handles {
             }
             Entry::Unhide { id } => {
                 g.hidden.remove(&id);
+                g.gone.remove(&id);
             }
             Entry::Gone { id } => {
                 g.hidden.remove(&id);
-                g.gone.insert(id);
+                // When it went is not journaled: "now" is later, so a
+                // catch-up since then still reflects the delete.
+                g.gone.insert(id, Instant::now());
             }
             Entry::Snapshot { .. } | Entry::Tag { .. } => {}
         }
@@ -126,7 +144,7 @@ impl Handles {
             _ => 0,
         });
         v.extend(g.hidden.iter().map(|&id| Entry::Hide { id }));
-        v.extend(g.gone.iter().map(|&id| Entry::Gone { id }));
+        v.extend(g.gone.keys().map(|&id| Entry::Gone { id }));
         v
     }
 
@@ -139,10 +157,32 @@ impl Handles {
         g.remove(fh);
     }
 
-    /// True if new lookups and opens of `snap` must fail.
+    /// Whether `snap` may be looked up and opened.
+    pub fn visibility(&self, snap: &SnapshotId) -> Visibility {
+        let g = self.inner.lock().unwrap();
+        if g.hidden.contains(snap) {
+            Visibility::Hidden
+        } else if let Some(&at) = g.gone.get(snap) {
+            Visibility::Gone(at)
+        } else {
+            Visibility::Visible
+        }
+    }
+
+    /// Makes a deleted `snap` visible again: it was committed again after
+    /// its delete (the caller checked, see [`Visibility::Gone`]).
+    pub fn revive(&self, snap: &SnapshotId) {
+        let mut g = self.inner.lock().unwrap();
+        if g.gone.remove(snap).is_some() {
+            self.log(&Entry::Unhide { id: *snap });
+        }
+    }
+
+    /// True if new lookups and opens of `snap` must fail (for now: a
+    /// [`Visibility::Gone`] id may still be revived).
     pub fn is_hidden(&self, snap: &SnapshotId) -> bool {
         let g = self.inner.lock().unwrap();
-        g.hidden.contains(snap) || g.gone.contains(snap)
+        g.hidden.contains(snap) || g.gone.contains_key(snap)
     }
 
     /// Open handles of `snap`.
@@ -194,7 +234,7 @@ impl Handles {
         });
         g.hidden.remove(&snap);
         if deleted {
-            g.gone.insert(snap);
+            g.gone.insert(snap, Instant::now());
         }
     }
 }

@@ -199,8 +199,10 @@ impl ForkdFs {
                 }
             }
             Some(Node::Dir(s)) => {
-                if sh.handles.is_hidden(&s.id) {
-                    return Err(Errno::ENOENT);
+                match sh.visible(&s.id) {
+                    Ok(true) => {}
+                    Ok(false) => return Err(Errno::ENOENT),
+                    Err(e) => return Err(store_eio(&format!("looking up snapshot {}", s.id), &e)),
                 }
                 s.files.get(name).map(|f| f.ino).ok_or(Errno::ENOENT)
             }
@@ -223,7 +225,7 @@ impl ForkdFs {
                 let _ = sh.catchup.since(t0);
                 let tags = sh.view.tags().map_err(|e| store_eio("listing tags", &e))?;
                 for (tag, id) in tags {
-                    if tag != inode::BY_ID_NAME && !sh.handles.is_hidden(&id) {
+                    if tag != inode::BY_ID_NAME && sh.visible(&id).unwrap_or(false) {
                         out.push((sh.inodes.tag(&tag), FileType::Symlink, tag));
                     }
                 }
@@ -236,7 +238,7 @@ impl ForkdFs {
                     .list_snapshots()
                     .map_err(|e| store_eio("listing snapshots", &e))?;
                 for rec in snaps {
-                    if !sh.handles.is_hidden(&rec.id) {
+                    if sh.visible(&rec.id).unwrap_or(false) {
                         let s = sh.inodes.add_snapshot(&rec);
                         out.push((s.dir_ino, FileType::Directory, rec.id.to_string()));
                     }
@@ -386,6 +388,11 @@ impl Filesystem for ForkdFs {
                 StoreError::NoSuchSnapshot(_) | StoreError::NoSuchFile { .. } => Errno::ENOENT,
                 e => store_eio(&format!("opening {} of snapshot {}", f.name, f.snap), &e),
             });
+        }
+        // A deleted snapshot that was committed again is revived here too:
+        // the kernel may open a file it still knows without a lookup.
+        if let Err(e) = self.shared.visible(&f.snap) {
+            return reply.error(store_eio(&format!("opening snapshot {}", f.snap), &e));
         }
         match self.shared.handles.open(f.snap) {
             Ok(fh) => {

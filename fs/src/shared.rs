@@ -10,7 +10,7 @@ use tracing::warn;
 
 use crate::catchup::CatchUp;
 use crate::control::ReadCounters;
-use crate::handles::Handles;
+use crate::handles::{Handles, Visibility};
 use crate::inode::{self, FileNode, Inodes, SnapInfo};
 use crate::record::Recorder;
 
@@ -85,7 +85,7 @@ impl Shared {
         id: &SnapshotId,
         t0: Instant,
     ) -> forkd_layers::Result<Option<Arc<SnapInfo>>> {
-        if self.handles.is_hidden(id) {
+        if !self.visible(id)? {
             return Ok(None);
         }
         if let Some(s) = self.inodes.snapshot(id) {
@@ -113,7 +113,30 @@ impl Shared {
                 self.view.tag(tag)?
             }
         };
-        Ok(id.filter(|id| !self.handles.is_hidden(id)))
+        match id {
+            Some(id) if self.visible(&id)? => Ok(Some(id)),
+            _ => Ok(None),
+        }
+    }
+
+    /// Whether snapshot `id` may be served: not hidden for a delete in
+    /// progress, and not deleted, unless it was committed again since (a
+    /// pull brings a snapshot back under its original id): a catch-up that
+    /// started after the delete then finds it in the store.
+    pub fn visible(&self, id: &SnapshotId) -> forkd_layers::Result<bool> {
+        match self.handles.visibility(id) {
+            Visibility::Visible => Ok(true),
+            Visibility::Hidden => Ok(false),
+            Visibility::Gone(at) => {
+                self.catchup.since(at)?;
+                if self.view.snapshot(id)?.is_some() {
+                    self.handles.revive(id);
+                    Ok(true)
+                } else {
+                    Ok(false)
+                }
+            }
+        }
     }
 
     /// A file of a visible snapshot, by id and name.

@@ -354,7 +354,9 @@ fn delete_protocol_refuses_while_open() {
     c.end_delete(&id, false).unwrap();
     assert_eq!(std::fs::read(m.file(&id, "memory.bin")).unwrap(), d);
 
-    // The real thing.
+    // The real thing (once the read's release, which FUSE sends after
+    // close returns, has arrived).
+    assert!(wait_for(Duration::from_secs(5), || c.in_use(&id).unwrap() == 0));
     c.begin_delete(&id).unwrap();
     ts.store.delete_snapshot(&id).unwrap();
     c.end_delete(&id, true).unwrap();
@@ -784,4 +786,59 @@ fn the_daemon_keeps_none_of_its_callers_fds() {
         "the forkd-fs daemon still holds the write end of its caller's pipe"
     );
     drop(m);
+}
+
+/// A snapshot deleted and then committed again (a pull of the same content
+/// makes the same id) is served again: it stayed hidden for the rest of
+/// the mount, so spawning from a pulled-back snapshot failed with 404
+/// (the soak's hub round trips).
+#[test]
+fn a_deleted_snapshot_committed_again_is_served_again() {
+    if no_fuse() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(8, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], Some("again"));
+    let id = rec.id;
+    let m = ts.mount();
+    let mut c = m.client();
+    assert_eq!(std::fs::read(m.file(&id, "memory.bin")).unwrap(), d);
+
+    let manifest = rec.files["memory.bin"].manifest;
+    let manifest_bytes = ts.store.manifest_bytes(&manifest).unwrap();
+    // FUSE sends the read's release after close returns.
+    assert!(wait_for(Duration::from_secs(5), || c.in_use(&id).unwrap() == 0));
+    c.begin_delete(&id).unwrap();
+    ts.store.delete_snapshot(&id).unwrap();
+    c.end_delete(&id, true).unwrap();
+    assert!(!m.path("again").exists());
+    assert!(!m.file(&id, "memory.bin").exists());
+
+    // What a pull does: the record comes back under its original id.
+    ts.store
+        .import_manifest(&manifest, &manifest_bytes)
+        .unwrap();
+    assert!(ts.store.commit_imported(&rec, Some("again"), true).unwrap());
+    assert_eq!(std::fs::read(m.path("again/memory.bin")).unwrap(), d);
+    assert_eq!(std::fs::read(m.file(&id, "memory.bin")).unwrap(), d);
+    let listed: Vec<String> = std::fs::read_dir(m.path("by-id"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(listed, vec![id.to_string()]);
+    // And a worker that replaces this one (replaying the journal) agrees.
+    let st = c.status().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(st.pid as i32),
+        nix::sys::signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        forkd_fs::Client::connect(&m.control)
+            .and_then(|mut c| c.status())
+            .is_ok_and(|s| s.pid != st.pid)
+    }));
+    assert_eq!(std::fs::read(m.path("again/memory.bin")).unwrap(), d);
 }
