@@ -74,6 +74,17 @@ elif [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 export FORKD_TEST_PYTHON="$venv/bin/python"
+# The oldest supported E2B SDK (docs/e2b.md) in a venv of its own, the same way.
+reqs_old="$REPO_ROOT/tests/python/requirements-e2b-oldest.txt"
+venv_old="$FORKD_HOME/pyvenv-e2b-oldest-$(sha256sum "$reqs_old" | cut -c1-12)"
+if [ ! -f "$venv_old/.complete" ]; then
+  say "oldest supported E2B SDK into $venv_old"
+  rm -rf "$FORKD_HOME"/pyvenv-e2b-oldest-*
+  python3 -m venv "$venv_old"
+  "$venv_old/bin/python" -m pip install --quiet -r "$reqs_old"
+  touch "$venv_old/.complete"
+fi
+export FORKD_TEST_PYTHON_E2B_OLDEST="$venv_old/bin/python"
 say "cargo test (release)"
 cargo test --release --workspace "${cargo_args[@]}"
 say "All tests passed in $(( $(date +%s) - started ))s"

@@ -99,6 +99,8 @@ pub struct Poold {
     pub url: String,
     pub client: Client,
     pub home: PathBuf,
+    /// The E2B API and sandbox-plane URLs, when started with `--e2b-bind`.
+    pub e2b: Option<(String, String)>,
 }
 
 impl Poold {
@@ -126,19 +128,33 @@ impl Poold {
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let mut stdout = BufReader::new(stdout);
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).unwrap();
+        stdout.read_line(&mut line).unwrap();
         let Some(url) = line.trim().strip_prefix("poold listening on ") else {
             let out = child.wait_with_output().unwrap();
             return Err(format!("{line}{}", String::from_utf8_lossy(&out.stderr)));
         };
         let url = url.to_string();
+        // "poold E2B API on http://A sandboxes on http://B"
+        let e2b = if args.contains(&"--e2b-bind") {
+            let mut l = String::new();
+            stdout.read_line(&mut l).unwrap();
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match (w.get(4), w.get(7)) {
+                (Some(a), Some(b)) => Some((a.to_string(), b.to_string())),
+                _ => return Err(format!("no E2B listener line: {l:?}")),
+            }
+        } else {
+            None
+        };
         let client = Client::new(&url, token.map(String::from)).unwrap();
         Ok(Poold {
             child,
             url,
             client,
             home: home.to_path_buf(),
+            e2b,
         })
     }
 

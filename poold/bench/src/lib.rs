@@ -5,6 +5,7 @@
 #![warn(missing_docs)]
 
 pub mod branch;
+pub mod e2b;
 pub mod fork;
 pub mod mem;
 pub mod spawn;

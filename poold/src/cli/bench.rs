@@ -1,4 +1,4 @@
-//! `forkd bench fork|spawn`: benchmarks that print medians and ratios.
+//! `forkd bench fork|spawn|branch|e2b`: benchmarks that print medians and ratios.
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
@@ -71,6 +71,26 @@ pub enum BenchCmd {
         /// with per-child networking (docs/network.md).
         #[arg(long)]
         net_tag: Option<String>,
+    },
+    /// Create + run code through poold's E2B endpoints next to spawn + eval through /v1.
+    E2b {
+        /// Snapshot tag (the E2B template).
+        #[arg(long)]
+        tag: String,
+        /// Round trips per path.
+        #[arg(short = 'n', long, default_value_t = 20)]
+        n: usize,
+        #[arg(long, default_value = PROBE)]
+        probe: String,
+        /// poold's E2B API (its --e2b-bind).
+        #[arg(long, env = "E2B_API_URL", default_value = "http://127.0.0.1:3000")]
+        api_url: String,
+        /// poold's E2B sandbox plane (its --e2b-sandbox-bind).
+        #[arg(long, env = "E2B_SANDBOX_URL", default_value = "http://127.0.0.1:3001")]
+        sandbox_url: String,
+        /// The E2B API key (poold's e2b.api_key_file, else its token).
+        #[arg(long, env = "E2B_API_KEY", default_value = "forkd", hide_env_values = true)]
+        api_key: String,
     },
 }
 
@@ -152,6 +172,27 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     net_tag,
                 },
             )
+            .await?;
+        }
+        BenchCmd::E2b {
+            tag,
+            n,
+            probe,
+            api_url,
+            sandbox_url,
+            api_key,
+        } => {
+            if n == 0 || n > 500 {
+                bail!("-n must be 1-500");
+            }
+            bench::e2b::run(bench::e2b::E2bBench {
+                tag,
+                n,
+                probe,
+                api_url,
+                sandbox_url,
+                api_key,
+            })
             .await?;
         }
     }

@@ -59,6 +59,15 @@ pub struct Args {
     /// without their warm-up run.
     #[arg(long = "pool", value_name = "TAG=MIN[:MAX][,cold]")]
     pub pools: Vec<String>,
+    /// Serve the E2B API (E2B_API_URL) here, e.g. 127.0.0.1:3000 (docs/e2b.md).
+    #[arg(long, value_name = "IP:PORT")]
+    pub e2b_bind: Option<String>,
+    /// Serve E2B sandbox traffic (E2B_SANDBOX_URL) here, e.g. 127.0.0.1:3001.
+    #[arg(long, value_name = "IP:PORT")]
+    pub e2b_sandbox_bind: Option<String>,
+    /// File holding the E2B API key (X-API-KEY); default: the bearer token.
+    #[arg(long)]
+    pub e2b_api_key_file: Option<PathBuf>,
 }
 
 impl Args {
@@ -94,6 +103,15 @@ impl Args {
         }
         if let Some(v) = self.snapshot_concurrency {
             c.snapshot_concurrency = v;
+        }
+        if let Some(v) = &self.e2b_bind {
+            c.e2b.bind = Some(v.clone());
+        }
+        if let Some(v) = &self.e2b_sandbox_bind {
+            c.e2b.sandbox_bind = Some(v.clone());
+        }
+        if let Some(v) = &self.e2b_api_key_file {
+            c.e2b.api_key_file = Some(v.clone());
         }
         c.allowed_paths.extend(self.allowed_paths.iter().cloned());
         c.allowed_hosts.extend(self.allowed_hosts.iter().cloned());

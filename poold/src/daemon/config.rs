@@ -16,6 +16,11 @@
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
 //! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
 //!
+//! [e2b]                            # the E2B API (docs/e2b.md); both or neither
+//! bind = "127.0.0.1:3000"          # E2B_API_URL
+//! sandbox_bind = "127.0.0.1:3001"  # E2B_SANDBOX_URL
+//! api_key_file = "/etc/forkd/e2b-key" # unset: the token_file's token is the key
+//!
 //! [pools.py]                       # a pool for snapshot tag "py"
 //! min_ready = 4
 //! max_ready = 8
@@ -84,6 +89,8 @@ pub struct Config {
     pub default_memory_limit_mib: Option<u64>,
     /// Child networking (docs/network.md).
     pub net: NetConfig,
+    /// The E2B API's listeners and key (docs/e2b.md).
+    pub e2b: crate::daemon::e2b::E2bConfig,
 }
 
 /// `[net]`: the range host-side child addresses come from and the egress
@@ -122,6 +129,7 @@ impl Default for Config {
             default_pids_max: Some(1024),
             default_memory_limit_mib: None,
             net: NetConfig::default(),
+            e2b: Default::default(),
         }
     }
 }
@@ -197,6 +205,7 @@ impl Config {
             .egress
             .validate()
             .context("net.egress (docs/network.md)")?;
+        self.e2b.addrs()?;
         for p in &self.allowed_paths {
             if !p.is_absolute() {
                 bail!("allowed_paths entry {} must be absolute", p.display());

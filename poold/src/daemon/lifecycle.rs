@@ -379,6 +379,33 @@ pub fn limits_of(r: &SandboxRecord) -> Limits {
     }
 }
 
+/// Sets when sandbox `id` is killed automatically: `ttl_secs` from now (0
+/// clears it). Durable before it returns; 404 when there is no such sandbox.
+pub async fn set_ttl(d: &Arc<Daemon>, id: &str, ttl_secs: u64) -> ApiResult<SandboxRecord> {
+    let sb = d
+        .sandboxes
+        .get(id)
+        .ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))?;
+    let expires = if ttl_secs == 0 {
+        0
+    } else {
+        unix_now().saturating_add(ttl_secs)
+    };
+    sb.record.lock().unwrap().expires_at_unix = expires;
+    let rec = sb.record();
+    let r2 = rec.clone();
+    d.state
+        .commit(move |s| {
+            // Only while it exists: a concurrent delete must not be undone.
+            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
+                *r = r2;
+            }
+        })
+        .await
+        .map_err(ApiError::from_anyhow)?;
+    Ok(rec)
+}
+
 /// Destroys sandbox `id`: kills QEMU, removes its directory, cgroup and
 /// record. Returns false when there is no such sandbox.
 pub async fn destroy(d: &Arc<Daemon>, id: &str) -> bool {

@@ -8,13 +8,15 @@
 //! - [`lifecycle`]: spawn, destroy, refill, adopt after a restart, TTLs;
 //! - [`api`]: the HTTP routes; [`server`]: listeners, auth and audit;
 //!   [`hosts`]: DNS-rebinding protection (the `Host` check);
-//! - [`cgroup`]: memory limits; [`metrics`]: Prometheus.
+//! - [`cgroup`]: memory limits; [`metrics`]: Prometheus;
+//! - [`e2b`]: the E2B API on listeners of its own (docs/e2b.md).
 
 pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod cli;
 pub mod config;
+pub mod e2b;
 pub mod error;
 pub mod hosts;
 pub mod lifecycle;
@@ -232,6 +234,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         }
         None => None,
     };
+    cfg.e2b.validate(token.is_some())?;
     if token.is_none() && cfg.unix.is_none() && !cfg.bind_addr()?.ip().is_loopback() {
         anyhow::bail!(
             "refusing to listen on non-loopback address {} without a token: set token_file (--token-file) or bind 127.0.0.1",
@@ -304,6 +307,11 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
 pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
     let _lock = InstanceLock::acquire(&paths)?;
     let d = open(paths, cfg).await?;
+    let e2b = e2b::bind(&d).await?;
     lifecycle::start_background(&d);
-    server::serve(d).await
+    let banner = e2b.as_ref().map(e2b::Bound::banner);
+    match e2b {
+        Some(b) => tokio::try_join!(server::serve(d, banner), b.serve()).map(|_| ()),
+        None => server::serve(d, None).await,
+    }
 }

@@ -208,8 +208,10 @@ fn remove_stale_socket(path: &std::path::Path) -> Result<()> {
     }
 }
 
-/// Serves until SIGINT/SIGTERM.
-pub async fn serve(d: Arc<Daemon>) -> Result<()> {
+/// Serves until SIGINT/SIGTERM. `banner_after` is printed after the
+/// listening line (the E2B listeners' addresses), so the first line of
+/// stdout is always this listener's.
+pub async fn serve(d: Arc<Daemon>, banner_after: Option<String>) -> Result<()> {
     let app = app(d.clone());
     match &d.cfg.unix {
         Some(path) => {
@@ -221,6 +223,9 @@ pub async fn serve(d: Arc<Daemon>) -> Result<()> {
                 .with_context(|| format!("binding {}", path.display()))?;
             tracing::info!("poold listening on unix://{}", path.display());
             println!("poold listening on unix://{}", path.display());
+            if let Some(b) = &banner_after {
+                println!("{b}");
+            }
             axum::serve(l, app)
                 .with_graceful_shutdown(shutdown_signal())
                 .await
@@ -233,6 +238,9 @@ pub async fn serve(d: Arc<Daemon>) -> Result<()> {
                 .with_context(|| format!("binding {addr} (is another poold running?)"))?;
             tracing::info!("poold listening on http://{}", l.local_addr()?);
             println!("poold listening on http://{}", l.local_addr()?);
+            if let Some(b) = &banner_after {
+                println!("{b}");
+            }
             axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
                 .with_graceful_shutdown(shutdown_signal())
                 .await
@@ -241,7 +249,7 @@ pub async fn serve(d: Arc<Daemon>) -> Result<()> {
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {

@@ -88,6 +88,17 @@ pub async fn branch(
     detached(branch_work(d, id, b)).await
 }
 
+/// Branches sandbox `id` into a new snapshot `tag` (full mode) and waits
+/// for it to be stored: what the E2B API's fork does before spawning.
+pub async fn branch_to(d: Arc<Daemon>, id: String, tag: String) -> ApiResult<SnapshotInfo> {
+    let b = BranchBody {
+        tag: Some(tag),
+        ..Default::default()
+    };
+    let (_, Json(info)) = branch_work(d, id, b).await?;
+    Ok(info)
+}
+
 async fn branch_work(
     d: Arc<Daemon>,
     id: String,

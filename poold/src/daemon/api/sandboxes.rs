@@ -303,23 +303,6 @@ pub async fn set_ttl(
             lifecycle::MAX_TTL_SECS
         )));
     }
-    let sb = get_sandbox(&d, &id)?;
-    let expires = if b.ttl_secs == 0 {
-        0
-    } else {
-        forkd_snapshot::unix_now() + b.ttl_secs
-    };
-    sb.record.lock().unwrap().expires_at_unix = expires;
-    let rec = sb.record();
-    let r2 = rec.clone();
-    d.state
-        .commit(move |s| {
-            // Only while it exists: a concurrent delete must not be undone.
-            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
-                *r = r2;
-            }
-        })
-        .await
-        .map_err(ApiError::from_anyhow)?;
+    let rec = lifecycle::set_ttl(&d, &id, b.ttl_secs).await?;
     Ok(Json(rec.into()))
 }

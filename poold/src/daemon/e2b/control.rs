@@ -1,0 +1,576 @@
+//! The E2B control plane (`E2B_API_URL`): sandboxes as the SDK's REST API
+//! sees them. Answers `{"code": <status>, "message": "..."}` on errors,
+//! with the statuses the SDK branches on (201 create, 204 kill and
+//! timeout, 404 unknown sandbox, 401 bad key).
+//!
+//! | route | what |
+//! |---|---|
+//! | `POST /sandboxes`, `POST /v2/sandboxes` | create from a template (= snapshot tag) |
+//! | `GET /sandboxes`, `GET /v2/sandboxes` | list, with `metadata`, `state`, `limit`, `nextToken` |
+//! | `GET /sandboxes/{id}` | info |
+//! | `DELETE /sandboxes/{id}` | kill |
+//! | `POST /sandboxes/{id}/timeout` | set the TTL |
+//! | `POST [/v2]/sandboxes/{id}/connect` | connect (extends the TTL, never shortens it) |
+//! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
+//! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
+
+use super::{E2b, E2bSandbox, ENVD_VERSION};
+use crate::daemon::error::{detached, ApiError};
+use crate::daemon::lifecycle::{self, SpawnRequest, MAX_TTL_SECS};
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+
+type E = State<Arc<E2b>>;
+
+/// The TTL of a sandbox whose create sets no `timeout` (E2B's default).
+pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// Most metadata pairs per sandbox, and their sizes.
+pub const MAX_METADATA: usize = 64;
+/// Most `envVars` per sandbox.
+pub const MAX_ENV_VARS: usize = 128;
+/// Most sandboxes on one list page.
+pub const MAX_PAGE: usize = 100;
+
+/// An E2B API error answer.
+#[derive(Debug)]
+pub struct E2bError(pub ApiError);
+
+impl From<ApiError> for E2bError {
+    fn from(e: ApiError) -> E2bError {
+        E2bError(e)
+    }
+}
+
+impl IntoResponse for E2bError {
+    fn into_response(self) -> Response {
+        let mut r = (
+            self.0.status,
+            Json(json!({"code": self.0.status.as_u16(), "message": self.0.message})),
+        )
+            .into_response();
+        if self.0.status == StatusCode::SERVICE_UNAVAILABLE {
+            // At capacity or short of memory: the SDK would retry at once.
+            r.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("5"));
+        }
+        r
+    }
+}
+
+type R<T> = Result<T, E2bError>;
+
+/// The control plane's routes, behind the API-key check.
+pub fn routes(e: Arc<E2b>) -> Router {
+    Router::new()
+        .route("/sandboxes", post(create).get(list))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/resume", post(resume))
+        .fallback(not_served)
+        .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
+        .layer(middleware::from_fn_with_state(e.clone(), api_key))
+        .with_state(e)
+}
+
+async fn api_key(State(e): E, req: Request, next: Next) -> Response {
+    let got = req.headers().get("x-api-key").map(|v| v.as_bytes());
+    if !e.key_ok(got) {
+        let why = if got.is_none() {
+            "missing X-API-KEY: set E2B_API_KEY to poold's E2B key (docs/e2b.md)"
+        } else {
+            "wrong X-API-KEY: E2B_API_KEY must be poold's E2B key (e2b.api_key_file, else its bearer token)"
+        };
+        return E2bError(ApiError::new(StatusCode::UNAUTHORIZED, why)).into_response();
+    }
+    next.run(req).await
+}
+
+async fn not_served(req: Request) -> E2bError {
+    E2bError(ApiError::not_found(format!(
+        "{} {} is not part of poold's E2B API (docs/e2b.md lists what is)",
+        req.method(),
+        req.uri().path()
+    )))
+}
+
+/// `NewSandbox` as both SDK generations send it; other keys are ignored.
+#[derive(Debug, Deserialize)]
+struct NewSandbox {
+    #[serde(rename = "templateID", alias = "template_id")]
+    template_id: String,
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "envVars", alias = "env_vars")]
+    env_vars: Option<BTreeMap<String, String>>,
+    #[serde(default, rename = "autoPause", alias = "auto_pause")]
+    auto_pause: Option<bool>,
+    #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
+    volume_mounts: Option<Vec<Value>>,
+}
+
+fn bad(m: impl Into<String>) -> E2bError {
+    E2bError(ApiError::bad_request(m))
+}
+
+fn check_timeout(t: u64) -> R<u64> {
+    if t == 0 || t > MAX_TTL_SECS {
+        return Err(bad(format!(
+            "timeout must be between 1 and {MAX_TTL_SECS} seconds"
+        )));
+    }
+    Ok(t)
+}
+
+fn check_metadata(m: &BTreeMap<String, String>) -> R<()> {
+    if m.len() > MAX_METADATA {
+        return Err(bad(format!("metadata: at most {MAX_METADATA} keys")));
+    }
+    for (k, v) in m {
+        if k.is_empty() || k.len() > 256 || v.len() > 4096 {
+            return Err(bad(format!(
+                "metadata {k:?}: keys must be 1-256 bytes, values at most 4096"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Environment names a shell accepts; values without NUL, bounded.
+pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
+    if env.len() > MAX_ENV_VARS {
+        return Err(format!("at most {MAX_ENV_VARS} environment variables"));
+    }
+    for (k, v) in env {
+        let name_ok = !k.is_empty()
+            && k.len() <= 256
+            && !k.as_bytes()[0].is_ascii_digit()
+            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
+        if !name_ok {
+            return Err(format!(
+                "environment variable name {k:?}: letters, digits and '_', not starting with a digit"
+            ));
+        }
+        if v.len() > 32 * 1024 || v.contains('\0') {
+            return Err(format!(
+                "environment variable {k}: value longer than 32 KiB or containing NUL"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `POST /sandboxes`, `POST /v2/sandboxes`: a sandbox of the template
+/// (snapshot tag); a pool hit when the tag's pool has a child ready.
+async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<Value>)> {
+    let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let metadata = b.metadata.unwrap_or_default();
+    check_metadata(&metadata)?;
+    let env = b.env_vars.unwrap_or_default();
+    check_env(&env).map_err(|m| bad(format!("envVars: {m}")))?;
+    if b.auto_pause == Some(true) {
+        return Err(bad(
+            "autoPause: poold does not pause sandboxes; leave it out (a sandbox is killed at its timeout)",
+        ));
+    }
+    if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
+        return Err(bad("volumeMounts are not supported by poold (docs/e2b.md)"));
+    }
+    let req = SpawnRequest {
+        tag: b.template_id.clone(),
+        n: 1,
+        ttl_secs: Some(timeout),
+        ..Default::default()
+    };
+    let d = e.d.clone();
+    let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
+    let Some(rec) = recs.into_iter().next() else {
+        return Err(E2bError(ApiError::internal("spawn returned no sandbox")));
+    };
+    let sb = Arc::new(E2bSandbox::new(&rec.id, b.template_id, metadata, env));
+    e.insert(sb.clone());
+    if e.d.sandboxes.get(&rec.id).is_none() {
+        // Deleted through /v1 in between: do not keep a record of it.
+        e.forget(&rec.id);
+    }
+    Ok((StatusCode::CREATED, Json(sandbox_json(&sb))))
+}
+
+/// The `Sandbox` answer of create and connect.
+fn sandbox_json(sb: &E2bSandbox) -> Value {
+    json!({
+        "templateID": sb.template,
+        "sandboxID": sb.id,
+        "clientID": "forkd",
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": sb.token,
+        "trafficAccessToken": null,
+        "domain": null,
+        "alias": sb.template,
+    })
+}
+
+fn rfc3339(unix: u64) -> String {
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
+}
+
+/// `SandboxDetail` / `ListedSandbox`.
+async fn detail_json(e: &E2b, sb: &E2bSandbox) -> Option<Value> {
+    let rec = e.d.sandboxes.get(&sb.id)?.record();
+    let (cpus, mem) = shape(e, &rec).await;
+    let end = if rec.expires_at_unix != 0 {
+        rec.expires_at_unix
+    } else {
+        rec.created_at_unix.saturating_add(MAX_TTL_SECS)
+    };
+    Some(json!({
+        "templateID": sb.template,
+        "alias": sb.template,
+        "sandboxID": sb.id,
+        "clientID": "forkd",
+        "startedAt": rfc3339(rec.created_at_unix),
+        "endAt": rfc3339(end),
+        "cpuCount": cpus,
+        "memoryMB": mem,
+        "diskSizeMB": 0,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": sb.token,
+        "metadata": sb.metadata,
+        "state": "running",
+    }))
+}
+
+/// vCPUs and MiB of RAM of a sandbox: its limits where it has them, else
+/// its snapshot's machine.
+async fn shape(e: &E2b, rec: &crate::daemon::state::SandboxRecord) -> (u64, u64) {
+    let machine = lifecycle::source(&e.d, &rec.snapshot_tag)
+        .await
+        .ok()
+        .map(|s| s.config.machine);
+    let cpus = rec
+        .cpus
+        .map(|c| c.ceil() as u64)
+        .or(machine.as_ref().map(|m| u64::from(m.vcpus)))
+        .unwrap_or(1);
+    let mem = rec
+        .memory_limit_mib
+        .or(machine.as_ref().map(|m| m.mem_mib))
+        .unwrap_or(0);
+    (cpus, mem)
+}
+
+fn sandbox_or_404(e: &E2b, id: &str) -> R<Arc<E2bSandbox>> {
+    e.record(id).ok_or_else(|| {
+        E2bError(ApiError::not_found(format!(
+            "sandbox {id:?} not found (killed, expired, or never created)"
+        )))
+    })
+}
+
+/// `GET /sandboxes/{id}`.
+async fn info(State(e): E, Path(id): Path<String>) -> R<Json<Value>> {
+    let sb = sandbox_or_404(&e, &id)?;
+    let v = detail_json(&e, &sb)
+        .await
+        .ok_or_else(|| E2bError(ApiError::not_found(format!("sandbox {id:?} not found"))))?;
+    Ok(Json(v))
+}
+
+/// `DELETE /sandboxes/{id}`: 204, or 404 when there is no such sandbox.
+async fn kill(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
+    let d = e.d.clone();
+    let id2 = id.clone();
+    let gone = detached(async move { Ok(lifecycle::destroy(&d, &id2).await) }).await?;
+    e.forget(&id);
+    if gone {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(E2bError(ApiError::not_found(format!(
+            "sandbox {id:?} not found"
+        ))))
+    }
+}
+
+#[derive(Debug, Deserialize)]
+struct TimeoutBody {
+    timeout: u64,
+}
+
+/// `POST /sandboxes/{id}/timeout {"timeout": secs}`: killed that long from now.
+async fn set_timeout(State(e): E, Path(id): Path<String>, Json(b): Json<TimeoutBody>) -> R<StatusCode> {
+    let t = check_timeout(b.timeout)?;
+    sandbox_or_404(&e, &id)?;
+    lifecycle::set_ttl(&e.d, &id, t).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ConnectBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+/// `POST [/v2]/sandboxes/{id}/connect`: the sandbox with its token (made
+/// now for one spawned through `/v1`); a `timeout` extends its TTL, never
+/// shortens it.
+async fn connect(State(e): E, Path(id): Path<String>, body: axum::body::Bytes) -> R<Json<Value>> {
+    let b: ConnectBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ConnectBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| bad(format!("bad connect body: {err}")))?
+    };
+    let sb = sandbox_or_404(&e, &id)?;
+    if let Some(t) = b.timeout {
+        let t = check_timeout(t)?;
+        let now = forkd_snapshot::unix_now();
+        let cur = e.d.sandboxes.get(&id).map(|s| s.record().expires_at_unix);
+        if cur.is_some_and(|c| c != 0 && c < now + t) {
+            lifecycle::set_ttl(&e.d, &id, t).await?;
+        }
+    }
+    Ok(Json(sandbox_json(&sb)))
+}
+
+/// Most children of one fork (the SDK's own bound).
+pub const MAX_FORKS: usize = 20;
+
+#[derive(Debug, Default, Deserialize)]
+struct ForkBody {
+    #[serde(default)]
+    timeout: Option<u64>,
+    #[serde(default)]
+    count: Option<usize>,
+}
+
+/// `POST /sandboxes/{id}/fork {timeout, count}`: poold's branch. The
+/// sandbox is captured live into snapshot `e2b-fork-<hex>` (it keeps
+/// running, its TTL untouched), then `count` children are spawned from it,
+/// each with the parent's template, metadata and env. 201 with one
+/// `{"sandbox"}` per child, or one `{"error"}` per child when the spawn
+/// failed (a spawn is all or nothing). The snapshot stays, like any
+/// branch: delete it (`forkd snapshot rm`) when its children are done.
+async fn fork(
+    State(e): E,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> R<(StatusCode, Json<Vec<Value>>)> {
+    let b: ForkBody = if body.iter().all(u8::is_ascii_whitespace) {
+        ForkBody::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|err| bad(format!("bad fork body: {err}")))?
+    };
+    let count = b.count.unwrap_or(1);
+    if !(1..=MAX_FORKS).contains(&count) {
+        return Err(bad(format!("count must be 1-{MAX_FORKS}")));
+    }
+    let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+    let parent = sandbox_or_404(&e, &id)?;
+    let tag = format!("e2b-fork-{}", forkd_snapshot::random_hex(8));
+    let d = e.d.clone();
+    let (id2, tag2) = (id.clone(), tag.clone());
+    detached(async move { crate::daemon::api::branch::branch_to(d, id2, tag2).await }).await?;
+    let req = SpawnRequest {
+        tag: tag.clone(),
+        n: count,
+        ttl_secs: Some(timeout),
+        ..Default::default()
+    };
+    let d = e.d.clone();
+    let out = match detached(async move { lifecycle::spawn(&d, req).await }).await {
+        Ok(recs) => recs
+            .iter()
+            .map(|r| {
+                let sb = Arc::new(E2bSandbox::new(
+                    &r.id,
+                    parent.template.clone(),
+                    parent.metadata.clone(),
+                    parent.env.clone(),
+                ));
+                e.insert(sb.clone());
+                json!({"sandbox": sandbox_json(&sb)})
+            })
+            .collect(),
+        Err(err) => {
+            let one = json!({"error": {"code": err.status.as_u16(), "message": err.message}});
+            vec![one; count]
+        }
+    };
+    Ok((StatusCode::CREATED, Json(out)))
+}
+
+/// `POST /sandboxes/{id}/pause`: poold keeps sandboxes running until they
+/// are killed or expire; a paused copy is a branch (`POST /v1/sandboxes/{id}/branch`).
+async fn pause(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
+    sandbox_or_404(&e, &id)?;
+    Err(E2bError(ApiError::new(
+        StatusCode::NOT_IMPLEMENTED,
+        "poold does not pause sandboxes: to keep one's state, branch it into a snapshot (POST /v1/sandboxes/{id}/branch) and create from that tag later",
+    )))
+}
+
+/// `POST /sandboxes/{id}/resume`: every sandbox poold has is running.
+async fn resume(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
+    sandbox_or_404(&e, &id)?;
+    Err(E2bError(ApiError::conflict(format!(
+        "sandbox {id:?} is running (poold never pauses sandboxes)"
+    ))))
+}
+
+/// The list filters, from the query string.
+#[derive(Debug, Default, PartialEq)]
+struct ListQuery {
+    metadata: BTreeMap<String, String>,
+    /// None: any state.
+    states: Option<Vec<String>>,
+    limit: usize,
+    next: Option<String>,
+}
+
+fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
+    let mut out = ListQuery {
+        limit: MAX_PAGE,
+        ..Default::default()
+    };
+    for (k, v) in form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
+        match k.as_ref() {
+            // A query string itself: `k1=v1&k2=v2`, URL-encoded once more.
+            "metadata" | "query" => {
+                for (mk, mv) in form_urlencoded::parse(v.as_bytes()) {
+                    out.metadata.insert(mk.into_owned(), mv.into_owned());
+                }
+            }
+            "state" => out
+                .states
+                .get_or_insert_with(Vec::new)
+                .extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
+            "limit" => {
+                out.limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_PAGE).contains(n))
+                    .ok_or_else(|| bad(format!("limit must be 1-{MAX_PAGE}")))?
+            }
+            "nextToken" | "next_token" => out.next = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    check_metadata(&out.metadata)?;
+    Ok(out)
+}
+
+/// `GET [/v2]/sandboxes`: every live sandbox (those spawned through `/v1`
+/// too), oldest first, `limit` per page; `x-next-token` names the next.
+async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
+    let q = parse_list_query(q.as_deref())?;
+    if q
+        .states
+        .as_ref()
+        .is_some_and(|s| !s.iter().any(|s| s == "running"))
+    {
+        return Ok(Json(Vec::<Value>::new()).into_response());
+    }
+    let all = e.d.sandboxes.all();
+    let start = match &q.next {
+        None => 0,
+        Some(t) => all
+            .iter()
+            .position(|s| &s.id == t)
+            .map(|i| i + 1)
+            .ok_or_else(|| bad("nextToken does not name a live sandbox; list from the start"))?,
+    };
+    let mut page = Vec::new();
+    let mut last = None;
+    let mut more = false;
+    for s in &all[start..] {
+        let Some(sb) = e.record(&s.id) else { continue };
+        if !q.metadata.iter().all(|(k, v)| sb.metadata.get(k) == Some(v)) {
+            continue;
+        }
+        if page.len() == q.limit {
+            more = true;
+            break;
+        }
+        if let Some(v) = detail_json(&e, &sb).await {
+            page.push(v);
+            last = Some(sb.id.clone());
+        }
+    }
+    let mut r = Json(page).into_response();
+    if let (true, Some(t)) = (more, last) {
+        if let Ok(v) = HeaderValue::from_str(&t) {
+            r.headers_mut().insert("x-next-token", v);
+        }
+    }
+    Ok(r)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_query_parses_the_sdk_forms() {
+        let q = parse_list_query(Some(
+            "state=running,paused&metadata=user%3Dalice%26env%3Dprod&limit=2&nextToken=sb-1",
+        ))
+        .unwrap();
+        assert_eq!(q.states, Some(vec!["running".into(), "paused".into()]));
+        assert_eq!(q.metadata["user"], "alice");
+        assert_eq!(q.metadata["env"], "prod");
+        assert_eq!((q.limit, q.next.as_deref()), (2, Some("sb-1")));
+        let q = parse_list_query(None).unwrap();
+        assert_eq!((q.limit, q.states.is_none()), (MAX_PAGE, true));
+        assert!(parse_list_query(Some("limit=0")).is_err());
+        assert!(parse_list_query(Some("limit=101")).is_err());
+    }
+
+    #[test]
+    fn env_and_timeout_checks() {
+        let ok: BTreeMap<_, _> = [("FOO_1".to_string(), "x".to_string())].into();
+        assert!(check_env(&ok).is_ok());
+        for bad in ["1X", "A-B", "", "A B"] {
+            let m: BTreeMap<_, _> = [(bad.to_string(), "x".to_string())].into();
+            assert!(check_env(&m).is_err(), "{bad:?}");
+        }
+        let nul: BTreeMap<_, _> = [("A".to_string(), "a\0b".to_string())].into();
+        assert!(check_env(&nul).is_err());
+        assert!(check_timeout(0).is_err());
+        assert!(check_timeout(MAX_TTL_SECS + 1).is_err());
+        assert_eq!(check_timeout(300).unwrap(), 300);
+    }
+
+    #[test]
+    fn new_sandbox_accepts_both_sdk_bodies() {
+        let v2: NewSandbox = serde_json::from_str(
+            r#"{"templateID":"base","timeout":120,"metadata":{},"envVars":{"A":"b"}}"#,
+        )
+        .unwrap();
+        assert_eq!((v2.template_id.as_str(), v2.timeout), ("base", Some(120)));
+        let v1: NewSandbox = serde_json::from_str(
+            r#"{"templateID": "base", "secure": true, "allow_internet_access": true, "autoPause": false}"#,
+        )
+        .unwrap();
+        assert_eq!(v1.auto_pause, Some(false));
+    }
+
+    #[test]
+    fn errors_have_the_sdk_shape() {
+        let r = E2bError(ApiError::not_found("gone")).into_response();
+        assert_eq!(r.status(), StatusCode::NOT_FOUND);
+    }
+}

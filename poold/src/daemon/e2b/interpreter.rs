@@ -1,0 +1,176 @@
+//! The code interpreter's `POST /execute` (port 49999), served by the
+//! sandbox's warm interpreter (the agent's `eval`): the code runs in the
+//! persistent Python process the snapshot warmed, so imports made before
+//! the snapshot (numpy in a python-numpy snapshot) are already there.
+//!
+//! The answer is the code interpreter's NDJSON stream: `stdout`, `stderr`,
+//! the main `result` (its `text` is the value's `repr()`), or an `error`
+//! with name, value and traceback, then `number_of_executions` and
+//! `end_of_execution`. The eval answers when the code finishes, so output
+//! arrives in one piece rather than as it is printed. One context per
+//! sandbox, the default: contexts, other languages and per-call env vars
+//! are refused.
+
+use super::E2bSandbox;
+use axum::extract::Request;
+use axum::http::{header, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use forkd_vmm::AgentClient;
+use rootfs_init::protocol::EvalResult;
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+
+/// The deadline of one execution (the code interpreter's default).
+pub const TIMEOUT_MS: u64 = 300_000;
+/// Largest code accepted.
+pub const MAX_CODE_BYTES: usize = 1 << 20;
+
+#[derive(Debug, Deserialize)]
+struct ExecuteBody {
+    code: String,
+    #[serde(default)]
+    context_id: Option<String>,
+    #[serde(default)]
+    language: Option<String>,
+    #[serde(default)]
+    env_vars: Option<BTreeMap<String, String>>,
+}
+
+fn error(status: StatusCode, message: impl Into<String>) -> Response {
+    (status, Json(json!({"code": status.as_u16(), "message": message.into()}))).into_response()
+}
+
+/// Serves a request for port 49999.
+pub async fn handle(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response {
+    let (m, p) = (req.method().clone(), req.uri().path().to_string());
+    if m == Method::GET && p == "/health" {
+        StatusCode::NO_CONTENT.into_response()
+    } else if m == Method::POST && p == "/execute" {
+        execute(sb, agent, req).await
+    } else {
+        error(
+            StatusCode::NOT_FOUND,
+            format!("{m} {p}: poold's code interpreter serves POST /execute in the default context only (docs/e2b.md)"),
+        )
+    }
+}
+
+async fn execute(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response {
+    let body = match axum::body::to_bytes(req.into_body(), MAX_CODE_BYTES + 4096).await {
+        Ok(b) => b,
+        Err(_) => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("code over {MAX_CODE_BYTES} bytes"),
+            )
+        }
+    };
+    let b: ExecuteBody = match serde_json::from_slice(&body) {
+        Ok(b) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, format!("bad /execute body: {e}")),
+    };
+    if b.context_id.is_some() {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "contexts are not supported: poold runs code in the sandbox's one warm interpreter; leave context out",
+        );
+    }
+    if b.language.as_deref().is_some_and(|l| l != "python") {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "only Python runs here (the sandbox's warm interpreter); leave language out",
+        );
+    }
+    if b.env_vars.as_ref().is_some_and(|e| !e.is_empty()) {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "envs for run_code are not supported (the warm interpreter's environment is fixed); set os.environ in the code",
+        );
+    }
+    let r = match agent.eval(&b.code, Some(TIMEOUT_MS)).await {
+        Ok(r) => r,
+        Err(forkd_vmm::CallError::Agent(a))
+            if a.kind == rootfs_init::protocol::ErrorKind::Timeout =>
+        {
+            return error(StatusCode::BAD_GATEWAY, a.message)
+        }
+        Err(e) => {
+            let a = crate::daemon::error::agent_error(e);
+            return error(a.status, a.message);
+        }
+    };
+    let count = sb.executions.fetch_add(1, Ordering::Relaxed) + 1;
+    let mut out = Vec::new();
+    for line in lines(&r, count, &now()) {
+        out.extend_from_slice(line.to_string().as_bytes());
+        out.push(b'\n');
+    }
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response()
+}
+
+fn now() -> String {
+    humantime::format_rfc3339_millis(std::time::SystemTime::now()).to_string()
+}
+
+/// The NDJSON lines of one evaluation.
+fn lines(r: &EvalResult, count: u64, ts: &str) -> Vec<Value> {
+    let mut v = Vec::new();
+    if !r.stdout.is_empty() {
+        v.push(json!({"type": "stdout", "text": r.stdout, "timestamp": ts}));
+    }
+    if !r.stderr.is_empty() {
+        v.push(json!({"type": "stderr", "text": r.stderr, "timestamp": ts}));
+    }
+    if let Some(err) = &r.error {
+        let (name, value) = err.split_once(": ").unwrap_or((err.as_str(), ""));
+        v.push(json!({
+            "type": "error",
+            "name": name,
+            "value": value,
+            "traceback": r.traceback.clone().unwrap_or_default(),
+        }));
+    } else if let Some(text) = &r.result {
+        v.push(json!({"type": "result", "text": text, "is_main_result": true, "extra": {}}));
+    }
+    v.push(json!({"type": "number_of_executions", "execution_count": count}));
+    v.push(json!({"type": "end_of_execution"}));
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_lines() {
+        let r = EvalResult {
+            result: Some("[0.0, 0.0]".into()),
+            stdout: "hi\n".into(),
+            ..Default::default()
+        };
+        let l = lines(&r, 3, "t");
+        assert_eq!(l[0], json!({"type": "stdout", "text": "hi\n", "timestamp": "t"}));
+        assert_eq!(l[1]["type"], "result");
+        assert_eq!(l[1]["text"], "[0.0, 0.0]");
+        assert_eq!(l[1]["is_main_result"], true);
+        assert_eq!(l[2]["execution_count"], 3);
+        assert_eq!(l[3]["type"], "end_of_execution");
+    }
+
+    #[test]
+    fn error_lines() {
+        let r = EvalResult {
+            error: Some("ZeroDivisionError: division by zero".into()),
+            traceback: Some("Traceback ...".into()),
+            ..Default::default()
+        };
+        let l = lines(&r, 1, "t");
+        assert_eq!(l[0]["type"], "error");
+        assert_eq!(l[0]["name"], "ZeroDivisionError");
+        assert_eq!(l[0]["value"], "division by zero");
+        assert_eq!(l[0]["traceback"], "Traceback ...");
+    }
+}

@@ -1,0 +1,704 @@
+//! The E2B sandbox plane (`E2B_SANDBOX_URL`): one listener for every
+//! sandbox's envd (port 49983) and code interpreter (49999). A request is
+//! routed by `E2b-Sandbox-Id`, or, when a client leaves it out (e2b 2.7.0's
+//! `Sandbox.connect`), by its `X-Access-Token`; `E2b-Sandbox-Port` picks
+//! the service (envd by default). The token must match the sandbox's.
+//!
+//! envd here: `GET /health`, `GET`/`POST /files`, and the Connect services
+//! `process.Process/*` ([`super::process`]) and `filesystem.Filesystem/*`
+//! (stat, list, make dir, remove, move). Processes run as root in `/root`
+//! (the guest agent's user); asking for another user is refused.
+
+use super::connect::{self, Code, RpcError, RpcResult};
+use super::process::{self, StartRequest};
+use super::{E2b, E2bSandbox, ENVD_PORT, INTERPRETER_PORT};
+use crate::daemon::api::files::MAX_FILE_BYTES;
+use axum::body::Body;
+use axum::extract::{FromRequest, Request, State};
+use axum::http::{header, HeaderMap, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use base64::Engine;
+use forkd_vmm::AgentClient;
+use rootfs_init::protocol::{DirEntry, ExecSpec, FileKind, FileStat};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::{Duration, UNIX_EPOCH};
+use subtle::ConstantTimeEq;
+
+/// The only user processes run as, and its home (relative paths resolve
+/// against it).
+pub const USER: &str = "root";
+/// `USER`'s home.
+pub const HOME: &str = "/root";
+/// How long after a call's `Connect-Timeout-Ms` its process is killed.
+pub const DEADLINE_GRACE_MS: u64 = 500;
+/// Most entries one `ListDir` answers (all depths together).
+pub const MAX_LIST_ENTRIES: usize = 10_000;
+
+/// The sandbox plane: everything goes through [`handle`].
+pub fn routes(e: Arc<E2b>) -> Router {
+    Router::new()
+        .fallback(handle)
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES + 64 * 1024))
+        .layer(axum::middleware::from_fn_with_state(
+            e.d.clone(),
+            crate::daemon::transfers::turn,
+        ))
+        .with_state(e)
+}
+
+/// A plain-HTTP error in envd's `{"code": int, "message"}` shape.
+fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"code": status.as_u16(), "message": message.into()})),
+    )
+        .into_response()
+}
+
+/// The sandbox and port a request is for, after the token check.
+fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), Response> {
+    let port = match h.get("e2b-sandbox-port") {
+        None => ENVD_PORT,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| {
+                http_error(StatusCode::BAD_REQUEST, "E2b-Sandbox-Port must be a port number")
+            })?,
+    };
+    let token = h.get("x-access-token").map(|v| v.as_bytes());
+    let unauthorized = || {
+        http_error(
+            StatusCode::UNAUTHORIZED,
+            "missing or wrong X-Access-Token: use the envdAccessToken the create (or connect) answered",
+        )
+    };
+    let sb = match h.get("e2b-sandbox-id") {
+        Some(id) => {
+            let id = id.to_str().unwrap_or("");
+            let sb = e.existing(id).ok_or_else(|| {
+                http_error(
+                    StatusCode::BAD_GATEWAY,
+                    format!("sandbox {id:?} not found: killed, expired, or not connected through the E2B API"),
+                )
+            })?;
+            let ok = token.is_some_and(|t| bool::from(sb.token.as_bytes().ct_eq(t)));
+            if !ok {
+                return Err(unauthorized());
+            }
+            sb
+        }
+        None => token
+            .and_then(|t| e.by_token(t))
+            .ok_or_else(unauthorized)?,
+    };
+    Ok((sb, port))
+}
+
+async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
+    let (sb, port) = match route(&e, req.headers()) {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let Some(live) = e.d.sandboxes.get(&sb.id) else {
+        return http_error(StatusCode::BAD_GATEWAY, format!("sandbox {} is gone", sb.id));
+    };
+    let agent = live.agent.clone();
+    drop(live);
+    match port {
+        ENVD_PORT => envd(&sb, &agent, req).await,
+        INTERPRETER_PORT => super::interpreter::handle(&sb, &agent, req).await,
+        p => http_error(
+            StatusCode::BAD_GATEWAY,
+            format!("port {p} is not served: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
+        ),
+    }
+}
+
+async fn envd(sb: &Arc<E2bSandbox>, agent: &AgentClient, req: Request) -> Response {
+    let path = req.uri().path().to_string();
+    let (get, post) = (req.method() == Method::GET, req.method() == Method::POST);
+    if get && path == "/health" {
+        StatusCode::NO_CONTENT.into_response()
+    } else if get && path == "/files" {
+        read_file(agent, req).await
+    } else if post && path == "/files" {
+        write_files(agent, req).await
+    } else if let Some(m) = path.strip_prefix("/process.Process/").filter(|_| post) {
+        rpc(sb, agent, m, true, req).await
+    } else if let Some(m) = path.strip_prefix("/filesystem.Filesystem/").filter(|_| post) {
+        rpc(sb, agent, m, false, req).await
+    } else {
+        http_error(
+            StatusCode::NOT_FOUND,
+            format!(
+                "{} {path} is not an envd endpoint poold serves (docs/e2b.md)",
+                req.method()
+            ),
+        )
+    }
+}
+
+/// Resolves a guest path as envd does: relative (or `~/`) against the home.
+pub fn resolve_path(p: &str, home: &str) -> RpcResult<String> {
+    let abs = if p.is_empty() || p == "~" {
+        home.to_string()
+    } else if let Some(rest) = p.strip_prefix("~/") {
+        format!("{home}/{rest}")
+    } else if p.starts_with('/') {
+        p.to_string()
+    } else {
+        format!("{home}/{p}")
+    };
+    rootfs_init::protocol::validate_guest_path(&abs).map_err(|e| RpcError::invalid(e.message))?;
+    Ok(abs)
+}
+
+/// The user a request asks for (`Authorization: Basic base64(user:)`):
+/// none or root; poold's agent runs everything as root.
+fn check_user(h: &HeaderMap) -> RpcResult<()> {
+    let Some(v) = h.get(header::AUTHORIZATION) else {
+        return Ok(());
+    };
+    let user = v
+        .to_str()
+        .ok()
+        .and_then(|s| s.strip_prefix("Basic "))
+        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .map(|s| s.split(':').next().unwrap_or("").to_string())
+        .ok_or_else(|| RpcError::invalid("Authorization must be Basic base64(\"user:\")"))?;
+    check_username(&user)
+}
+
+fn check_username(user: &str) -> RpcResult<()> {
+    if user.is_empty() || user == USER {
+        Ok(())
+    } else {
+        Err(RpcError::new(
+            Code::PermissionDenied,
+            format!("user {user:?}: poold's sandboxes run commands as {USER:?} only; leave user unset or pass user=\"root\""),
+        ))
+    }
+}
+
+/// One Connect call: reads the body (one envelope for streams), dispatches.
+async fn rpc(
+    sb: &Arc<E2bSandbox>,
+    agent: &AgentClient,
+    method: &str,
+    process: bool,
+    req: Request,
+) -> Response {
+    let streaming = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/connect+"));
+    let fail = |e: RpcError| -> Response {
+        if streaming {
+            stream_response(futures::stream::iter([Ok(e.end_of_stream())]))
+        } else {
+            e.into_response()
+        }
+    };
+    if let Err(e) = check_user(req.headers()) {
+        return fail(e);
+    }
+    let timeout = req
+        .headers()
+        .get("connect-timeout-ms")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|ms| *ms > 0)
+        // The client's deadline is the one that answers (the SDK raises
+        // its timeout error); the kill here, a moment later, is the backstop
+        // that ends the process when the client is gone.
+        .map(|ms| Duration::from_millis(ms.saturating_add(DEADLINE_GRACE_MS)));
+    let keepalive = req
+        .headers()
+        .get("keepalive-ping-interval")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| (1..=3600).contains(s))
+        .map_or(Duration::from_secs(50), Duration::from_secs);
+    let body = match axum::body::to_bytes(req.into_body(), connect::MAX_REQUEST_BYTES + 5).await {
+        Ok(b) => b,
+        Err(e) => {
+            return fail(RpcError::new(
+                Code::ResourceExhausted,
+                format!("request body over {} bytes or unreadable: {e}", connect::MAX_REQUEST_BYTES),
+            ))
+        }
+    };
+    let msg: &[u8] = if streaming {
+        match connect::single_message(&body) {
+            Ok(m) => m,
+            Err(e) => return fail(e),
+        }
+    } else {
+        &body
+    };
+    let out = if process {
+        process_rpc(sb, agent, method, msg, timeout, keepalive).await
+    } else {
+        fs_rpc(agent, method, msg).await.map(|v| connect::unary_ok(&v))
+    };
+    out.unwrap_or_else(fail)
+}
+
+fn stream_response(
+    s: impl futures::Stream<Item = Result<bytes::Bytes, std::convert::Infallible>> + Send + 'static,
+) -> Response {
+    (
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/connect+json")],
+        Body::from_stream(s),
+    )
+        .into_response()
+}
+
+#[derive(Deserialize)]
+struct Selector {
+    #[serde(default)]
+    process: Value,
+}
+
+async fn process_rpc(
+    sb: &Arc<E2bSandbox>,
+    agent: &AgentClient,
+    method: &str,
+    msg: &[u8],
+    timeout: Option<Duration>,
+    keepalive: Duration,
+) -> RpcResult<Response> {
+    match method {
+        "Start" => {
+            let req: StartRequest = connect::parse(msg)?;
+            let spec = process::exec_spec(sb, &req, HOME, timeout)?;
+            let (p, rx) = sb
+                .processes
+                .start(agent, spec, req.process, req.tag)
+                .await?;
+            Ok(stream_response(process::event_stream(p.pid, rx, keepalive)))
+        }
+        "Connect" => {
+            let s: Selector = connect::parse(msg)?;
+            let p = sb.processes.find(&s.process)?;
+            let rx = p.subscribe()?;
+            Ok(stream_response(process::event_stream(p.pid, rx, keepalive)))
+        }
+        "List" => Ok(connect::unary_ok(&process::list_json(&sb.processes))),
+        "SendSignal" => {
+            #[derive(Deserialize)]
+            struct Req {
+                #[serde(default)]
+                process: Value,
+                #[serde(default)]
+                signal: Value,
+            }
+            let r: Req = connect::parse(msg)?;
+            let p = sb.processes.find(&r.process)?;
+            process::signal(agent, &p, process::parse_signal(&r.signal)?).await?;
+            Ok(connect::unary_ok(&json!({})))
+        }
+        "SendInput" => {
+            #[derive(Deserialize)]
+            struct Req {
+                #[serde(default)]
+                process: Value,
+                #[serde(default)]
+                input: Value,
+            }
+            let r: Req = connect::parse(msg)?;
+            let p = sb.processes.find(&r.process)?;
+            if r.input.get("pty").is_some() {
+                return Err(RpcError::unimplemented("pty input"));
+            }
+            let data = match r.input.get("stdin").and_then(Value::as_str) {
+                Some(b) => base64::engine::general_purpose::STANDARD
+                    .decode(b)
+                    .map_err(|e| RpcError::invalid(format!("input.stdin is not base64: {e}")))?,
+                None => Vec::new(),
+            };
+            process::input(agent, &p, &data, false).await?;
+            Ok(connect::unary_ok(&json!({})))
+        }
+        "CloseStdin" => {
+            let s: Selector = connect::parse(msg)?;
+            let p = sb.processes.find(&s.process)?;
+            process::input(agent, &p, &[], true).await?;
+            Ok(connect::unary_ok(&json!({})))
+        }
+        other => Err(RpcError::unimplemented(&format!("process.Process/{other}"))),
+    }
+}
+
+/// Go's `fs.FileMode` string (`-rw-r--r--`, `drwxr-xr-x`).
+fn permissions(kind: FileKind, mode: u32) -> String {
+    let mut s = String::with_capacity(10);
+    s.push(match kind {
+        FileKind::Dir => 'd',
+        FileKind::Symlink => 'L',
+        _ => '-',
+    });
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 7;
+        s.push(if bits & 4 != 0 { 'r' } else { '-' });
+        s.push(if bits & 2 != 0 { 'w' } else { '-' });
+        s.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    s
+}
+
+fn file_type(kind: FileKind) -> &'static str {
+    match kind {
+        FileKind::File => "FILE_TYPE_FILE",
+        FileKind::Dir => "FILE_TYPE_DIRECTORY",
+        FileKind::Symlink => "FILE_TYPE_SYMLINK",
+        FileKind::Other => "FILE_TYPE_UNSPECIFIED",
+    }
+}
+
+fn mtime(unix: i64) -> String {
+    let t = UNIX_EPOCH + Duration::from_secs(unix.max(0) as u64);
+    humantime::format_rfc3339_seconds(t).to_string()
+}
+
+fn owner(id: u32) -> String {
+    if id == 0 {
+        "root".into()
+    } else {
+        id.to_string()
+    }
+}
+
+/// `EntryInfo` of a stat.
+fn stat_entry(st: &FileStat) -> Value {
+    let name = st.path.rsplit('/').next().unwrap_or("").to_string();
+    let mut v = json!({
+        "name": if name.is_empty() { "/".to_string() } else { name },
+        "type": file_type(st.kind),
+        "path": st.path,
+        "size": st.size.to_string(),
+        "mode": st.mode,
+        "permissions": permissions(st.kind, st.mode),
+        "owner": owner(st.uid),
+        "group": owner(st.gid),
+        "modifiedTime": mtime(st.mtime_unix),
+    });
+    if let Some(t) = &st.symlink_target {
+        v["symlinkTarget"] = json!(t);
+    }
+    v
+}
+
+/// `EntryInfo` of a listing entry (listings carry no owner).
+fn dir_entry(dir: &str, e: &DirEntry) -> Value {
+    let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
+    json!({
+        "name": e.name,
+        "type": file_type(e.kind),
+        "path": path,
+        "size": e.size.to_string(),
+        "mode": e.mode,
+        "permissions": permissions(e.kind, e.mode),
+        "modifiedTime": mtime(e.mtime_unix),
+    })
+}
+
+#[derive(Deserialize)]
+struct PathReq {
+    #[serde(default)]
+    path: String,
+    #[serde(default)]
+    depth: Option<u32>,
+}
+
+async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Value> {
+    let a = connect::from_agent;
+    match method {
+        "Stat" => {
+            let r: PathReq = connect::parse(msg)?;
+            let p = resolve_path(&r.path, HOME)?;
+            let st = agent.stat(&p).await.map_err(a)?;
+            Ok(json!({"entry": stat_entry(&st)}))
+        }
+        "ListDir" => {
+            let r: PathReq = connect::parse(msg)?;
+            let p = resolve_path(&r.path, HOME)?;
+            let depth = r.depth.unwrap_or(1).clamp(1, 64);
+            Ok(json!({"entries": list_dir(agent, &p, depth).await?}))
+        }
+        "MakeDir" => {
+            let r: PathReq = connect::parse(msg)?;
+            let p = resolve_path(&r.path, HOME)?;
+            if agent.stat(&p).await.is_ok() {
+                return Err(RpcError::new(Code::AlreadyExists, format!("{p} exists")));
+            }
+            let st = agent.mkdir(&p, true).await.map_err(a)?;
+            Ok(json!({"entry": stat_entry(&st)}))
+        }
+        "Remove" => {
+            let r: PathReq = connect::parse(msg)?;
+            let p = resolve_path(&r.path, HOME)?;
+            agent.remove(&p, true).await.map_err(a)?;
+            Ok(json!({}))
+        }
+        "Move" => {
+            #[derive(Deserialize)]
+            struct Req {
+                source: String,
+                destination: String,
+            }
+            let r: Req = connect::parse(msg)?;
+            let (src, dst) = (resolve_path(&r.source, HOME)?, resolve_path(&r.destination, HOME)?);
+            rename(agent, &src, &dst).await?;
+            let st = agent.stat(&dst).await.map_err(a)?;
+            Ok(json!({"entry": stat_entry(&st)}))
+        }
+        other => Err(RpcError::unimplemented(&format!("filesystem.Filesystem/{other}"))),
+    }
+}
+
+/// Lists `dir` down to `depth` levels, at most [`MAX_LIST_ENTRIES`].
+async fn list_dir(agent: &AgentClient, dir: &str, depth: u32) -> RpcResult<Vec<Value>> {
+    let mut out = Vec::new();
+    let mut level = vec![dir.to_string()];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for d in &level {
+            let l = agent.list(d).await.map_err(connect::from_agent)?;
+            for e in &l.entries {
+                if out.len() == MAX_LIST_ENTRIES {
+                    return Err(RpcError::new(
+                        Code::ResourceExhausted,
+                        format!("{dir} has over {MAX_LIST_ENTRIES} entries at depth {depth}; list with a smaller depth"),
+                    ));
+                }
+                let v = dir_entry(d, e);
+                if e.kind == FileKind::Dir {
+                    next.push(v["path"].as_str().unwrap_or_default().to_string());
+                }
+                out.push(v);
+            }
+        }
+        level = next;
+    }
+    Ok(out)
+}
+
+/// Renames `src` to `dst` with the guest's `mv -T` (rename(2), or a copy
+/// across filesystems; never moves into `dst` when it is a directory).
+async fn rename(agent: &AgentClient, src: &str, dst: &str) -> RpcResult<()> {
+    agent.stat(src).await.map_err(connect::from_agent)?;
+    let spec = ExecSpec {
+        argv: Some(vec!["mv".into(), "-T".into(), "--".into(), src.into(), dst.into()]),
+        timeout_ms: Some(120_000),
+        ..Default::default()
+    };
+    let out = agent.exec(spec, &[]).await.map_err(connect::from_agent)?;
+    if out.result.exit_code == Some(0) {
+        Ok(())
+    } else {
+        Err(RpcError::invalid(format!(
+            "moving {src} to {dst}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
+}
+
+#[derive(Default)]
+struct FileQuery {
+    path: Option<String>,
+    username: Option<String>,
+}
+
+fn file_query(req: &Request) -> Result<FileQuery, Response> {
+    let q = req.uri().query().unwrap_or("");
+    let fq = parse_file_query(q);
+    let user_err = |e: RpcError| http_error(StatusCode::UNAUTHORIZED, e.message);
+    check_username(fq.username.as_deref().unwrap_or("")).map_err(user_err)?;
+    check_user(req.headers()).map_err(user_err)?;
+    Ok(fq)
+}
+
+fn parse_file_query(q: &str) -> FileQuery {
+    let mut fq = FileQuery::default();
+    for (k, v) in form_urlencoded::parse(q.as_bytes()) {
+        match k.as_ref() {
+            "path" => fq.path = Some(v.into_owned()),
+            "username" => fq.username = Some(v.into_owned()),
+            _ => {}
+        }
+    }
+    fq
+}
+
+fn agent_http_error(e: forkd_vmm::CallError) -> Response {
+    let a = crate::daemon::error::agent_error(e);
+    http_error(a.status, a.message)
+}
+
+/// `GET /files?path=`: the file's bytes.
+async fn read_file(agent: &AgentClient, req: Request) -> Response {
+    let q = match file_query(&req) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let path = match resolve_path(q.path.as_deref().unwrap_or(""), HOME) {
+        Ok(p) => p,
+        Err(e) => return http_error(StatusCode::BAD_REQUEST, e.message),
+    };
+    match agent.read_file(&path, 0, Some(MAX_FILE_BYTES as u64)).await {
+        Ok((r, _)) if r.size > r.len => http_error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("{path} is {} bytes; one download is at most {MAX_FILE_BYTES}", r.size),
+        ),
+        Ok((_, bytes)) => (
+            [(header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => agent_http_error(e),
+    }
+}
+
+/// `POST /files`: multipart (each part's file name is its destination when
+/// no `path` is given) or a raw body to `path`.
+async fn write_files(agent: &AgentClient, req: Request) -> Response {
+    let q = match file_query(&req) {
+        Ok(q) => q,
+        Err(r) => return r,
+    };
+    let multipart = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"multipart/form-data"));
+    if req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity")
+    {
+        return http_error(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "compressed uploads are not accepted; send the file uncompressed",
+        );
+    }
+    let mut files: Vec<(String, bytes::Bytes)> = Vec::new();
+    if multipart {
+        let mut mp = match axum::extract::Multipart::from_request(req, &()).await {
+            Ok(m) => m,
+            Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
+        };
+        loop {
+            let field = match mp.next_field().await {
+                Ok(Some(f)) => f,
+                Ok(None) => break,
+                Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
+            };
+            let name = field.file_name().map(str::to_string);
+            let data = match field.bytes().await {
+                Ok(b) => b,
+                Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
+            };
+            let dest = match (&q.path, name) {
+                (Some(p), _) => p.clone(),
+                (None, Some(n)) => n,
+                (None, None) => {
+                    return http_error(
+                        StatusCode::BAD_REQUEST,
+                        "a part without a file name and no path query: say where to write it",
+                    )
+                }
+            };
+            files.push((dest, data));
+            if files.len() > 1000 {
+                return http_error(StatusCode::BAD_REQUEST, "at most 1000 files per upload");
+            }
+        }
+    } else {
+        let Some(p) = q.path.clone() else {
+            return http_error(StatusCode::BAD_REQUEST, "path query required for a raw upload");
+        };
+        match axum::body::to_bytes(req.into_body(), MAX_FILE_BYTES).await {
+            Ok(b) => files.push((p, b)),
+            Err(_) => {
+                return http_error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("one upload is at most {MAX_FILE_BYTES} bytes"),
+                )
+            }
+        }
+    }
+    let mut out = Vec::new();
+    for (dest, data) in files {
+        let path = match resolve_path(&dest, HOME) {
+            Ok(p) => p,
+            Err(e) => return http_error(StatusCode::BAD_REQUEST, e.message),
+        };
+        if let Err(e) = agent.write_file(&path, &data, None, false).await {
+            return agent_http_error(e);
+        }
+        let name = path.rsplit('/').next().unwrap_or("").to_string();
+        out.push(json!({"name": name, "type": "file", "path": path}));
+    }
+    if out.is_empty() {
+        return http_error(StatusCode::BAD_REQUEST, "the upload held no file");
+    }
+    Json(out).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_like_envd() {
+        assert_eq!(resolve_path("", HOME).unwrap(), "/root");
+        assert_eq!(resolve_path("a.txt", HOME).unwrap(), "/root/a.txt");
+        assert_eq!(resolve_path("~/x", HOME).unwrap(), "/root/x");
+        assert_eq!(resolve_path("/tmp/x", HOME).unwrap(), "/tmp/x");
+        assert!(resolve_path("/a\0b", HOME).is_err());
+    }
+
+    #[test]
+    fn permissions_like_go() {
+        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
+        assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
+    }
+
+    #[test]
+    fn users() {
+        let mut h = HeaderMap::new();
+        assert!(check_user(&h).is_ok());
+        let b = base64::engine::general_purpose::STANDARD.encode("root:");
+        h.insert(header::AUTHORIZATION, format!("Basic {b}").parse().unwrap());
+        assert!(check_user(&h).is_ok());
+        let b = base64::engine::general_purpose::STANDARD.encode("user:");
+        h.insert(header::AUTHORIZATION, format!("Basic {b}").parse().unwrap());
+        assert_eq!(check_user(&h).unwrap_err().code, Code::PermissionDenied);
+    }
+
+    #[test]
+    fn entries() {
+        let st = FileStat {
+            path: "/root/a.txt".into(),
+            kind: FileKind::File,
+            size: 256,
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            mtime_unix: 0,
+            symlink_target: None,
+        };
+        let v = stat_entry(&st);
+        assert_eq!(v["name"], "a.txt");
+        assert_eq!(v["size"], "256");
+        assert_eq!(v["type"], "FILE_TYPE_FILE");
+        assert_eq!(v["modifiedTime"], "1970-01-01T00:00:00Z");
+    }
+}

@@ -1,0 +1,164 @@
+//! The unmodified E2B SDK from PyPI against a real poold with real guests
+//! (docs/e2b.md): `e2b` and `e2b-code-interpreter` at the pinned newest
+//! versions (tests/python/requirements.txt, `FORKD_TEST_PYTHON`) and the
+//! oldest supported `e2b` (tests/python/requirements-e2b-oldest.txt,
+//! `FORKD_TEST_PYTHON_E2B_OLDEST`) run tests/python/e2b_sdk.py: create
+//! from a python-numpy snapshot tagged `code-interpreter-v1` (the code
+//! interpreter's default template), commands, files, timeouts, info, list,
+//! connect, run_code on the warm numpy, kill. The SDK's failures fail this
+//! test; so do wrong keys and tokens getting through.
+
+use forkd_e2e::block_on;
+use forkd_e2e::daemon::{Home, Poold};
+use serde_json::json;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The code interpreter's default template, as a snapshot tag.
+const TEMPLATE: &str = "code-interpreter-v1";
+
+fn python(var: &str) -> PathBuf {
+    let p = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: scripts/test.sh builds the Python venvs of tests/python and sets it")
+    });
+    let p = PathBuf::from(p);
+    assert!(p.exists(), "{var}={} does not exist", p.display());
+    p
+}
+
+fn script() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_sdk.py")
+}
+
+/// Runs the SDK test with `py`; panics with its output unless it passed.
+fn run_sdk(py: &PathBuf, api: &str, sbx: &str, key: &str, extra: &[&str], want_version: &str) {
+    let t0 = Instant::now();
+    let out = Command::new(py)
+        .arg(script())
+        .arg(TEMPLATE)
+        .args(extra)
+        .env("E2B_API_URL", api)
+        .env("E2B_SANDBOX_URL", sbx)
+        .env("E2B_API_KEY", key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .expect("running the E2B SDK test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!(
+        "{} in {:.1}s:\n{stdout}",
+        py.display(),
+        t0.elapsed().as_secs_f64()
+    );
+    assert!(
+        out.status.success(),
+        "the E2B SDK test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    assert!(
+        stdout.contains(&format!("E2B SDK OK {want_version}")),
+        "the SDK test did not finish with e2b {want_version}:\n{stdout}\n{stderr}"
+    );
+}
+
+/// One raw HTTP/1.1 request; the status.
+fn raw(addr: &str, head: &str, body: &str) -> u16 {
+    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "{head}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    resp.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"))
+}
+
+#[test]
+fn unmodified_e2b_sdk_against_poold() {
+    let new_py = python("FORKD_TEST_PYTHON");
+    let old_py = python("FORKD_TEST_PYTHON_E2B_OLDEST");
+    let home = Home::new();
+    let key = forkd_snapshot::random_hex(16);
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let p = Poold::start(
+        &home.dir,
+        &[
+            "--e2b-bind",
+            "127.0.0.1:0",
+            "--e2b-sandbox-bind",
+            "127.0.0.1:0",
+            "--e2b-api-key-file",
+            key_file.to_str().unwrap(),
+        ],
+        None,
+    );
+    let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+
+    block_on(async {
+        p.snapshot(TEMPLATE, "python-numpy", 512).await;
+        let (st, v) = p
+            .put(
+                &format!("/v1/pools/{TEMPLATE}"),
+                json!({"min_ready": 1, "max_ready": 2}),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        let deadline = Instant::now() + Duration::from_secs(600);
+        loop {
+            let (_, v) = p.get(&format!("/v1/pools/{TEMPLATE}")).await;
+            if v["ready"].as_u64().unwrap_or(0) >= 1 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the pool never filled: {v}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+
+    // Keys and tokens: a wrong one gets 401 before anything runs.
+    let create = format!("{{\"templateID\":\"{TEMPLATE}\"}}");
+    assert_eq!(raw(&api, "POST /v2/sandboxes HTTP/1.1", &create), 401);
+    assert_eq!(
+        raw(
+            &api,
+            "POST /v2/sandboxes HTTP/1.1\r\nX-API-KEY: wrong",
+            &create
+        ),
+        401
+    );
+    assert_eq!(
+        raw(
+            &sbx,
+            "POST /process.Process/List HTTP/1.1\r\nE2b-Sandbox-Id: sb-000000000000000000000000\r\nX-Access-Token: x",
+            "{}"
+        ),
+        502
+    );
+    assert_eq!(
+        raw(&sbx, "POST /process.Process/List HTTP/1.1\r\nX-Access-Token: guess", "{}"),
+        401
+    );
+
+    let hits0 = block_on(p.metric("forkd_pool_hits_total", ""));
+    run_sdk(&new_py, &api, &sbx, &key, &["--code-interpreter"], "2.63.0");
+    run_sdk(&old_py, &api, &sbx, &key, &[], "2.7.0");
+    let hits = block_on(p.metric("forkd_pool_hits_total", "")) - hits0;
+    assert!(
+        hits >= 1.0,
+        "no E2B create was a pool hit (the pool had a child ready)"
+    );
+
+    // Everything the SDK created is gone.
+    let (_, v) = block_on(p.get("/v1/sandboxes"));
+    assert_eq!(v, json!([]), "sandboxes left behind");
+}
