@@ -21,7 +21,9 @@ const TEMPLATE: &str = "code-interpreter-v1";
 
 fn python(var: &str) -> PathBuf {
     let p = std::env::var(var).unwrap_or_else(|_| {
-        panic!("{var} is not set: scripts/test.sh builds the Python venvs of tests/python and sets it")
+        panic!(
+            "{var} is not set: scripts/test.sh builds the Python venvs of tests/python and sets it"
+        )
     });
     let p = PathBuf::from(p);
     assert!(p.exists(), "{var}={} does not exist", p.display());
@@ -145,7 +147,11 @@ fn unmodified_e2b_sdk_against_poold() {
         502
     );
     assert_eq!(
-        raw(&sbx, "POST /process.Process/List HTTP/1.1\r\nX-Access-Token: guess", "{}"),
+        raw(
+            &sbx,
+            "POST /process.Process/List HTTP/1.1\r\nX-Access-Token: guess",
+            "{}"
+        ),
         401
     );
 

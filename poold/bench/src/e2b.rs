@@ -95,7 +95,13 @@ pub async fn run(b: E2bBench) -> Result<()> {
     println!();
     println!(
         "{:<6} {:>12} {:>12} {:>14} {:>14} {:>16} {:>6}",
-        "path", "create p50", "run p50", "create+run p50", "create+run p99", "poold spawn p50", "hits"
+        "path",
+        "create p50",
+        "run p50",
+        "create+run p50",
+        "create+run p99",
+        "poold spawn p50",
+        "hits"
     );
     let row = |name: &str, t: &[Trip]| {
         let both: Vec<f64> = t.iter().map(|t| t.create + t.run).collect();
@@ -170,7 +176,10 @@ async fn e2b_trip(c: &Client, http: &reqwest::Client, b: &E2bBench) -> Result<Tr
     if status.as_u16() != 201 {
         bail!("E2B create answered {status}: {body}");
     }
-    let id = body["sandboxID"].as_str().context("no sandboxID")?.to_string();
+    let id = body["sandboxID"]
+        .as_str()
+        .context("no sandboxID")?
+        .to_string();
     let token = body["envdAccessToken"].as_str().unwrap_or("").to_string();
     let t1 = Instant::now();
     let resp = http
@@ -193,9 +202,9 @@ async fn e2b_trip(c: &Client, http: &reqwest::Client, b: &E2bBench) -> Result<Tr
     .send()
     .await?;
     let ok = status.is_success()
-        && text.lines().any(|l| {
-            serde_json::from_str::<Value>(l).is_ok_and(|v| v["type"] == "result")
-        });
+        && text
+            .lines()
+            .any(|l| serde_json::from_str::<Value>(l).is_ok_and(|v| v["type"] == "result"));
     if !ok {
         bail!("run_code through the E2B sandbox plane answered {status}: {text}");
     }

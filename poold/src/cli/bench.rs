@@ -89,7 +89,12 @@ pub enum BenchCmd {
         #[arg(long, env = "E2B_SANDBOX_URL", default_value = "http://127.0.0.1:3001")]
         sandbox_url: String,
         /// The E2B API key (poold's e2b.api_key_file, else its token).
-        #[arg(long, env = "E2B_API_KEY", default_value = "forkd", hide_env_values = true)]
+        #[arg(
+            long,
+            env = "E2B_API_KEY",
+            default_value = "forkd",
+            hide_env_values = true
+        )]
         api_key: String,
     },
 }

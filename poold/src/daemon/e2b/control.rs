@@ -14,6 +14,7 @@
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
 //! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
 
+use super::error::{E2bError, E2bResult};
 use super::{E2b, E2bSandbox, ENVD_VERSION};
 use crate::daemon::error::{detached, ApiError};
 use crate::daemon::lifecycle::{self, SpawnRequest, MAX_TTL_SECS};
@@ -40,33 +41,7 @@ pub const MAX_ENV_VARS: usize = 128;
 /// Most sandboxes on one list page.
 pub const MAX_PAGE: usize = 100;
 
-/// An E2B API error answer.
-#[derive(Debug)]
-pub struct E2bError(pub ApiError);
-
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> E2bError {
-        E2bError(e)
-    }
-}
-
-impl IntoResponse for E2bError {
-    fn into_response(self) -> Response {
-        let mut r = (
-            self.0.status,
-            Json(json!({"code": self.0.status.as_u16(), "message": self.0.message})),
-        )
-            .into_response();
-        if self.0.status == StatusCode::SERVICE_UNAVAILABLE {
-            // At capacity or short of memory: the SDK would retry at once.
-            r.headers_mut()
-                .insert("retry-after", HeaderValue::from_static("5"));
-        }
-        r
-    }
-}
-
-type R<T> = Result<T, E2bError>;
+type R<T> = E2bResult<T>;
 
 /// The control plane's routes, behind the API-key check.
 pub fn routes(e: Arc<E2b>) -> Router {
@@ -94,17 +69,17 @@ async fn api_key(State(e): E, req: Request, next: Next) -> Response {
         } else {
             "wrong X-API-KEY: E2B_API_KEY must be poold's E2B key (e2b.api_key_file, else its bearer token)"
         };
-        return E2bError(ApiError::new(StatusCode::UNAUTHORIZED, why)).into_response();
+        return E2bError::unauthorized(why).into_response();
     }
     next.run(req).await
 }
 
 async fn not_served(req: Request) -> E2bError {
-    E2bError(ApiError::not_found(format!(
+    E2bError::not_found(format!(
         "{} {} is not part of poold's E2B API (docs/e2b.md lists what is)",
         req.method(),
         req.uri().path()
-    )))
+    ))
 }
 
 /// `NewSandbox` as both SDK generations send it; other keys are ignored.
@@ -125,7 +100,7 @@ struct NewSandbox {
 }
 
 fn bad(m: impl Into<String>) -> E2bError {
-    E2bError(ApiError::bad_request(m))
+    E2bError::bad_request(m)
 }
 
 fn check_timeout(t: u64) -> R<u64> {
@@ -276,9 +251,9 @@ async fn shape(e: &E2b, rec: &crate::daemon::state::SandboxRecord) -> (u64, u64)
 
 fn sandbox_or_404(e: &E2b, id: &str) -> R<Arc<E2bSandbox>> {
     e.record(id).ok_or_else(|| {
-        E2bError(ApiError::not_found(format!(
+        E2bError::not_found(format!(
             "sandbox {id:?} not found (killed, expired, or never created)"
-        )))
+        ))
     })
 }
 
@@ -287,7 +262,7 @@ async fn info(State(e): E, Path(id): Path<String>) -> R<Json<Value>> {
     let sb = sandbox_or_404(&e, &id)?;
     let v = detail_json(&e, &sb)
         .await
-        .ok_or_else(|| E2bError(ApiError::not_found(format!("sandbox {id:?} not found"))))?;
+        .ok_or_else(|| E2bError::not_found(format!("sandbox {id:?} not found")))?;
     Ok(Json(v))
 }
 
@@ -300,9 +275,7 @@ async fn kill(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
     if gone {
         Ok(StatusCode::NO_CONTENT)
     } else {
-        Err(E2bError(ApiError::not_found(format!(
-            "sandbox {id:?} not found"
-        ))))
+        Err(E2bError::not_found(format!("sandbox {id:?} not found")))
     }
 }
 
@@ -312,7 +285,11 @@ struct TimeoutBody {
 }
 
 /// `POST /sandboxes/{id}/timeout {"timeout": secs}`: killed that long from now.
-async fn set_timeout(State(e): E, Path(id): Path<String>, Json(b): Json<TimeoutBody>) -> R<StatusCode> {
+async fn set_timeout(
+    State(e): E,
+    Path(id): Path<String>,
+    Json(b): Json<TimeoutBody>,
+) -> R<StatusCode> {
     let t = check_timeout(b.timeout)?;
     sandbox_or_404(&e, &id)?;
     lifecycle::set_ttl(&e.d, &id, t).await?;
@@ -477,8 +454,7 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
 /// too), oldest first, `limit` per page; `x-next-token` names the next.
 async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     let q = parse_list_query(q.as_deref())?;
-    if q
-        .states
+    if q.states
         .as_ref()
         .is_some_and(|s| !s.iter().any(|s| s == "running"))
     {
@@ -498,7 +474,11 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     let mut more = false;
     for s in &all[start..] {
         let Some(sb) = e.record(&s.id) else { continue };
-        if !q.metadata.iter().all(|(k, v)| sb.metadata.get(k) == Some(v)) {
+        if !q
+            .metadata
+            .iter()
+            .all(|(k, v)| sb.metadata.get(k) == Some(v))
+        {
             continue;
         }
         if page.len() == q.limit {
@@ -570,7 +550,7 @@ mod tests {
 
     #[test]
     fn errors_have_the_sdk_shape() {
-        let r = E2bError(ApiError::not_found("gone")).into_response();
+        let r = E2bError::not_found("gone").into_response();
         assert_eq!(r.status(), StatusCode::NOT_FOUND);
     }
 }

@@ -11,11 +11,11 @@
 //! sandbox, the default: contexts, other languages and per-call env vars
 //! are refused.
 
+use super::error::E2bError;
 use super::E2bSandbox;
 use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use forkd_vmm::AgentClient;
 use rootfs_init::protocol::EvalResult;
 use serde::Deserialize;
@@ -40,7 +40,7 @@ struct ExecuteBody {
 }
 
 fn error(status: StatusCode, message: impl Into<String>) -> Response {
-    (status, Json(json!({"code": status.as_u16(), "message": message.into()}))).into_response()
+    E2bError::new(status, message).into_response()
 }
 
 /// Serves a request for port 49999.
@@ -97,10 +97,7 @@ async fn execute(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response
         {
             return error(StatusCode::BAD_GATEWAY, a.message)
         }
-        Err(e) => {
-            let a = crate::daemon::error::agent_error(e);
-            return error(a.status, a.message);
-        }
+        Err(e) => return E2bError::from_agent(e).into_response(),
     };
     let count = sb.executions.fetch_add(1, Ordering::Relaxed) + 1;
     let mut out = Vec::new();
@@ -152,7 +149,10 @@ mod tests {
             ..Default::default()
         };
         let l = lines(&r, 3, "t");
-        assert_eq!(l[0], json!({"type": "stdout", "text": "hi\n", "timestamp": "t"}));
+        assert_eq!(
+            l[0],
+            json!({"type": "stdout", "text": "hi\n", "timestamp": "t"})
+        );
         assert_eq!(l[1]["type"], "result");
         assert_eq!(l[1]["text"], "[0.0, 0.0]");
         assert_eq!(l[1]["is_main_result"], true);

@@ -26,6 +26,7 @@
 
 pub mod connect;
 pub mod control;
+pub mod error;
 pub mod interpreter;
 pub mod process;
 pub mod sandbox;
@@ -157,7 +158,12 @@ impl E2b {
         let mut m = self.records.write().unwrap();
         let rec = m.entry(id.to_string()).or_insert_with(|| {
             let template = sb.record().snapshot_tag;
-            Arc::new(E2bSandbox::new(id, template, BTreeMap::new(), BTreeMap::new()))
+            Arc::new(E2bSandbox::new(
+                id,
+                template,
+                BTreeMap::new(),
+                BTreeMap::new(),
+            ))
         });
         Some(rec.clone())
     }
@@ -270,8 +276,8 @@ impl Bound {
         tracing::info!("{}", self.banner());
         let a = axum::serve(self.control, control)
             .with_graceful_shutdown(super::server::shutdown_signal());
-        let b = axum::serve(self.plane, plane)
-            .with_graceful_shutdown(super::server::shutdown_signal());
+        let b =
+            axum::serve(self.plane, plane).with_graceful_shutdown(super::server::shutdown_signal());
         tokio::try_join!(async { a.await.context("serving the E2B API") }, async {
             b.await.context("serving the E2B sandbox plane")
         })?;

@@ -16,7 +16,8 @@
 //!   new `Connect` re-attaches). The pump never waits for a client, so the
 //!   agent's own unread bound is never hit by a slow client.
 
-use super::connect::{self, Code, RpcError, RpcResult};
+use super::connect;
+use super::error::{from_agent, Code, RpcError, RpcResult};
 use super::E2bSandbox;
 use base64::Engine;
 use bytes::Bytes;
@@ -216,12 +217,12 @@ impl Table {
                 ),
             ));
         }
-        let (target, mut events) = agent.exec_stream(spec, &[]).map_err(connect::from_agent)?;
+        let (target, mut events) = agent.exec_stream(spec, &[]).map_err(from_agent)?;
         let first = tokio::time::timeout(Duration::from_secs(30), events.recv()).await;
         let pid = match first {
             Ok(Some((Reply::Started { pid }, _))) => pid,
             Ok(Some((Reply::Error { error }, _))) => {
-                return Err(connect::from_agent(forkd_vmm::CallError::Agent(error)))
+                return Err(from_agent(forkd_vmm::CallError::Agent(error)))
             }
             Ok(Some((other, _))) => {
                 return Err(RpcError::new(
@@ -407,7 +408,9 @@ pub fn exec_spec(
         return Err(RpcError::unimplemented("a pty (terminal)"));
     }
     if req.process.cmd.is_empty() || req.process.cmd.contains('\0') {
-        return Err(RpcError::invalid("process.cmd must be a non-empty program path"));
+        return Err(RpcError::invalid(
+            "process.cmd must be a non-empty program path",
+        ));
     }
     if req.process.args.len() > 4096 || req.process.args.iter().any(|a| a.contains('\0')) {
         return Err(RpcError::invalid(
@@ -483,10 +486,7 @@ pub async fn signal(agent: &AgentClient, p: &Proc, signal: i32) -> RpcResult<()>
             format!("process {} has ended", p.pid),
         ));
     }
-    agent
-        .signal(p.target, signal)
-        .await
-        .map_err(connect::from_agent)
+    agent.signal(p.target, signal).await.map_err(from_agent)
 }
 
 /// Writes `data` (and EOF when `eof`) to the stdin of `p`.
@@ -497,10 +497,7 @@ pub async fn input(agent: &AgentClient, p: &Proc, data: &[u8], eof: bool) -> Rpc
             format!("process {} has ended", p.pid),
         ));
     }
-    agent
-        .stdin(p.target, data, eof)
-        .await
-        .map_err(connect::from_agent)
+    agent.stdin(p.target, data, eof).await.map_err(from_agent)
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@
 //! (stat, list, make dir, remove, move). Processes run as root in `/root`
 //! (the guest agent's user); asking for another user is refused.
 
-use super::connect::{self, Code, RpcError, RpcResult};
+use super::connect;
+use super::error::{from_agent, Code, E2bError, E2bResult, RpcError, RpcResult};
 use super::process::{self, StartRequest};
 use super::{E2b, E2bSandbox, ENVD_PORT, INTERPRETER_PORT};
 use crate::daemon::api::files::MAX_FILE_BYTES;
@@ -41,7 +42,9 @@ pub const MAX_LIST_ENTRIES: usize = 10_000;
 pub fn routes(e: Arc<E2b>) -> Router {
     Router::new()
         .fallback(handle)
-        .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES + 64 * 1024))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_FILE_BYTES + 64 * 1024,
+        ))
         .layer(axum::middleware::from_fn_with_state(
             e.d.clone(),
             crate::daemon::transfers::turn,
@@ -49,31 +52,19 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .with_state(e)
 }
 
-/// A plain-HTTP error in envd's `{"code": int, "message"}` shape.
-fn http_error(status: StatusCode, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(json!({"code": status.as_u16(), "message": message.into()})),
-    )
-        .into_response()
-}
-
 /// The sandbox and port a request is for, after the token check.
-fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), Response> {
+fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), E2bError> {
     let port = match h.get("e2b-sandbox-port") {
         None => ENVD_PORT,
         Some(v) => v
             .to_str()
             .ok()
             .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| {
-                http_error(StatusCode::BAD_REQUEST, "E2b-Sandbox-Port must be a port number")
-            })?,
+            .ok_or_else(|| E2bError::bad_request("E2b-Sandbox-Port must be a port number"))?,
     };
     let token = h.get("x-access-token").map(|v| v.as_bytes());
     let unauthorized = || {
-        http_error(
-            StatusCode::UNAUTHORIZED,
+        E2bError::unauthorized(
             "missing or wrong X-Access-Token: use the envdAccessToken the create (or connect) answered",
         )
     };
@@ -81,9 +72,7 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), Response> {
         Some(id) => {
             let id = id.to_str().unwrap_or("");
             let sb = e.existing(id).ok_or_else(|| {
-                http_error(
-                    StatusCode::BAD_GATEWAY,
-                    format!("sandbox {id:?} not found: killed, expired, or not connected through the E2B API"),
+                E2bError::sandbox_gone(format!("sandbox {id:?} not found: killed, expired, or not connected through the E2B API"),
                 )
             })?;
             let ok = token.is_some_and(|t| bool::from(sb.token.as_bytes().ct_eq(t)));
@@ -92,9 +81,7 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), Response> {
             }
             sb
         }
-        None => token
-            .and_then(|t| e.by_token(t))
-            .ok_or_else(unauthorized)?,
+        None => token.and_then(|t| e.by_token(t)).ok_or_else(unauthorized)?,
     };
     Ok((sb, port))
 }
@@ -102,20 +89,20 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), Response> {
 async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
     let (sb, port) = match route(&e, req.headers()) {
         Ok(x) => x,
-        Err(r) => return r,
+        Err(r) => return r.into_response(),
     };
     let Some(live) = e.d.sandboxes.get(&sb.id) else {
-        return http_error(StatusCode::BAD_GATEWAY, format!("sandbox {} is gone", sb.id));
+        return E2bError::sandbox_gone(format!("sandbox {} is gone", sb.id)).into_response();
     };
     let agent = live.agent.clone();
     drop(live);
     match port {
         ENVD_PORT => envd(&sb, &agent, req).await,
         INTERPRETER_PORT => super::interpreter::handle(&sb, &agent, req).await,
-        p => http_error(
-            StatusCode::BAD_GATEWAY,
+        p => E2bError::sandbox_gone(
             format!("port {p} is not served: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
-        ),
+        )
+        .into_response(),
     }
 }
 
@@ -125,21 +112,26 @@ async fn envd(sb: &Arc<E2bSandbox>, agent: &AgentClient, req: Request) -> Respon
     if get && path == "/health" {
         StatusCode::NO_CONTENT.into_response()
     } else if get && path == "/files" {
-        read_file(agent, req).await
+        read_file(agent, req)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
     } else if post && path == "/files" {
-        write_files(agent, req).await
+        write_files(agent, req)
+            .await
+            .unwrap_or_else(IntoResponse::into_response)
     } else if let Some(m) = path.strip_prefix("/process.Process/").filter(|_| post) {
         rpc(sb, agent, m, true, req).await
-    } else if let Some(m) = path.strip_prefix("/filesystem.Filesystem/").filter(|_| post) {
+    } else if let Some(m) = path
+        .strip_prefix("/filesystem.Filesystem/")
+        .filter(|_| post)
+    {
         rpc(sb, agent, m, false, req).await
     } else {
-        http_error(
-            StatusCode::NOT_FOUND,
-            format!(
-                "{} {path} is not an envd endpoint poold serves (docs/e2b.md)",
-                req.method()
-            ),
-        )
+        E2bError::not_found(format!(
+            "{} {path} is not an envd endpoint poold serves (docs/e2b.md)",
+            req.method()
+        ))
+        .into_response()
     }
 }
 
@@ -168,7 +160,11 @@ fn check_user(h: &HeaderMap) -> RpcResult<()> {
         .to_str()
         .ok()
         .and_then(|s| s.strip_prefix("Basic "))
-        .and_then(|b| base64::engine::general_purpose::STANDARD.decode(b.trim()).ok())
+        .and_then(|b| {
+            base64::engine::general_purpose::STANDARD
+                .decode(b.trim())
+                .ok()
+        })
         .and_then(|b| String::from_utf8(b).ok())
         .map(|s| s.split(':').next().unwrap_or("").to_string())
         .ok_or_else(|| RpcError::invalid("Authorization must be Basic base64(\"user:\")"))?;
@@ -230,7 +226,10 @@ async fn rpc(
         Err(e) => {
             return fail(RpcError::new(
                 Code::ResourceExhausted,
-                format!("request body over {} bytes or unreadable: {e}", connect::MAX_REQUEST_BYTES),
+                format!(
+                    "request body over {} bytes or unreadable: {e}",
+                    connect::MAX_REQUEST_BYTES
+                ),
             ))
         }
     };
@@ -245,7 +244,9 @@ async fn rpc(
     let out = if process {
         process_rpc(sb, agent, method, msg, timeout, keepalive).await
     } else {
-        fs_rpc(agent, method, msg).await.map(|v| connect::unary_ok(&v))
+        fs_rpc(agent, method, msg)
+            .await
+            .map(|v| connect::unary_ok(&v))
     };
     out.unwrap_or_else(fail)
 }
@@ -419,7 +420,7 @@ struct PathReq {
 }
 
 async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Value> {
-    let a = connect::from_agent;
+    let a = from_agent;
     match method {
         "Stat" => {
             let r: PathReq = connect::parse(msg)?;
@@ -455,12 +456,17 @@ async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Valu
                 destination: String,
             }
             let r: Req = connect::parse(msg)?;
-            let (src, dst) = (resolve_path(&r.source, HOME)?, resolve_path(&r.destination, HOME)?);
+            let (src, dst) = (
+                resolve_path(&r.source, HOME)?,
+                resolve_path(&r.destination, HOME)?,
+            );
             rename(agent, &src, &dst).await?;
             let st = agent.stat(&dst).await.map_err(a)?;
             Ok(json!({"entry": stat_entry(&st)}))
         }
-        other => Err(RpcError::unimplemented(&format!("filesystem.Filesystem/{other}"))),
+        other => Err(RpcError::unimplemented(&format!(
+            "filesystem.Filesystem/{other}"
+        ))),
     }
 }
 
@@ -471,7 +477,7 @@ async fn list_dir(agent: &AgentClient, dir: &str, depth: u32) -> RpcResult<Vec<V
     for _ in 0..depth {
         let mut next = Vec::new();
         for d in &level {
-            let l = agent.list(d).await.map_err(connect::from_agent)?;
+            let l = agent.list(d).await.map_err(from_agent)?;
             for e in &l.entries {
                 if out.len() == MAX_LIST_ENTRIES {
                     return Err(RpcError::new(
@@ -494,13 +500,19 @@ async fn list_dir(agent: &AgentClient, dir: &str, depth: u32) -> RpcResult<Vec<V
 /// Renames `src` to `dst` with the guest's `mv -T` (rename(2), or a copy
 /// across filesystems; never moves into `dst` when it is a directory).
 async fn rename(agent: &AgentClient, src: &str, dst: &str) -> RpcResult<()> {
-    agent.stat(src).await.map_err(connect::from_agent)?;
+    agent.stat(src).await.map_err(from_agent)?;
     let spec = ExecSpec {
-        argv: Some(vec!["mv".into(), "-T".into(), "--".into(), src.into(), dst.into()]),
+        argv: Some(vec![
+            "mv".into(),
+            "-T".into(),
+            "--".into(),
+            src.into(),
+            dst.into(),
+        ]),
         timeout_ms: Some(120_000),
         ..Default::default()
     };
-    let out = agent.exec(spec, &[]).await.map_err(connect::from_agent)?;
+    let out = agent.exec(spec, &[]).await.map_err(from_agent)?;
     if out.result.exit_code == Some(0) {
         Ok(())
     } else {
@@ -517,10 +529,10 @@ struct FileQuery {
     username: Option<String>,
 }
 
-fn file_query(req: &Request) -> Result<FileQuery, Response> {
+fn file_query(req: &Request) -> E2bResult<FileQuery> {
     let q = req.uri().query().unwrap_or("");
     let fq = parse_file_query(q);
-    let user_err = |e: RpcError| http_error(StatusCode::UNAUTHORIZED, e.message);
+    let user_err = |e: RpcError| E2bError::unauthorized(e.message);
     check_username(fq.username.as_deref().unwrap_or("")).map_err(user_err)?;
     check_user(req.headers()).map_err(user_err)?;
     Ok(fq)
@@ -538,42 +550,40 @@ fn parse_file_query(q: &str) -> FileQuery {
     fq
 }
 
-fn agent_http_error(e: forkd_vmm::CallError) -> Response {
-    let a = crate::daemon::error::agent_error(e);
-    http_error(a.status, a.message)
+/// A guest path of `/files`, resolved and validated (400 when it is not
+/// one the agent would accept).
+fn file_path(p: &str) -> E2bResult<String> {
+    resolve_path(p, HOME).map_err(|e| E2bError::bad_request(e.message))
 }
 
 /// `GET /files?path=`: the file's bytes.
-async fn read_file(agent: &AgentClient, req: Request) -> Response {
-    let q = match file_query(&req) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
-    let path = match resolve_path(q.path.as_deref().unwrap_or(""), HOME) {
-        Ok(p) => p,
-        Err(e) => return http_error(StatusCode::BAD_REQUEST, e.message),
-    };
-    match agent.read_file(&path, 0, Some(MAX_FILE_BYTES as u64)).await {
-        Ok((r, _)) if r.size > r.len => http_error(
+async fn read_file(agent: &AgentClient, req: Request) -> E2bResult<Response> {
+    let q = file_query(&req)?;
+    let path = file_path(q.path.as_deref().unwrap_or(""))?;
+    let (r, bytes) = agent
+        .read_file(&path, 0, Some(MAX_FILE_BYTES as u64))
+        .await
+        .map_err(E2bError::from_agent)?;
+    if r.size > r.len {
+        return Err(E2bError::new(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("{path} is {} bytes; one download is at most {MAX_FILE_BYTES}", r.size),
-        ),
-        Ok((_, bytes)) => (
-            [(header::CONTENT_TYPE, "application/octet-stream")],
-            bytes,
-        )
-            .into_response(),
-        Err(e) => agent_http_error(e),
+            format!(
+                "{path} is {} bytes; one download is at most {MAX_FILE_BYTES}",
+                r.size
+            ),
+        ));
     }
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
 }
 
+/// Most files in one multipart upload.
+pub const MAX_UPLOAD_FILES: usize = 1000;
+
 /// `POST /files`: multipart (each part's file name is its destination when
-/// no `path` is given) or a raw body to `path`.
-async fn write_files(agent: &AgentClient, req: Request) -> Response {
-    let q = match file_query(&req) {
-        Ok(q) => q,
-        Err(r) => return r,
-    };
+/// no `path` is given) or a raw body to `path`. The whole body is bounded
+/// by the route's body limit.
+async fn write_files(agent: &AgentClient, req: Request) -> E2bResult<Response> {
+    let q = file_query(&req)?;
     let multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -583,73 +593,66 @@ async fn write_files(agent: &AgentClient, req: Request) -> Response {
         .get(header::CONTENT_ENCODING)
         .is_some_and(|v| v.as_bytes() != b"identity")
     {
-        return http_error(
+        return Err(E2bError::new(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             "compressed uploads are not accepted; send the file uncompressed",
-        );
+        ));
     }
     let mut files: Vec<(String, bytes::Bytes)> = Vec::new();
     if multipart {
-        let mut mp = match axum::extract::Multipart::from_request(req, &()).await {
-            Ok(m) => m,
-            Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
-        };
-        loop {
-            let field = match mp.next_field().await {
-                Ok(Some(f)) => f,
-                Ok(None) => break,
-                Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
-            };
+        let bad =
+            |e: axum::extract::multipart::MultipartError| E2bError::bad_request(e.body_text());
+        let mut mp = axum::extract::Multipart::from_request(req, &())
+            .await
+            .map_err(|e| E2bError::bad_request(e.body_text()))?;
+        while let Some(field) = mp.next_field().await.map_err(bad)? {
             let name = field.file_name().map(str::to_string);
-            let data = match field.bytes().await {
-                Ok(b) => b,
-                Err(e) => return http_error(StatusCode::BAD_REQUEST, e.body_text()),
-            };
+            let data = field.bytes().await.map_err(bad)?;
             let dest = match (&q.path, name) {
                 (Some(p), _) => p.clone(),
                 (None, Some(n)) => n,
                 (None, None) => {
-                    return http_error(
-                        StatusCode::BAD_REQUEST,
+                    return Err(E2bError::bad_request(
                         "a part without a file name and no path query: say where to write it",
-                    )
+                    ))
                 }
             };
-            files.push((dest, data));
-            if files.len() > 1000 {
-                return http_error(StatusCode::BAD_REQUEST, "at most 1000 files per upload");
+            if files.len() == MAX_UPLOAD_FILES {
+                return Err(E2bError::bad_request(format!(
+                    "at most {MAX_UPLOAD_FILES} files per upload"
+                )));
             }
+            files.push((file_path(&dest)?, data));
         }
     } else {
-        let Some(p) = q.path.clone() else {
-            return http_error(StatusCode::BAD_REQUEST, "path query required for a raw upload");
-        };
-        match axum::body::to_bytes(req.into_body(), MAX_FILE_BYTES).await {
-            Ok(b) => files.push((p, b)),
-            Err(_) => {
-                return http_error(
+        let p = q
+            .path
+            .as_deref()
+            .ok_or_else(|| E2bError::bad_request("path query required for a raw upload"))?;
+        let p = file_path(p)?;
+        let b = axum::body::to_bytes(req.into_body(), MAX_FILE_BYTES)
+            .await
+            .map_err(|_| {
+                E2bError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     format!("one upload is at most {MAX_FILE_BYTES} bytes"),
                 )
-            }
-        }
+            })?;
+        files.push((p, b));
+    }
+    if files.is_empty() {
+        return Err(E2bError::bad_request("the upload held no file"));
     }
     let mut out = Vec::new();
-    for (dest, data) in files {
-        let path = match resolve_path(&dest, HOME) {
-            Ok(p) => p,
-            Err(e) => return http_error(StatusCode::BAD_REQUEST, e.message),
-        };
-        if let Err(e) = agent.write_file(&path, &data, None, false).await {
-            return agent_http_error(e);
-        }
+    for (path, data) in files {
+        agent
+            .write_file(&path, &data, None, false)
+            .await
+            .map_err(E2bError::from_agent)?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         out.push(json!({"name": name, "type": "file", "path": path}));
     }
-    if out.is_empty() {
-        return http_error(StatusCode::BAD_REQUEST, "the upload held no file");
-    }
-    Json(out).into_response()
+    Ok(Json(out).into_response())
 }
 
 #[cfg(test)]
