@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// Most processes one sandbox's table holds.
 pub const MAX_PROCESSES: usize = 64;
@@ -316,11 +317,13 @@ impl Table {
 
 /// The event stream of one subscriber, as Connect envelopes: `start`
 /// first, output as it comes, `keepalive` after `keepalive` of silence,
-/// the `end` event, then the end-of-stream message.
+/// the `end` event, then the end-of-stream message. At `deadline` (the
+/// call's `Connect-Timeout-Ms`) it ends with `deadline_exceeded` instead.
 pub fn event_stream(
     pid: u32,
     rx: mpsc::Receiver<Ev>,
     keepalive: Duration,
+    deadline: Option<Instant>,
 ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
     enum S {
         Start(mpsc::Receiver<Ev>),
@@ -336,7 +339,12 @@ pub fn event_stream(
                 S::Events(rx),
             )),
             S::Events(mut rx) => {
-                let item = match tokio::time::timeout(keepalive, rx.recv()).await {
+                let ping = Instant::now() + keepalive;
+                let wake = deadline.map_or(ping, |d| d.min(ping));
+                let item = match tokio::time::timeout_at(wake, rx.recv()).await {
+                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                        return Some((Ok(deadline_passed(pid).end_of_stream()), S::Done))
+                    }
                     Err(_) => {
                         return Some((
                             Ok(connect::message(&json!({"event": {"keepalive": {}}}))),
@@ -378,6 +386,15 @@ pub fn event_stream(
             S::Done => None,
         }
     })
+}
+
+fn deadline_passed(pid: u32) -> RpcError {
+    RpcError::new(
+        Code::DeadlineExceeded,
+        format!(
+            "the call's timeout (Connect-Timeout-Ms) passed before process {pid} ended; a process Start ran is killed, one Connect attached to runs on (pass timeout=0 for no limit)"
+        ),
+    )
 }
 
 /// `StartRequest`.
@@ -579,5 +596,20 @@ mod tests {
             .map(|_| p.subscribe().unwrap())
             .collect();
         assert_eq!(p.subscribe().unwrap_err().code, Code::ResourceExhausted);
+    }
+
+    #[tokio::test]
+    async fn a_stream_ends_with_deadline_exceeded_at_its_deadline() {
+        use futures::StreamExt;
+        let (_tx, rx) = mpsc::channel(1);
+        let deadline = Instant::now() + Duration::from_millis(50);
+        let s = event_stream(7, rx, Duration::from_secs(60), Some(deadline));
+        let msgs: Vec<Bytes> = s.map(|m| m.unwrap()).collect().await;
+        assert_eq!(msgs.len(), 2, "start, then the end of stream");
+        assert_eq!(msgs[0][0], connect::FLAG_DATA);
+        assert_eq!(msgs[1][0], connect::FLAG_END);
+        let v: Value = serde_json::from_slice(&msgs[1][5..]).unwrap();
+        assert_eq!(v["error"]["code"], "deadline_exceeded");
+        assert!(Instant::now() >= deadline);
     }
 }

@@ -33,7 +33,8 @@ use subtle::ConstantTimeEq;
 pub const USER: &str = "root";
 /// `USER`'s home.
 pub const HOME: &str = "/root";
-/// How long after a call's `Connect-Timeout-Ms` its process is killed.
+/// How long after a `Start` call's deadline (`Connect-Timeout-Ms`) its
+/// process is killed.
 pub const DEADLINE_GRACE_MS: u64 = 500;
 /// Most entries one `ListDir` answers (all depths together).
 pub const MAX_LIST_ENTRIES: usize = 10_000;
@@ -204,16 +205,17 @@ async fn rpc(
     if let Err(e) = check_user(req.headers()) {
         return fail(e);
     }
+    // The call's deadline (Connect-Timeout-Ms; none: unlimited). When it
+    // passes, the stream ends with `deadline_exceeded` (what the SDK turns
+    // into its TimeoutException; e2b 2.7.0 relies on it). A process `Start`
+    // ran is killed a moment later, so its own end never races that error.
     let timeout = req
         .headers()
         .get("connect-timeout-ms")
         .and_then(|v| v.to_str().ok())
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|ms| *ms > 0)
-        // The client's deadline is the one that answers (the SDK raises
-        // its timeout error); the kill here, a moment later, is the backstop
-        // that ends the process when the client is gone.
-        .map(|ms| Duration::from_millis(ms.saturating_add(DEADLINE_GRACE_MS)));
+        .map(Duration::from_millis);
     let keepalive = req
         .headers()
         .get("keepalive-ping-interval")
@@ -276,21 +278,27 @@ async fn process_rpc(
     timeout: Option<Duration>,
     keepalive: Duration,
 ) -> RpcResult<Response> {
+    let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
     match method {
         "Start" => {
             let req: StartRequest = connect::parse(msg)?;
-            let spec = process::exec_spec(sb, &req, HOME, timeout)?;
+            let kill_after = timeout.map(|t| t + Duration::from_millis(DEADLINE_GRACE_MS));
+            let spec = process::exec_spec(sb, &req, HOME, kill_after)?;
             let (p, rx) = sb
                 .processes
                 .start(agent, spec, req.process, req.tag)
                 .await?;
-            Ok(stream_response(process::event_stream(p.pid, rx, keepalive)))
+            Ok(stream_response(process::event_stream(
+                p.pid, rx, keepalive, deadline,
+            )))
         }
         "Connect" => {
             let s: Selector = connect::parse(msg)?;
             let p = sb.processes.find(&s.process)?;
             let rx = p.subscribe()?;
-            Ok(stream_response(process::event_stream(p.pid, rx, keepalive)))
+            Ok(stream_response(process::event_stream(
+                p.pid, rx, keepalive, deadline,
+            )))
         }
         "List" => Ok(connect::unary_ok(&process::list_json(&sb.processes))),
         "SendSignal" => {
