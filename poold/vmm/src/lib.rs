@@ -334,7 +334,10 @@ impl Vm {
             None
         };
         let ephemeral = lifetime == Lifetime::Ephemeral;
-        // SAFETY: setsid and prctl are async-signal-safe.
+        // SAFETY: setsid, prctl, close_range and fcntl are
+        // async-signal-safe. This hook runs last, after the tap was put at
+        // TAP_FD: QEMU keeps stdio and its tap and no other fd of poold's
+        // (nor any poold inherited from whoever started it).
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || {
@@ -342,6 +345,8 @@ impl Vm {
                 if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                process::cloexec_range(3, qemu::TAP_FD as u32 - 1);
+                process::cloexec_range(qemu::TAP_FD as u32 + 1, u32::MAX);
                 Ok(())
             });
         }
