@@ -30,14 +30,14 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use accel::{kvm_usable, Accel, AccelChoice};
+pub use accel::{kvm_usable, kvm_usable_in, Accel, AccelChoice};
 pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES};
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};
 pub use process::ProcId;
 pub use qemu::{
-    check_qemu, kernel_cmdline, qemu_version, Boot, Device, Launch, Machine, Memory, Nic,
+    check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_version, Boot, Device, Launch, Machine, Memory, Nic,
     MACHINE_TYPE,
 };
 pub use qmp::{MigrationStatus, Qmp, RunState};
