@@ -47,7 +47,10 @@ fn kubernetes_manifests_validate() {
     for v in VERSIONS {
         let (ok, text) = validate(v, &files);
         print!("{text}");
-        assert!(ok, "deploy/kubernetes does not validate against {v}:\n{text}");
+        assert!(
+            ok,
+            "deploy/kubernetes does not validate against {v}:\n{text}"
+        );
         for f in &files {
             let name = f.file_name().unwrap().to_string_lossy();
             assert!(text.contains(&*name), "{name} was not checked:\n{text}");

@@ -31,7 +31,12 @@ fn poold_serves_https_with_a_self_signed_certificate() {
     let (cert, key) = self_signed(&home.dir);
     let p = Poold::start(
         &home.dir,
-        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", key.to_str().unwrap()],
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
         None,
     );
     assert!(p.url.starts_with("https://127.0.0.1:"), "{}", p.url);
@@ -48,7 +53,10 @@ fn poold_serves_https_with_a_self_signed_certificate() {
             .send(Method::GET, "/version", None)
             .await
             .expect_err("an untrusted certificate was accepted");
-        assert!(format!("{e:#}").to_lowercase().contains("certificate"), "{e:#}");
+        assert!(
+            format!("{e:#}").to_lowercase().contains("certificate"),
+            "{e:#}"
+        );
         // Plain HTTP to the TLS port gets no HTTP answer.
         let plain = Client::new(&p.url.replacen("https://", "http://", 1), None).unwrap();
         let r = plain.send(Method::GET, "/healthz", None).await;
@@ -106,7 +114,12 @@ fn poold_refuses_to_start_with_a_key_that_is_not_the_certificates() {
     let (_, wrong_key) = self_signed(&other);
     let e = Poold::try_start(
         &home.dir,
-        &["--tls-cert", cert.to_str().unwrap(), "--tls-key", wrong_key.to_str().unwrap()],
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            wrong_key.to_str().unwrap(),
+        ],
         None,
     )
     .err()

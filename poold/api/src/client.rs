@@ -55,14 +55,10 @@ impl Client {
         if let Some(ca) = ca {
             let pem = std::fs::read(ca)
                 .with_context(|| format!("reading FORKD_CA_CERT {}", ca.display()))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
-                format!("FORKD_CA_CERT {}: not PEM certificates", ca.display())
-            })?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("FORKD_CA_CERT {}: not PEM certificates", ca.display()))?;
             if certs.is_empty() {
-                bail!(
-                    "FORKD_CA_CERT {}: no CERTIFICATE block in it",
-                    ca.display()
-                );
+                bail!("FORKD_CA_CERT {}: no CERTIFICATE block in it", ca.display());
             }
             builder = builder.tls_certs_merge(certs);
         }

@@ -120,10 +120,10 @@ impl Host {
         if name.components().count() > 1 {
             return name.is_file().then(|| name.to_path_buf());
         }
-        self.path
-            .iter()
-            .map(|d| d.join(name))
-            .find(|p| p.metadata().is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0))
+        self.path.iter().map(|d| d.join(name)).find(|p| {
+            p.metadata()
+                .is_ok_and(|m| m.is_file() && m.mode() & 0o111 != 0)
+        })
     }
 
     fn read(&self, root: &Path, rel: &str) -> Option<String> {
@@ -157,11 +157,19 @@ pub fn check_qemu(h: &Host) -> Check {
     let Some(v) = forkd_vmm::parse_qemu_version(&out) else {
         return Check::fail(
             name,
-            format!("{}: unrecognised --version output {:?}", bin.display(), out.trim()),
+            format!(
+                "{}: unrecognised --version output {:?}",
+                bin.display(),
+                out.trim()
+            ),
             "point $FORKD_QEMU at qemu-system-x86_64 >= 10",
         );
     };
-    let major: u32 = v.split('.').next().and_then(|m| m.parse().ok()).unwrap_or(0);
+    let major: u32 = v
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
     if major < MIN_QEMU_MAJOR {
         return Check::fail(
             name,
@@ -275,9 +283,10 @@ pub fn check_fuse(h: &Host) -> Check {
             "modprobe fuse (and apt-get install fuse3); in a container, pass /dev/fuse through",
         );
     }
-    let listed = h
-        .read(&h.proc_root, "filesystems")
-        .is_some_and(|t| t.lines().any(|l| l.split_whitespace().last() == Some("fuse")));
+    let listed = h.read(&h.proc_root, "filesystems").is_some_and(|t| {
+        t.lines()
+            .any(|l| l.split_whitespace().last() == Some("fuse"))
+    });
     if !listed {
         return Check::warn(
             "fuse",
@@ -313,7 +322,10 @@ pub fn check_cgroups(h: &Host) -> Check {
         Hierarchy::V1 { .. } => "cgroup v1".to_string(),
     };
     if missing.is_empty() {
-        Check::pass(name, format!("{version}: memory, cpu and pids limits available"))
+        Check::pass(
+            name,
+            format!("{version}: memory, cpu and pids limits available"),
+        )
     } else {
         Check::warn(
             name,
@@ -346,7 +358,10 @@ pub fn check_network(h: &Host) -> Check {
     if !missing.is_empty() {
         return Check::fail(
             name,
-            format!("missing {}: snapshots with a NIC (python images) cannot spawn", missing.join(", ")),
+            format!(
+                "missing {}: snapshots with a NIC (python images) cannot spawn",
+                missing.join(", ")
+            ),
             fixes.join("; "),
         );
     }
@@ -357,7 +372,10 @@ pub fn check_network(h: &Host) -> Check {
         Some("1") => "on",
         _ => "off (poold turns it on when a sandbox gets a network)",
     };
-    Check::pass(name, format!("nft, /dev/net/tun, network namespaces; IPv4 forwarding {fwd}"))
+    Check::pass(
+        name,
+        format!("nft, /dev/net/tun, network namespaces; IPv4 forwarding {fwd}"),
+    )
 }
 
 /// The nearest existing ancestor of `p` (the data dir may not exist yet).
@@ -382,9 +400,13 @@ pub fn check_disk(h: &Host) -> Check {
     match nix::sys::statvfs::statvfs(&at) {
         Ok(st) => disk_verdict(
             &at,
-            st.blocks_available() as u64 * st.fragment_size() as u64 / (1024 * 1024),
+            st.blocks_available() * st.fragment_size() / (1024 * 1024),
         ),
-        Err(e) => Check::fail("disk", format!("statvfs {}: {e}", at.display()), "check that the data dir's filesystem is mounted"),
+        Err(e) => Check::fail(
+            "disk",
+            format!("statvfs {}: {e}", at.display()),
+            "check that the data dir's filesystem is mounted",
+        ),
     }
 }
 
@@ -393,7 +415,11 @@ fn disk_verdict(at: &Path, free_mib: u64) -> Check {
     if free_mib < MIN_FREE_DISK_MIB {
         Check::fail("disk", detail, format!("free space: poold refuses new work under {MIN_FREE_DISK_MIB} MiB (min_free_disk_mib); `forkd store gc` reclaims unreferenced chunks"))
     } else if free_mib < WARN_FREE_DISK_MIB {
-        Check::warn("disk", detail, "images take ~1 GiB each and snapshots grow with use: keep 10 GiB or more free")
+        Check::warn(
+            "disk",
+            detail,
+            "images take ~1 GiB each and snapshots grow with use: keep 10 GiB or more free",
+        )
     } else {
         Check::pass("disk", detail)
     }
@@ -421,12 +447,20 @@ pub fn check_data_dir(h: &Host) -> Check {
     let md = match std::fs::metadata(home) {
         Ok(m) => m,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            return Check::warn(name, format!("{} does not exist yet", home.display()), "run scripts/setup.sh (or set FORKD_HOME to your data dir)")
+            return Check::warn(
+                name,
+                format!("{} does not exist yet", home.display()),
+                "run scripts/setup.sh (or set FORKD_HOME to your data dir)",
+            )
         }
         Err(e) => return Check::fail(name, format!("{}: {e}", home.display()), "run as root"),
     };
     if !md.is_dir() {
-        return Check::fail(name, format!("{} is not a directory", home.display()), "set FORKD_HOME to a directory");
+        return Check::fail(
+            name,
+            format!("{} is not a directory", home.display()),
+            "set FORKD_HOME to a directory",
+        );
     }
     let mode = md.mode() & 0o7777;
     if mode & 0o022 != 0 {
@@ -437,32 +471,57 @@ pub fn check_data_dir(h: &Host) -> Check {
         );
     }
     if nix::unistd::access(home, nix::unistd::AccessFlags::W_OK).is_err() {
-        return Check::fail(name, format!("{} is not writable by uid {}", home.display(), h.uid), "run forkd as root");
+        return Check::fail(
+            name,
+            format!("{} is not writable by uid {}", home.display(), h.uid),
+            "run forkd as root",
+        );
     }
     if md.uid() != 0 {
-        return Check::warn(name, format!("{} belongs to uid {}", home.display(), md.uid()), format!("chown root:root {}", home.display()));
+        return Check::warn(
+            name,
+            format!("{} belongs to uid {}", home.display(), md.uid()),
+            format!("chown root:root {}", home.display()),
+        );
     }
     if mode & 0o077 != 0 {
         return Check::warn(
             name,
-            format!("{} is readable by others (mode {mode:04o}); it holds sandbox memory and disks", home.display()),
+            format!(
+                "{} is readable by others (mode {mode:04o}); it holds sandbox memory and disks",
+                home.display()
+            ),
             format!("chmod 700 {}", home.display()),
         );
     }
     if !h.paths.vmlinuz().exists() || !h.paths.initramfs().exists() {
         return Check::fail(
             name,
-            format!("{}: no guest kernel or initramfs in {}", home.display(), h.paths.kernel_dir().display()),
+            format!(
+                "{}: no guest kernel or initramfs in {}",
+                home.display(),
+                h.paths.kernel_dir().display()
+            ),
             "run scripts/setup.sh (scripts/fetch-kernel.sh, scripts/build-guest.sh)",
         );
     }
     let images = std::fs::read_dir(h.paths.images_dir())
-        .map(|d| d.filter_map(|e| e.ok()).filter(|e| e.path().is_dir()).count())
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter(|e| e.path().is_dir())
+                .count()
+        })
         .unwrap_or(0);
     if images == 0 {
         return Check::warn(name, format!("{}: kernel ready, no guest images", home.display()), "forkd image build --recipe python-numpy (scripts/setup.sh builds minimal and python-numpy)");
     }
-    Check::pass(name, format!("{} (mode {mode:04o}): kernel, initramfs, {images} image(s)", home.display()))
+    Check::pass(
+        name,
+        format!(
+            "{} (mode {mode:04o}): kernel, initramfs, {images} image(s)",
+            home.display()
+        ),
+    )
 }
 
 /// What is at the forkd-fs mount point, as doctor sees it.
@@ -682,19 +741,38 @@ mod tests {
                 root.join("dev"),
                 root.join("bin"),
             );
-            write(&proc_root.join("cpuinfo"), "processor\t: 0\nflags\t\t: fpu vmx sse2\n");
-            write(&proc_root.join("filesystems"), "nodev\tsysfs\nnodev\tfuse\n\text4\n");
-            write(&proc_root.join("self/mounts"), "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n");
+            write(
+                &proc_root.join("cpuinfo"),
+                "processor\t: 0\nflags\t\t: fpu vmx sse2\n",
+            );
+            write(
+                &proc_root.join("filesystems"),
+                "nodev\tsysfs\nnodev\tfuse\n\text4\n",
+            );
+            write(
+                &proc_root.join("self/mounts"),
+                "cgroup2 /sys/fs/cgroup cgroup2 rw 0 0\n",
+            );
             write(&proc_root.join("self/ns/net"), "");
             write(&proc_root.join("sys/net/ipv4/ip_forward"), "0\n");
-            write(&proc_root.join("meminfo"), "MemTotal: 24000000 kB\nMemAvailable: 16000000 kB\n");
-            write(&sys_root.join("fs/cgroup/cgroup.controllers"), "cpuset cpu io memory pids\n");
+            write(
+                &proc_root.join("meminfo"),
+                "MemTotal: 24000000 kB\nMemAvailable: 16000000 kB\n",
+            );
+            write(
+                &sys_root.join("fs/cgroup/cgroup.controllers"),
+                "cpuset cpu io memory pids\n",
+            );
             // Plain files stand in for the device nodes: the checks open
             // and stat them, they never ioctl.
             write(&dev_root.join("kvm"), "");
             write(&dev_root.join("fuse"), "");
             write(&dev_root.join("net/tun"), "");
-            tool(&bin, "qemu-system-x86_64", "echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-1~bpo12+1)'");
+            tool(
+                &bin,
+                "qemu-system-x86_64",
+                "echo 'QEMU emulator version 10.0.2 (Debian 1:10.0.2+ds-1~bpo12+1)'",
+            );
             tool(&bin, "qemu-img", "exit 0");
             tool(&bin, "nft", "exit 0");
             let home = root.join("forkd");
@@ -749,10 +827,17 @@ mod tests {
     #[test]
     fn qemu_missing_or_old_fails_with_the_fix() {
         let f = Fake::healthy();
-        tool(&f.bin(), "qemu-system-x86_64", "echo 'QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)'");
+        tool(
+            &f.bin(),
+            "qemu-system-x86_64",
+            "echo 'QEMU emulator version 7.2.19 (Debian 1:7.2+dfsg-7+deb12u18)'",
+        );
         let c = check_qemu(&f.h);
         assert_eq!(c.verdict, Verdict::Fail);
-        assert!(c.detail.contains("7.2.19") && c.fix.contains("setup.sh"), "{c:?}");
+        assert!(
+            c.detail.contains("7.2.19") && c.fix.contains("setup.sh"),
+            "{c:?}"
+        );
         std::fs::remove_file(f.bin().join("qemu-system-x86_64")).unwrap();
         let c = check_qemu(&f.h);
         assert_eq!(c.verdict, Verdict::Fail);
@@ -760,7 +845,10 @@ mod tests {
         let f = Fake::healthy();
         std::fs::remove_file(f.bin().join("qemu-img")).unwrap();
         let c = check_qemu(&f.h);
-        assert_eq!((c.verdict, c.fix.as_str()), (Verdict::Fail, "apt-get install qemu-utils"));
+        assert_eq!(
+            (c.verdict, c.fix.as_str()),
+            (Verdict::Fail, "apt-get install qemu-utils")
+        );
     }
 
     #[test]
@@ -769,10 +857,18 @@ mod tests {
         std::fs::create_dir_all(f.h.sys_root.join("module/kvm_pvm")).unwrap();
         let kvm = check_kvm(&f.h);
         assert_eq!(kvm.verdict, Verdict::Warn);
-        assert!(kvm.detail.contains("kvm_pvm") && kvm.detail.contains("cannot run"), "{kvm:?}");
+        assert!(
+            kvm.detail.contains("kvm_pvm") && kvm.detail.contains("cannot run"),
+            "{kvm:?}"
+        );
         let accel = check_accel(&f.h);
         assert_eq!(accel.verdict, Verdict::Warn);
-        assert!(accel.detail.contains("TCG") && accel.detail.contains("slower") && accel.detail.contains("security.md"), "{accel:?}");
+        assert!(
+            accel.detail.contains("TCG")
+                && accel.detail.contains("slower")
+                && accel.detail.contains("security.md"),
+            "{accel:?}"
+        );
         // Asking for KVM where it cannot run is a failure, not a fallback.
         f.h.accel_env = "kvm".into();
         assert_eq!(check_accel(&f.h).verdict, Verdict::Fail);
@@ -792,9 +888,15 @@ mod tests {
         let c = check_kvm(&f.h);
         assert_eq!(c.verdict, Verdict::Warn);
         assert_eq!(c.fix, "modprobe kvm_intel", "{c:?}");
-        write(&f.h.proc_root.join("cpuinfo"), "flags\t\t: fpu sse2 hypervisor\n");
+        write(
+            &f.h.proc_root.join("cpuinfo"),
+            "flags\t\t: fpu sse2 hypervisor\n",
+        );
         let c = check_kvm(&f.h);
-        assert!(c.detail.contains("no vmx/svm") && c.fix.contains("nested"), "{c:?}");
+        assert!(
+            c.detail.contains("no vmx/svm") && c.fix.contains("nested"),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -807,8 +909,14 @@ mod tests {
         assert!(v.contains(&("fuse", Verdict::Fail)), "{v:?}");
         let n = check_network(&f.h);
         assert_eq!(n.verdict, Verdict::Fail);
-        assert!(n.detail.contains("nft") && n.detail.contains("/dev/net/tun"), "{n:?}");
-        assert!(n.fix.contains("apt-get install nftables") && n.fix.contains("modprobe tun"), "{n:?}");
+        assert!(
+            n.detail.contains("nft") && n.detail.contains("/dev/net/tun"),
+            "{n:?}"
+        );
+        assert!(
+            n.fix.contains("apt-get install nftables") && n.fix.contains("modprobe tun"),
+            "{n:?}"
+        );
     }
 
     #[test]
@@ -816,7 +924,10 @@ mod tests {
         let f = Fake::healthy();
         let c = check_cgroups(&f.h);
         assert!(c.detail.starts_with("cgroup v2"), "{c:?}");
-        write(&f.h.sys_root.join("fs/cgroup/cgroup.controllers"), "memory io\n");
+        write(
+            &f.h.sys_root.join("fs/cgroup/cgroup.controllers"),
+            "memory io\n",
+        );
         let c = check_cgroups(&f.h);
         assert_eq!(c.verdict, Verdict::Warn);
         assert!(c.detail.contains("no cpu, pids"), "{c:?}");
@@ -827,7 +938,11 @@ mod tests {
             "cgroup /sys/fs/cgroup/memory cgroup rw,memory 0 0\ncgroup /sys/fs/cgroup/cpu,cpuacct cgroup rw,cpu,cpuacct 0 0\ncgroup /sys/fs/cgroup/pids cgroup rw,pids 0 0\n",
         );
         let c = check_cgroups(&f.h);
-        assert_eq!((c.verdict, c.detail.starts_with("cgroup v1")), (Verdict::Pass, true), "{c:?}");
+        assert_eq!(
+            (c.verdict, c.detail.starts_with("cgroup v1")),
+            (Verdict::Pass, true),
+            "{c:?}"
+        );
         write(&f.h.proc_root.join("self/mounts"), "");
         assert_eq!(check_cgroups(&f.h).verdict, Verdict::Warn);
     }
@@ -859,14 +974,23 @@ mod tests {
         set(0o700);
         std::fs::remove_dir_all(f.h.paths.images_dir()).unwrap();
         let c = check_data_dir(&f.h);
-        assert!(c.verdict == Verdict::Warn && c.fix.contains("image build"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Warn && c.fix.contains("image build"),
+            "{c:?}"
+        );
         std::fs::remove_file(f.h.paths.initramfs()).unwrap();
         let c = check_data_dir(&f.h);
-        assert!(c.verdict == Verdict::Fail && c.fix.contains("build-guest.sh"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Fail && c.fix.contains("build-guest.sh"),
+            "{c:?}"
+        );
         let mut h = f.h.clone();
         h.paths = Paths::new(f.root.join("nowhere"));
         let c = check_data_dir(&h);
-        assert!(c.verdict == Verdict::Warn && c.detail.contains("does not exist"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Warn && c.detail.contains("does not exist"),
+            "{c:?}"
+        );
     }
 
     #[test]
@@ -877,27 +1001,48 @@ mod tests {
         assert_eq!(check_fs_mount(m, &MountSeen::Silent).verdict, Verdict::Warn);
         let c = check_fs_mount(m, &MountSeen::Stale { hung: false });
         assert_eq!(c.verdict, Verdict::Fail);
-        assert!(c.fix.contains("forkd-fs unmount --lazy /var/lib/forkd/mnt"), "{c:?}");
-        assert_eq!(check_fs_mount(m, &MountSeen::Foreign("tmpfs".into())).verdict, Verdict::Fail);
+        assert!(
+            c.fix.contains("forkd-fs unmount --lazy /var/lib/forkd/mnt"),
+            "{c:?}"
+        );
+        assert_eq!(
+            check_fs_mount(m, &MountSeen::Foreign("tmpfs".into())).verdict,
+            Verdict::Fail
+        );
     }
 
     #[test]
     fn poold_states() {
         let u = "http://127.0.0.1:8889";
-        let ok = PooldSeen::Ok { version: "0.1.0".into(), accel: "tcg".into() };
+        let ok = PooldSeen::Ok {
+            version: "0.1.0".into(),
+            accel: "tcg".into(),
+        };
         assert_eq!(check_poold(u, &ok).verdict, Verdict::Pass);
         let c = check_poold(u, &PooldSeen::Unauthorized { had_token: false });
-        assert!(c.verdict == Verdict::Fail && c.fix.contains("FORKD_TOKEN"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Fail && c.fix.contains("FORKD_TOKEN"),
+            "{c:?}"
+        );
         let c = check_poold(u, &PooldSeen::Unauthorized { had_token: true });
-        assert!(c.verdict == Verdict::Fail && c.detail.contains("not poold's token"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Fail && c.detail.contains("not poold's token"),
+            "{c:?}"
+        );
         let c = check_poold(u, &PooldSeen::Unreachable("connection refused".into()));
-        assert!(c.verdict == Verdict::Warn && c.fix.contains("systemctl"), "{c:?}");
+        assert!(
+            c.verdict == Verdict::Warn && c.fix.contains("systemctl"),
+            "{c:?}"
+        );
     }
 
     #[test]
     fn json_shape() {
         let c = Check::fail("fuse", "no /dev/fuse", "modprobe fuse");
         let v = serde_json::to_value(&c).unwrap();
-        assert_eq!(v, serde_json::json!({"name": "fuse", "verdict": "FAIL", "detail": "no /dev/fuse", "fix": "modprobe fuse"}));
+        assert_eq!(
+            v,
+            serde_json::json!({"name": "fuse", "verdict": "FAIL", "detail": "no /dev/fuse", "fix": "modprobe fuse"})
+        );
     }
 }

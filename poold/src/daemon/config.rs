@@ -257,10 +257,18 @@ mod tests {
         let c: Config = toml::from_str("tls_cert = \"/c\"\ntls_key = \"/k\"\n").unwrap();
         c.validate().unwrap();
         let c: Config = toml::from_str("tls_cert = \"/c\"\n").unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("go together"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("go together"));
         let c: Config =
             toml::from_str("tls_cert = \"/c\"\ntls_key = \"/k\"\nunix = \"/s\"\n").unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("unix socket"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("unix socket"));
     }
 
     #[test]

@@ -37,8 +37,8 @@ pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};
 pub use process::ProcId;
 pub use qemu::{
-    check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_version, Boot, Device, Launch, Machine, Memory, Nic,
-    MACHINE_TYPE,
+    check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_binary, qemu_version,
+    Boot, Device, Launch, Machine, Memory, Nic, MACHINE_TYPE,
 };
 pub use qmp::{MigrationStatus, Qmp, RunState};
 
