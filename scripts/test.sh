@@ -35,6 +35,12 @@ if ! /usr/local/bin/s3s-fs --version 2>/dev/null | grep -q "$S3S_FS_VERSION"; th
   say "Installing s3s-fs $S3S_FS_VERSION (S3 server for the hub tests)"
   cargo install --quiet --locked s3s-fs --version "$S3S_FS_VERSION" --features binary --root /usr/local
 fi
+# The venv of the Python test clients (below) needs venv and ensurepip,
+# which Debian ships apart from python3.
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  say "Installing python3-venv (the Python test clients' venv)"
+  apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+fi
 cd "$REPO_ROOT"
 forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
 forkd_fs="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd-fs"

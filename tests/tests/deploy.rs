@@ -77,3 +77,53 @@ fn kubernetes_validator_refuses_a_misspelt_field() {
     assert!(!ok, "a misspelt field passed:\n{out}");
     assert!(out.contains("hostPth"), "{out}");
 }
+
+/// The ConfigMap's `poold.toml` block scalar, dedented.
+fn configmap_poold_toml() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/configmap.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut lines = text.lines().skip_while(|l| l.trim() != "poold.toml: |");
+    let key = lines
+        .next()
+        .expect("configmap.yaml has a poold.toml: | block");
+    let key_indent = key.len() - key.trim_start().len();
+    let mut body = Vec::new();
+    let mut indent = None;
+    for l in lines {
+        let this = l.len() - l.trim_start().len();
+        if !l.trim().is_empty() && this <= key_indent {
+            break;
+        }
+        let i = *indent.get_or_insert(this);
+        body.push(l.get(i..).unwrap_or(""));
+    }
+    body.join("\n")
+}
+
+/// Kubernetes' schemas see `poold.toml` as an opaque string: poold's own
+/// parser and checks must accept it (an unknown key is an error there).
+#[test]
+fn configmap_poold_toml_is_a_config_poold_accepts() {
+    let toml = configmap_poold_toml();
+    assert!(toml.contains("tls_cert"), "{toml}");
+    let dir = tempfile_dir();
+    let file = dir.join("poold.toml");
+    std::fs::write(&file, &toml).unwrap();
+    let cfg = poold::daemon::config::Config::load(Some(&file))
+        .unwrap_or_else(|e| panic!("deploy/kubernetes/configmap.yaml poold.toml: {e:#}\n{toml}"));
+    let _ = std::fs::remove_dir_all(&dir);
+    cfg.validate()
+        .unwrap_or_else(|e| panic!("deploy/kubernetes/configmap.yaml poold.toml: {e:#}"));
+    assert!(cfg.tls_cert.is_some() && cfg.token_file.is_some());
+    assert!(cfg.pools.contains_key("py"));
+}
+
+fn tempfile_dir() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "forkd-k8s-cfg-{}-{:?}",
+        std::process::id(),
+        std::thread::current().id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
