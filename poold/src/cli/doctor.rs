@@ -593,7 +593,11 @@ pub enum PooldSeen {
     },
     /// Another status.
     Status(u16),
-    /// No connection (or the client could not be made).
+    /// `$FORKD_URL` or `$FORKD_CA_CERT` is unusable (no request was made).
+    BadClient(String),
+    /// Something answered TLS with a certificate we do not trust.
+    Untrusted(String),
+    /// No connection.
     Unreachable(String),
 }
 
@@ -602,7 +606,7 @@ pub async fn observe_poold() -> PooldSeen {
     let had_token = std::env::var("FORKD_TOKEN").is_ok_and(|t| !t.trim().is_empty());
     let client = match forkd_api::Client::from_env() {
         Ok(c) => c,
-        Err(e) => return PooldSeen::Unreachable(format!("{e:#}")),
+        Err(e) => return PooldSeen::BadClient(format!("{e:#}")),
     };
     match client.send(forkd_api::Method::GET, "/version", None).await {
         Ok((s, body)) if s.is_success() => {
@@ -615,6 +619,11 @@ pub async fn observe_poold() -> PooldSeen {
         }
         Ok((s, _)) if s.as_u16() == 401 => PooldSeen::Unauthorized { had_token },
         Ok((s, _)) => PooldSeen::Status(s.as_u16()),
+        // rustls names certificate problems in the error chain
+        // ("invalid peer certificate: UnknownIssuer").
+        Err(e) if format!("{e:#}").to_lowercase().contains("certificate") => {
+            PooldSeen::Untrusted(format!("{e:#}"))
+        }
         Err(e) => PooldSeen::Unreachable(format!("{e:#}")),
     }
 }
@@ -627,6 +636,8 @@ pub fn check_poold(url: &str, seen: &PooldSeen) -> Check {
         PooldSeen::Unauthorized { had_token: false } => Check::fail(name, format!("{url} answers 401: poold wants a token"), "export FORKD_TOKEN=\"$(cat TOKEN_FILE)\" (poold's token_file)"),
         PooldSeen::Unauthorized { had_token: true } => Check::fail(name, format!("{url} answers 401: FORKD_TOKEN is not poold's token"), "set FORKD_TOKEN to the first line of poold's token_file"),
         PooldSeen::Status(s) => Check::warn(name, format!("{url} answers {s} to GET /version"), "is FORKD_URL pointing at poold? (a proxy or another service answers)"),
+        PooldSeen::BadClient(e) => Check::fail(name, e.clone(), "fix FORKD_URL (http://HOST:PORT, https://HOST:PORT or unix:///PATH) or FORKD_CA_CERT (a readable PEM file)"),
+        PooldSeen::Untrusted(e) => Check::fail(name, format!("{url} answers TLS with a certificate this client does not trust: {e}"), "export FORKD_CA_CERT=PATH (poold's tls_cert, or the CA that signed it)"),
         PooldSeen::Unreachable(e) => Check::warn(name, format!("not reachable at {url}: {e}"), "start it: systemctl enable --now poold (or `poold`); set FORKD_URL if it listens elsewhere"),
     }
 }
@@ -1027,6 +1038,16 @@ mod tests {
         let c = check_poold(u, &PooldSeen::Unauthorized { had_token: true });
         assert!(
             c.verdict == Verdict::Fail && c.detail.contains("not poold's token"),
+            "{c:?}"
+        );
+        let c = check_poold(u, &PooldSeen::Untrusted("invalid peer certificate".into()));
+        assert!(
+            c.verdict == Verdict::Fail && c.fix.contains("FORKD_CA_CERT"),
+            "{c:?}"
+        );
+        let c = check_poold(u, &PooldSeen::BadClient("reading FORKD_CA_CERT /x".into()));
+        assert!(
+            c.verdict == Verdict::Fail && c.fix.contains("FORKD_CA_CERT"),
             "{c:?}"
         );
         let c = check_poold(u, &PooldSeen::Unreachable("connection refused".into()));
