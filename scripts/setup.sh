@@ -148,7 +148,8 @@ build_images() {
 say "forkd setup (data dir: $FORKD_HOME)"
 step packages install_packages
 step rust ensure_cargo --install
-mkdir -p "$FORKD_HOME"
+# Root's and closed to other users, as poold sets it at start (docs/security.md).
+mkdir -p "$FORKD_HOME" && chmod 700 "$FORKD_HOME"
 step kernel "$REPO_ROOT/scripts/fetch-kernel.sh"
 step build build_workspace
 step initramfs "$REPO_ROOT/scripts/build-guest.sh"
