@@ -8,6 +8,7 @@ set -euo pipefail
 kdir="$FORKD_HOME/kernel/current"
 [ -f "$kdir/vmlinuz" ] || die "no kernel in $kdir; run scripts/fetch-kernel.sh first"
 triple=x86_64-unknown-linux-gnu
+ensure_cargo
 say "Building static guest binaries (forkd-init, forkd-agent)"
 # crt-static only for the target artifacts: --target keeps it away from build
 # scripts and proc-macros, which must stay dynamic.

@@ -8,6 +8,137 @@ say() { printf '\033[1m==> %s\033[0m\n' "$*"; }
 note() { printf '    %s\n' "$*"; }
 die() { printf 'error: %s\n' "$*" >&2; exit 1; }
 
+
+# Re-runs the calling script as root: as is when already root, through sudo
+# when there is one (keeping PATH, which sudo's secure_path would drop, and
+# the forkd/cargo variables), else a clear error. Call: as_root "$0" "$@".
+as_root() {
+  [ "$(id -u)" = 0 ] && return 0
+  local script=$1; shift
+  command -v sudo >/dev/null 2>&1 ||
+    die "$(basename "$script") must run as root, and there is no sudo: run it from a root shell (su -)"
+  local keep=("PATH=$PATH") v
+  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
+    [ -n "${!v:-}" ] && keep+=("$v=${!v}")
+  done
+  note "not root: re-running through sudo"
+  exec sudo env "${keep[@]}" bash "$script" "$@"
+}
+
 need_root() {
   [ "$(id -u)" = 0 ] || die "$1 must run as root (try: sudo $0)"
+}
+
+# ---- Rust toolchain -------------------------------------------------------
+# The workspace's rust-version (Cargo.toml); older compilers fail mid-build.
+FORKD_MIN_RUST=1.85
+
+# user_home USER: USER's home from the passwd database.
+user_home() { getent passwd "$1" 2>/dev/null | cut -d: -f6; }
+
+# version_ge A B: true when dotted version A >= B.
+version_ge() {
+  [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]
+}
+
+# cargo_candidates: directories that may hold cargo, best first: $PATH,
+# root's ~/.cargo/bin, then the invoking user's (sudo drops ~/.cargo/bin
+# from PATH, and rustup installs per user).
+cargo_candidates() {
+  local p h
+  p=$(command -v cargo 2>/dev/null) && dirname "$p"
+  h=$(user_home root) && [ -n "$h" ] && echo "$h/.cargo/bin"
+  if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    h=$(user_home "$SUDO_USER") && [ -n "$h" ] && echo "$h/.cargo/bin"
+  fi
+  return 0
+}
+
+# rust_version DIR: the version of DIR/rustc ("1.85.0"), empty when none runs.
+rust_version() {
+  "$1/rustc" --version 2>/dev/null | awk '{print $2}'
+}
+
+# find_cargo: sets CARGO_DIR to the first candidate directory whose cargo
+# and rustc run and whose rustc is new enough, or fails. Exports RUSTUP_HOME
+# for a rustup install in another user's home, so its proxies find their
+# toolchains when run as root. Sets RUST_TOO_OLD to "DIR VERSION" of a
+# compiler it skipped as too old. (Not in a subshell: it sets variables.)
+find_cargo() {
+  local d v home rh
+  CARGO_DIR= RUST_TOO_OLD=
+  for d in $(cargo_candidates); do
+    [ -x "$d/cargo" ] || continue
+    home=${d%/.cargo/bin} rh=
+    if [ "$home" != "$d" ] && [ -z "${RUSTUP_HOME:-}" ] && [ -d "$home/.rustup" ] &&
+       [ "$home" != "${HOME:-}" ]; then
+      rh="$home/.rustup"
+    fi
+    v=$(RUSTUP_HOME=${rh:-${RUSTUP_HOME:-}} rust_version "$d")
+    [ -n "$v" ] || continue
+    if version_ge "$v" "$FORKD_MIN_RUST"; then
+      CARGO_DIR=$d
+      [ -n "$rh" ] && export RUSTUP_HOME=$rh
+      return 0
+    fi
+    RUST_TOO_OLD="$d $v"
+  done
+  return 1
+}
+
+# apt_candidate PKG: the version apt would install ("1.85.0"), empty if none.
+apt_candidate() {
+  local v
+  v=$(apt-cache policy "$1" 2>/dev/null | sed -n 's/^ *Candidate: //p')
+  v=${v#*:}
+  case "$v" in ''|'(none)') echo "" ;; *) echo "${v%%[+~-]*}" ;; esac
+}
+
+# distro_rust_packages: the apt packages that give a Rust >= FORKD_MIN_RUST:
+# rustc-web/cargo-web on Debian 12 (its rustc/cargo are 1.63), else
+# rustc/cargo when new enough. Prints nothing when apt has none.
+distro_rust_packages() {
+  local v
+  v=$(apt_candidate rustc-web)
+  if [ -n "$v" ] && version_ge "$v" "$FORKD_MIN_RUST"; then echo "rustc-web cargo-web"; return; fi
+  v=$(apt_candidate rustc)
+  if [ -n "$v" ] && version_ge "$v" "$FORKD_MIN_RUST"; then echo "rustc cargo"; return; fi
+  return 0
+}
+
+# ensure_cargo [--install]: puts a cargo with Rust >= FORKD_MIN_RUST first in
+# PATH (see find_cargo), or dies saying what to do. With --install, a host
+# with none gets the distribution's packages (distro_rust_packages).
+ensure_cargo() {
+  local pkgs old
+  if ! find_cargo; then
+    old=$RUST_TOO_OLD
+    [ "${1:-}" = --install ] || die "no Rust >= $FORKD_MIN_RUST found${old:+ (${old#* } in ${old%% *} is too old)}: run scripts/setup.sh, or install Rust with rustup (https://rustup.rs)"
+    pkgs=$(distro_rust_packages)
+    [ -n "$pkgs" ] || die "no Rust >= $FORKD_MIN_RUST found${old:+ (${old#* } in ${old%% *} is too old: rustup update)}, and apt offers none: install Rust with rustup (https://rustup.rs), then re-run"
+    note "no Rust >= $FORKD_MIN_RUST${old:+ (found ${old#* } in ${old%% *})}: installing $pkgs from apt"
+    # shellcheck disable=SC2086
+    apt-get install -y -q --no-install-recommends $pkgs >/dev/null
+    find_cargo || die "installed $pkgs, but still no Rust >= $FORKD_MIN_RUST on PATH: install Rust with rustup (https://rustup.rs)"
+  fi
+  export PATH="$CARGO_DIR:$PATH"
+  note "Rust $(rust_version "$CARGO_DIR") ($CARGO_DIR/cargo${RUSTUP_HOME:+, RUSTUP_HOME=$RUSTUP_HOME})"
+}
+
+# ---- step timing ----------------------------------------------------------
+STEP_TIMES=()
+# step NAME CMD...: runs CMD, prints and records how long it took.
+step() {
+  local name=$1 t0=$SECONDS; shift
+  "$@"
+  local dt=$(( SECONDS - t0 ))
+  STEP_TIMES+=("$name:$dt")
+  note "[$name: ${dt}s]"
+}
+# step_summary TITLE: each recorded step's time and the total.
+step_summary() {
+  local s total=0
+  for s in "${STEP_TIMES[@]}"; do total=$(( total + ${s##*:} )); done
+  say "$1 in ${total}s"
+  for s in "${STEP_TIMES[@]}"; do printf '    %-24s %5ss\n' "${s%:*}" "${s##*:}"; done
 }

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # forkd host setup. Idempotent and safe to re-run; prints what it does.
 #
-#   sudo scripts/setup.sh            # everything: packages, kernel, build, images
-#   sudo scripts/setup.sh --no-images    # skip step 5
-#   sudo scripts/setup.sh --no-install   # skip copying binaries to /usr/local/bin
+#   scripts/setup.sh                 # everything: packages, kernel, build, images
+#   scripts/setup.sh --no-images     # skip step 5
+#   scripts/setup.sh --no-install    # skip copying binaries to /usr/local/bin
 #
-# Steps:
+# Runs as root: from a root shell as is, else it re-runs itself through sudo.
+# Steps (each one's time, and the total, are printed at the end):
 #   1. host packages: QEMU >= 10 (from bookworm-backports on Debian 12, derived
-#      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build tools
-#      (and s3s-fs from crates.io, the S3 server the hub tests start)
+#      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build
+#      tools; Rust >= 1.85: cargo on PATH, in root's or the sudo-invoking
+#      user's ~/.cargo/bin (rustup), else the distribution's packages
+#      (rustc-web/cargo-web on Debian 12)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)
 #   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
 #   4. the guest initramfs (scripts/build-guest.sh)
@@ -22,11 +25,11 @@ for a in "$@"; do
   case "$a" in
     --no-images) images=0 ;;
     --no-install) install=0 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
     *) die "unknown option $a (see --help)" ;;
   esac
 done
-need_root "scripts/setup.sh"
+as_root "$0" "$@"
 export DEBIAN_FRONTEND=noninteractive
 
 qemu_major() {
@@ -116,25 +119,6 @@ install_packages() {
   note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed"
 }
 
-# The S3-compatible server the snapshot hub tests run against (docs/hub.md):
-# s3s-fs from crates.io, pinned (newer releases need a newer Rust). Needs cargo.
-S3S_FS_VERSION=0.14.1
-install_test_s3_server() {
-  if /usr/local/bin/s3s-fs --version 2>/dev/null | grep -q "$S3S_FS_VERSION"; then
-    note "s3s-fs $S3S_FS_VERSION already installed (hub tests)"
-    return
-  fi
-  say "Installing s3s-fs $S3S_FS_VERSION (S3 server for the hub tests)"
-  cargo install --quiet --locked s3s-fs --version "$S3S_FS_VERSION" --features binary --root /usr/local
-  note "installed /usr/local/bin/s3s-fs"
-}
-
-check_rust() {
-  command -v cargo >/dev/null || die "cargo not found: install Rust >= 1.85 with rustup (https://rustup.rs), then re-run"
-  local v; v=$(rustc --version | awk '{print $2}')
-  note "Rust $v"
-}
-
 build_workspace() {
   say "Building forkd (release)"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
@@ -162,13 +146,15 @@ build_images() {
 }
 
 say "forkd setup (data dir: $FORKD_HOME)"
-install_packages
-check_rust
-install_test_s3_server
-mkdir -p "$FORKD_HOME"
-"$REPO_ROOT/scripts/fetch-kernel.sh"
-build_workspace
-"$REPO_ROOT/scripts/build-guest.sh"
+step packages install_packages
+step rust ensure_cargo --install
+# Root's and closed to other users, as poold sets it at start (docs/security.md).
+mkdir -p "$FORKD_HOME" && chmod 700 "$FORKD_HOME"
+step kernel "$REPO_ROOT/scripts/fetch-kernel.sh"
+step build build_workspace
+step initramfs "$REPO_ROOT/scripts/build-guest.sh"
 export FORKD_HOME
-[ "$images" = 1 ] && build_images
-say "Done. Try: forkd run --image python-numpy -- python3 -c 'import numpy; print(numpy.zeros(5).tolist())'"
+[ "$images" = 1 ] && step images build_images
+step_summary "Setup done"
+[ "$images" = 1 ] && say "Try: forkd run --image python-numpy -- python3 -c 'import numpy; print(numpy.zeros(5).tolist())'"
+exit 0

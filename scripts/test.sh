@@ -2,15 +2,15 @@
 # The test command: formatting, lints, unit tests, and end-to-end tests that
 # boot real guests under TCG.
 #
-#   sudo scripts/test.sh                 # everything
-#   sudo scripts/test.sh -- NAME         # extra arguments go to `cargo test`
+#   scripts/test.sh                 # everything (as root; re-runs itself through sudo)
+#   scripts/test.sh -- NAME         # extra arguments go to `cargo test`
 #
 # Tests use their own data dir ($FORKD_TEST_HOME, default /var/lib/forkd-test),
 # never your $FORKD_HOME. Guest images there are rebuilt only when their recipe
 # changed; the guest initramfs is rebuilt from the current sources every run.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
-need_root "scripts/test.sh"
+as_root "$0" "$@"
 
 cargo_args=()
 while [ $# -gt 0 ]; do
@@ -25,6 +25,22 @@ export FORKD_ACCEL=${FORKD_ACCEL:-tcg}
 started=$(date +%s)
 
 "$REPO_ROOT/scripts/setup.sh" --no-images --no-install
+ensure_cargo
+
+# Tools only the tests need (not the user's setup): the S3-compatible server
+# the snapshot hub tests run against (docs/hub.md), s3s-fs from crates.io,
+# pinned (newer releases need a newer Rust).
+S3S_FS_VERSION=0.14.1
+if ! /usr/local/bin/s3s-fs --version 2>/dev/null | grep -q "$S3S_FS_VERSION"; then
+  say "Installing s3s-fs $S3S_FS_VERSION (S3 server for the hub tests)"
+  cargo install --quiet --locked s3s-fs --version "$S3S_FS_VERSION" --features binary --root /usr/local
+fi
+# The venv of the Python test clients (below) needs venv and ensurepip,
+# which Debian ships apart from python3.
+if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
+  say "Installing python3-venv (the Python test clients' venv)"
+  apt-get install -y -q --no-install-recommends python3-venv >/dev/null
+fi
 cd "$REPO_ROOT"
 forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
 forkd_fs="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd-fs"

@@ -79,6 +79,16 @@ fn reads_as(gid: u32, path: &Path) -> bool {
 #[test]
 fn every_qemu_is_jailed_and_private() {
     let home = Home::new();
+    // An fd poold inherits from whoever started it (here, this test: a
+    // file opened without O_CLOEXEC) must never reach a QEMU.
+    let marker = home.dir.join("inherited-by-poold");
+    std::fs::write(&marker, b"").unwrap();
+    let inherited = std::fs::File::open(&marker).unwrap();
+    nix::fcntl::fcntl(
+        std::os::fd::AsRawFd::as_raw_fd(&inherited),
+        nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::empty()),
+    )
+    .unwrap();
     let p = Poold::start(&home.dir, &[], None);
     block_on(async {
         p.snapshot("jb", "minimal", 128).await;
@@ -95,6 +105,10 @@ fn every_qemu_is_jailed_and_private() {
         assert!(pids.len() >= 3, "pool child and two sandboxes: {pids:?}");
         for pid in &pids {
             assert_jailed(*pid);
+            for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).unwrap() {
+                let target = std::fs::read_link(fd.unwrap().path()).unwrap_or_default();
+                assert_ne!(target, marker, "QEMU {pid} holds an fd poold inherited");
+            }
         }
         // No two VMs share a uid.
         let mut uids: Vec<String> = pids.iter().map(|p| status_field(*p, "Uid")).collect();

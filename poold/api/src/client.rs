@@ -1,6 +1,8 @@
 //! A small client of poold's REST API, for the CLI and benchmarks:
-//! `$FORKD_URL` (default `http://127.0.0.1:8889`, or `unix:///PATH`) and
-//! `$FORKD_TOKEN`.
+//! `$FORKD_URL` (default `http://127.0.0.1:8889`, `https://...` for a poold
+//! with TLS, or `unix:///PATH`), `$FORKD_TOKEN`, and `$FORKD_CA_CERT` (a PEM
+//! file of certificates to trust besides the system's, e.g. poold's own
+//! self-signed one).
 
 use anyhow::{anyhow, bail, Context, Result};
 pub use reqwest::{Method, StatusCode};
@@ -30,13 +32,36 @@ impl Client {
             .ok()
             .map(|t| t.trim().to_string())
             .filter(|t| !t.is_empty());
-        Client::new(&url, token)
+        let ca = std::env::var_os("FORKD_CA_CERT")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from);
+        Client::with_ca(&url, token, ca.as_deref())
     }
 
     /// `url` is `http(s)://HOST:PORT` or `unix:///PATH` (a poold started
     /// with `--unix PATH`).
     pub fn new(url: &str, token: Option<String>) -> Result<Client> {
-        let builder = reqwest::Client::builder().timeout(Duration::from_secs(3600));
+        Client::with_ca(url, token, None)
+    }
+
+    /// Like [`Client::new`], also trusting the PEM certificates in `ca`
+    /// (for an `https://` poold whose certificate no system CA signed).
+    pub fn with_ca(
+        url: &str,
+        token: Option<String>,
+        ca: Option<&std::path::Path>,
+    ) -> Result<Client> {
+        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(3600));
+        if let Some(ca) = ca {
+            let pem = std::fs::read(ca)
+                .with_context(|| format!("reading FORKD_CA_CERT {}", ca.display()))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .with_context(|| format!("FORKD_CA_CERT {}: not PEM certificates", ca.display()))?;
+            if certs.is_empty() {
+                bail!("FORKD_CA_CERT {}: no CERTIFICATE block in it", ca.display());
+            }
+            builder = builder.tls_certs_merge(certs);
+        }
         let (base, builder) = if let Some(path) = url.strip_prefix("unix://") {
             if !path.starts_with('/') {
                 bail!("FORKD_URL {url:?}: a unix socket URL is unix:///absolute/path");

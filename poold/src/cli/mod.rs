@@ -2,6 +2,7 @@
 //! print as one line (`error: what: why`) without a backtrace.
 
 pub mod bench;
+pub mod doctor;
 pub mod fork;
 pub mod hub;
 pub mod image;
@@ -81,6 +82,8 @@ pub enum Command {
     /// Benchmarks (they print numbers; see docs/BENCHMARKS.md).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
+    /// Check this host for what forkd needs (PASS/WARN/FAIL, each with a fix); exits 1 on a FAIL.
+    Doctor(doctor::DoctorArgs),
 }
 
 impl Cli {
@@ -121,6 +124,7 @@ pub fn main() -> ExitCode {
             Command::Pool(c) => sandbox::pool(c).await,
             Command::Branch(a) => sandbox::branch(a).await,
             Command::Bench(c) => bench::run(&paths, c).await,
+            Command::Doctor(a) => doctor::run(&paths, a).await,
         }
     });
     match result {

@@ -32,6 +32,12 @@ pub struct Args {
     /// Audit log (JSON lines).
     #[arg(long)]
     pub audit_log: Option<PathBuf>,
+    /// Serve HTTPS on the TCP listener with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "PEM")]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM")]
+    pub tls_key: Option<PathBuf>,
     #[arg(long)]
     pub max_sandboxes: Option<usize>,
     /// Pool children restored at once in the background.
@@ -85,6 +91,12 @@ impl Args {
         }
         if let Some(v) = &self.audit_log {
             c.audit_log = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_cert {
+            c.tls_cert = Some(v.clone());
+        }
+        if let Some(v) = &self.tls_key {
+            c.tls_key = Some(v.clone());
         }
         if let Some(v) = self.max_sandboxes {
             c.max_sandboxes = v;

@@ -5,6 +5,8 @@
 //! ```toml
 //! bind = "127.0.0.1:8889"          # or unix = "/run/forkd/poold.sock"
 //! token_file = "/etc/forkd/token"  # required for a non-loopback bind
+//! tls_cert = "/etc/forkd/tls.crt"  # serve HTTPS (PEM chain, leaf first) ...
+//! tls_key = "/etc/forkd/tls.key"   # ... with this PEM key; both or neither
 //! audit_log = "/var/log/forkd/audit.jsonl"
 //! max_sandboxes = 1000
 //! refill_concurrency = 1
@@ -48,6 +50,10 @@ pub struct Config {
     pub token_file: Option<PathBuf>,
     /// JSON-lines audit log; default `$FORKD_HOME/poold/audit.jsonl`.
     pub audit_log: Option<PathBuf>,
+    /// PEM certificate chain: the TCP listener serves HTTPS (with `tls_key`).
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key of `tls_cert`.
+    pub tls_key: Option<PathBuf>,
     /// Live sandboxes at most (pooled children not counted).
     pub max_sandboxes: usize,
     /// Pool children restored at once in the background.
@@ -112,6 +118,8 @@ impl Default for Config {
             unix: None,
             token_file: None,
             audit_log: None,
+            tls_cert: None,
+            tls_key: None,
             max_sandboxes: 1000,
             refill_concurrency: 1,
             spawn_parallel: 4,
@@ -167,6 +175,15 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         if self.unix.is_none() {
             self.bind_addr()?;
+        }
+        match (&self.tls_cert, &self.tls_key) {
+            (Some(_), None) | (None, Some(_)) => {
+                bail!("tls_cert and tls_key go together: give both (PEM certificate chain and its key) or neither")
+            }
+            (Some(_), Some(_)) if self.unix.is_some() => {
+                bail!("tls_cert/tls_key apply to the TCP listener; a unix socket is served without TLS (drop one of them)")
+            }
+            _ => {}
         }
         if self.max_sandboxes == 0 {
             bail!("max_sandboxes must be at least 1");
@@ -242,6 +259,25 @@ mod tests {
         }
         let bad: Config = toml::from_str("[pools.a]\nmin_ready = 4\nmax_ready = 2\n").unwrap();
         assert!(bad.validate().is_err());
+    }
+
+    #[test]
+    fn tls_needs_cert_and_key_and_tcp() {
+        let c: Config = toml::from_str("tls_cert = \"/c\"\ntls_key = \"/k\"\n").unwrap();
+        c.validate().unwrap();
+        let c: Config = toml::from_str("tls_cert = \"/c\"\n").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("go together"));
+        let c: Config =
+            toml::from_str("tls_cert = \"/c\"\ntls_key = \"/k\"\nunix = \"/s\"\n").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("unix socket"));
     }
 
     #[test]

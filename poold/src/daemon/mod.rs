@@ -7,6 +7,7 @@
 //! - [`sandbox`], [`pool`]: live handles;
 //! - [`lifecycle`]: spawn, destroy, refill, adopt after a restart, TTLs;
 //! - [`api`]: the HTTP routes; [`server`]: listeners, auth and audit;
+//!   [`tls`]: HTTPS on the TCP listener;
 //!   [`hosts`]: DNS-rebinding protection (the `Host` check);
 //! - [`cgroup`]: memory limits; [`metrics`]: Prometheus;
 //! - [`e2b`]: the E2B API on listeners of its own (docs/e2b.md).
@@ -25,6 +26,7 @@ pub mod pool;
 pub mod sandbox;
 pub mod server;
 pub mod state;
+pub mod tls;
 pub mod transfers;
 
 use anyhow::{Context, Result};

@@ -1,5 +1,5 @@
-//! The HTTP server: a TCP listener (127.0.0.1:8889 by default) or a unix
-//! socket, the `Host` check against DNS rebinding on every route
+//! The HTTP server: a TCP listener (127.0.0.1:8889 by default; HTTPS with
+//! `tls_cert`/`tls_key`, [`super::tls`]) or a unix socket, the `Host` check against DNS rebinding on every route
 //! ([`super::hosts`]), bearer-token auth on everything but `/healthz`, an
 //! audit line per request (the outermost layer, so 421s and 401s are logged
 //! too), and errors always as `{"error": "..."}`.
@@ -233,18 +233,38 @@ pub async fn serve(d: Arc<Daemon>, banner_after: Option<String>) -> Result<()> {
         }
         None => {
             let addr = d.cfg.bind_addr()?;
+            // Certificate problems fail the start before the port is taken.
+            let tls = match (&d.cfg.tls_cert, &d.cfg.tls_key) {
+                (Some(c), Some(k)) => Some(super::tls::server_config(c, k)?),
+                _ => None,
+            };
             let l = tokio::net::TcpListener::bind(addr)
                 .await
                 .with_context(|| format!("binding {addr} (is another poold running?)"))?;
-            tracing::info!("poold listening on http://{}", l.local_addr()?);
-            println!("poold listening on http://{}", l.local_addr()?);
+            let local = l.local_addr()?;
+            let scheme = if tls.is_some() { "https" } else { "http" };
+            tracing::info!("poold listening on {scheme}://{local}");
+            println!("poold listening on {scheme}://{local}");
             if let Some(b) = &banner_after {
                 println!("{b}");
             }
-            axum::serve(l, app.into_make_service_with_connect_info::<SocketAddr>())
-                .with_graceful_shutdown(shutdown_signal())
-                .await
-                .context("serving")
+            let svc = app.into_make_service_with_connect_info::<SocketAddr>();
+            match tls {
+                // `tap_io` is a no-op whose wrapper gives the TLS listener
+                // axum's `ConnectInfo<SocketAddr>` (the audit's `remote`).
+                Some(cfg) => {
+                    use axum::serve::ListenerExt;
+                    let l = super::tls::TlsListener::new(l, cfg)?.tap_io(|_| {});
+                    axum::serve(l, svc)
+                        .with_graceful_shutdown(shutdown_signal())
+                        .await
+                        .context("serving")
+                }
+                None => axum::serve(l, svc)
+                    .with_graceful_shutdown(shutdown_signal())
+                    .await
+                    .context("serving"),
+            }
         }
     }
 }

@@ -73,13 +73,19 @@ impl AccelChoice {
 /// KVM is usable when /dev/kvm opens read-write and is not the nested
 /// paravirtual KVM (kvm_pvm), which cannot run an unmodified Linux guest.
 pub fn kvm_usable() -> anyhow::Result<()> {
-    if Path::new("/sys/module/kvm_pvm").exists() {
+    kvm_usable_in(Path::new("/sys"), Path::new("/dev"))
+}
+
+/// [`kvm_usable`] against other sysfs and /dev roots (`forkd doctor`'s
+/// tests point it at fake trees).
+pub fn kvm_usable_in(sys: &Path, dev: &Path) -> anyhow::Result<()> {
+    if sys.join("module/kvm_pvm").exists() {
         anyhow::bail!("/dev/kvm is kvm_pvm (nested paravirtual KVM), which cannot run an unmodified Linux guest; use --accel tcg");
     }
     std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .open("/dev/kvm")
+        .open(dev.join("kvm"))
         .map(|_| ())
         .map_err(|e| anyhow::anyhow!("/dev/kvm: {e}; KVM is unavailable, use --accel tcg"))
 }

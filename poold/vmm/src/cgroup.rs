@@ -114,7 +114,9 @@ impl Hierarchy {
         Self::detect_in(Path::new("/sys/fs/cgroup"), &mounts)
     }
 
-    fn detect_in(root: &Path, mounts: &str) -> Result<Hierarchy> {
+    /// [`Hierarchy::detect`] with another cgroup2 root and mount table
+    /// (`/proc/self/mounts` text); `forkd doctor`'s tests use fake ones.
+    pub fn detect_in(root: &Path, mounts: &str) -> Result<Hierarchy> {
         if let Ok(c) = std::fs::read_to_string(root.join("cgroup.controllers")) {
             let controllers: Vec<String> = c.split_whitespace().map(String::from).collect();
             if controllers.iter().any(|x| x == "memory") {

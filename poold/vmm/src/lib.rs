@@ -30,15 +30,15 @@ use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-pub use accel::{kvm_usable, Accel, AccelChoice};
+pub use accel::{kvm_usable, kvm_usable_in, Accel, AccelChoice};
 pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES};
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};
 pub use process::ProcId;
 pub use qemu::{
-    check_qemu, kernel_cmdline, qemu_version, Boot, Device, Launch, Machine, Memory, Nic,
-    MACHINE_TYPE,
+    check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_binary, qemu_version,
+    Boot, Device, Launch, Machine, Memory, Nic, MACHINE_TYPE,
 };
 pub use qmp::{MigrationStatus, Qmp, RunState};
 
@@ -334,7 +334,10 @@ impl Vm {
             None
         };
         let ephemeral = lifetime == Lifetime::Ephemeral;
-        // SAFETY: setsid and prctl are async-signal-safe.
+        // SAFETY: setsid, prctl, close_range and fcntl are
+        // async-signal-safe. This hook runs last, after the tap was put at
+        // TAP_FD: QEMU keeps stdio and its tap and no other fd of poold's
+        // (nor any poold inherited from whoever started it).
         unsafe {
             use std::os::unix::process::CommandExt;
             cmd.pre_exec(move || {
@@ -342,6 +345,8 @@ impl Vm {
                 if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
+                process::cloexec_range(3, qemu::TAP_FD as u32 - 1);
+                process::cloexec_range(qemu::TAP_FD as u32 + 1, u32::MAX);
                 Ok(())
             });
         }

@@ -129,6 +129,27 @@ fn pidfd_open(pid: u32) -> std::io::Result<std::os::fd::OwnedFd> {
     Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd as i32) })
 }
 
+/// Marks fds `first..=last` close-on-exec, between fork and exec (no
+/// allocation, async-signal-safe calls only).
+pub(crate) fn cloexec_range(first: u32, last: u32) {
+    // SAFETY: close_range only changes flags of this process's fds.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first,
+            last,
+            libc::CLOSE_RANGE_CLOEXEC,
+        )
+    };
+    if rc != 0 {
+        // Kernels before 5.11: one fcntl per possible fd.
+        for fd in first..=last.min(4095) {
+            // SAFETY: F_SETFD on an fd that may not exist fails with EBADF.
+            unsafe { libc::fcntl(fd as i32, libc::F_SETFD, libc::FD_CLOEXEC) };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,7 +33,8 @@ pub fn qemu_version() -> anyhow::Result<String> {
     .map_err(anyhow::Error::msg)
 }
 
-fn parse_version(text: &str) -> Option<String> {
+/// The version in `qemu-system-x86_64 --version` output ("10.0.2").
+pub fn parse_version(text: &str) -> Option<String> {
     let rest = text.lines().next()?.split("version ").nth(1)?;
     Some(rest.split_whitespace().next()?.to_string())
 }

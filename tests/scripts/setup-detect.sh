@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Tests scripts/lib.sh's host detection the way a newcomer's host looks:
+# PATH without cargo (sudo's secure_path), rustup in root's or the invoking
+# user's home, Rust only from apt, no sudo. Everything is faked in a temp
+# dir: a PATH of plain tools, fake `cargo`/`rustc`/`apt-get`/`apt-cache`/
+# `sudo`/`id`, and `getent` answering for fake homes. Nothing is installed.
+# Run by the forkd-e2e test `setup_scripts` (so by scripts/test.sh).
+set -uo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+lib="$here/../../scripts/lib.sh"
+T=$(mktemp -d)
+trap 'rm -rf "$T"' EXIT
+fails=0
+ok() { printf 'ok   %s\n' "$1"; }
+bad() { printf 'FAIL %s\n' "$1"; fails=$((fails + 1)); }
+check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got [$2], want [$3]"; fi; }
+contains() { case "$2" in *"$3"*) ok "$1" ;; *) bad "$1: [$2] lacks [$3]" ;; esac; }
+
+# A PATH with the plain tools lib.sh uses, and nothing else; fakes go in
+# $T/fake, which comes first (never written through a symlink in $T/bin).
+mkdir -p "$T/bin" "$T/fake"
+for t in sort head awk cut dirname basename sed grep cat env mkdir chmod id; do
+  ln -s "$(command -v "$t")" "$T/bin/$t"
+done
+BASEPATH="$T/fake:$T/bin"
+
+# fake_rust DIR VERSION [RUSTUP_HOME]: a cargo and rustc; with RUSTUP_HOME,
+# rustc acts as a rustup proxy and fails unless RUSTUP_HOME points there.
+fake_rust() {
+  mkdir -p "$1"
+  printf '#!/bin/sh\necho "cargo %s"\n' "$2" > "$1/cargo"
+  if [ -n "${3:-}" ]; then
+    printf '#!/bin/sh\n[ "$RUSTUP_HOME" = "%s" ] || { echo "error: rustup could not choose a version of rustc to run" >&2; exit 1; }\necho "rustc %s (fake)"\n' "$3" "$2" > "$1/rustc"
+  else
+    printf '#!/bin/sh\necho "rustc %s (fake)"\n' "$2" > "$1/rustc"
+  fi
+  chmod +x "$1/cargo" "$1/rustc"
+}
+
+# scenario NAME BODY: runs BODY in a fresh shell with lib.sh sourced, the
+# stripped PATH, HOME=/root-like fake, and getent answering from $T/passwd.
+scenario() {
+  env -i PATH="$BASEPATH" HOME="$T/root" T="$T" LIB="$lib" ${SUDO_USER_FAKE:+SUDO_USER=$SUDO_USER_FAKE} \
+    "$BASH" -c '
+      set -euo pipefail
+      . "$LIB"
+      getent() { [ "$1" = passwd ] && grep "^$2:" "$T/passwd"; }
+      '"$2"
+}
+
+cat > "$T/passwd" <<P
+root:x:0:0:root:$T/root:/bin/bash
+alice:x:1000:1000::$T/home/alice:/bin/bash
+P
+mkdir -p "$T/root"
+
+# 1. sudo dropped ~/.cargo/bin: alice's rustup install is found, with her RUSTUP_HOME.
+fake_rust "$T/home/alice/.cargo/bin" 1.91.0 "$T/home/alice/.rustup"
+mkdir -p "$T/home/alice/.rustup"
+out=$(SUDO_USER_FAKE=alice scenario 1 'ensure_cargo >/dev/null; echo "$CARGO_DIR|$RUSTUP_HOME|$(rustc --version)|${PATH%%:*}"' 2>&1)
+check "invoking user's rustup cargo found with PATH stripped" "$out" \
+  "$T/home/alice/.cargo/bin|$T/home/alice/.rustup|rustc 1.91.0 (fake)|$T/home/alice/.cargo/bin"
+
+# 2. root's own rustup comes first.
+fake_rust "$T/root/.cargo/bin" 1.86.0
+out=$(SUDO_USER_FAKE=alice scenario 2 'ensure_cargo >/dev/null; echo "$CARGO_DIR|${RUSTUP_HOME:-unset}"' 2>&1)
+check "root's ~/.cargo/bin preferred" "$out" "$T/root/.cargo/bin|unset"
+
+# 3. cargo on PATH comes before both.
+fake_rust "$T/opt/bin" 1.88.0
+out=$(SUDO_USER_FAKE=alice BASEPATH="$BASEPATH:$T/opt/bin" scenario 3 'ensure_cargo >/dev/null; echo "$CARGO_DIR"' 2>&1)
+check "cargo on PATH preferred" "$out" "$T/opt/bin"
+
+# 4. a too-old compiler is skipped for a newer one, and named when it is the only one.
+fake_rust "$T/root/.cargo/bin" 1.63.0
+out=$(SUDO_USER_FAKE=alice scenario 4 'ensure_cargo >/dev/null; echo "$CARGO_DIR"' 2>&1)
+check "too-old root toolchain skipped for the user's" "$out" "$T/home/alice/.cargo/bin"
+out=$(scenario 4b 'ensure_cargo' 2>&1); rc=$?
+check "only a too-old toolchain: exit status" "$rc" 1
+contains "only a too-old toolchain: says which and what to do" "$out" "1.63.0 in $T/root/.cargo/bin is too old"
+rm -rf "$T/root/.cargo"
+
+# 5. no Rust anywhere: Debian 12's rustc-web/cargo-web from apt.
+cat > "$T/fake/apt-cache" <<'A'
+#!/bin/sh
+case "$2" in
+  rustc-web) printf 'rustc-web:\n  Installed: (none)\n  Candidate: %s\n' "${FAKE_WEB:-(none)}" ;;
+  rustc) printf 'rustc:\n  Installed: (none)\n  Candidate: 1.63.0+dfsg1-2\n' ;;
+esac
+A
+cat > "$T/fake/apt-get" <<'A'
+#!/bin/sh
+echo "$*" >> "$T/apt-get.log"
+mkdir -p "$T/usr/bin"
+printf '#!/bin/sh\necho "cargo 1.85.0"\n' > "$T/usr/bin/cargo"
+printf '#!/bin/sh\necho "rustc 1.85.0 (debian)"\n' > "$T/usr/bin/rustc"
+chmod +x "$T/usr/bin/cargo" "$T/usr/bin/rustc"
+A
+chmod +x "$T/fake/apt-cache" "$T/fake/apt-get"
+out=$(FAKE_WEB=1.85.0+dfsg3-1~deb12u3 BASEPATH="$BASEPATH:$T/usr/bin" scenario 5 \
+  'FAKE_WEB='"1.85.0+dfsg3-1~deb12u3"' export FAKE_WEB; ensure_cargo --install >/dev/null; echo "$CARGO_DIR"' 2>&1)
+check "no Rust: distribution's packages installed and used" "$out" "$T/usr/bin"
+contains "apt-get asked for rustc-web and cargo-web" "$(cat "$T/apt-get.log" 2>/dev/null)" "rustc-web cargo-web"
+rm -rf "$T/usr" "$T/apt-get.log"
+out=$(BASEPATH="$BASEPATH:$T/usr/bin" scenario 5b 'ensure_cargo --install' 2>&1); rc=$?
+check "apt has only Rust 1.63: exit status" "$rc" 1
+contains "apt has only Rust 1.63: points at rustup" "$out" "install Rust with rustup"
+check "apt has only Rust 1.63: nothing installed" "$(cat "$T/apt-get.log" 2>/dev/null)" ""
+out=$(scenario 5c 'ensure_cargo' 2>&1); rc=$?
+check "without --install nothing is installed" "$rc:$(cat "$T/apt-get.log" 2>/dev/null)" "1:"
+rm -f "$T/fake/apt-get" "$T/fake/apt-cache"
+
+# 6. as_root: root runs on; a user without sudo gets told what to do; a
+# user with sudo re-runs through it keeping PATH.
+out=$(scenario 6 'as_root /x/setup.sh a; echo continued' 2>&1)
+check "as root: runs on without sudo" "$out" "continued"
+printf '#!/bin/sh\necho 1000\n' > "$T/fake/id"; chmod +x "$T/fake/id"
+out=$(scenario 6b 'as_root /x/setup.sh a; echo continued' 2>&1); rc=$?
+check "not root, no sudo: exit status" "$rc" 1
+contains "not root, no sudo: says to use a root shell" "$out" "there is no sudo"
+printf '#!/bin/sh\necho "sudo $*"\n' > "$T/fake/sudo"; chmod +x "$T/fake/sudo"
+out=$(scenario 6c 'FORKD_HOME=/srv/f as_root /x/setup.sh --no-images; echo continued' 2>&1)
+contains "not root, sudo: re-runs through sudo keeping PATH" "$out" "sudo env PATH=$BASEPATH FORKD_HOME=/srv/f bash /x/setup.sh --no-images"
+case "$out" in *continued*) bad "as_root returned after exec" ;; *) ok "as_root execs" ;; esac
+rm -f "$T/fake/id" "$T/fake/sudo"
+
+# 7. step timings and their summary.
+out=$(scenario 7 'step one true; step two true; step_summary "Setup done"' 2>&1)
+contains "step prints its time" "$out" "[one: 0s]"
+contains "summary prints the total" "$out" "Setup done in 0s"
+
+if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; exit 1; fi
+echo "all setup detection checks passed"
