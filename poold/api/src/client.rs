@@ -159,11 +159,74 @@ impl Client {
         self.call(Method::PUT, path, Some(body)).await
     }
 
+    /// `POST path` with a JSON body whose answer is NDJSON (one JSON value
+    /// a line, e.g. `POST /v1/sandboxes/:id/exec/stream`); an error answer
+    /// becomes an error carrying poold's message.
+    pub async fn post_lines(&self, path: &str, body: Value) -> Result<JsonLines> {
+        let url = format!("{}{path}", self.base);
+        let mut req = self.http.post(&url).json(&body);
+        if let Some(t) = &self.token {
+            req = req.bearer_auth(t);
+        }
+        let resp = req.send().await.with_context(|| {
+            format!("POST {url}: is poold running? (start it with `poold`, or set FORKD_URL)")
+        })?;
+        let status = resp.status();
+        if !status.is_success() {
+            let bytes = resp.bytes().await.unwrap_or_default();
+            return Err(api_error(status, &bytes));
+        }
+        Ok(JsonLines {
+            resp,
+            buf: Vec::new(),
+        })
+    }
+
     /// `DELETE path`; any 2xx answer is success and its body is ignored.
     pub async fn delete(&self, path: &str) -> Result<()> {
         self.call::<Value>(Method::DELETE, path, None)
             .await
             .map(|_| ())
+    }
+}
+
+/// Longest NDJSON line [`JsonLines`] buffers: poold's lines carry one
+/// agent frame's output each, far below this.
+pub const MAX_LINE_BYTES: usize = 64 << 20;
+
+/// An NDJSON answer, read one value at a time as it arrives.
+pub struct JsonLines {
+    resp: reqwest::Response,
+    buf: Vec<u8>,
+}
+
+impl JsonLines {
+    /// The next value; `None` once the answer has ended.
+    pub async fn next(&mut self) -> Result<Option<Value>> {
+        loop {
+            if let Some(i) = self.buf.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.buf.drain(..=i).collect();
+                if line.trim_ascii().is_empty() {
+                    continue;
+                }
+                return serde_json::from_slice(&line)
+                    .map(Some)
+                    .context("decoding a line of poold's NDJSON answer");
+            }
+            if self.buf.len() > MAX_LINE_BYTES {
+                bail!("poold sent an NDJSON line over {MAX_LINE_BYTES} bytes");
+            }
+            match self.resp.chunk().await.context("reading poold's answer")? {
+                Some(c) => self.buf.extend_from_slice(&c),
+                None if self.buf.trim_ascii().is_empty() => return Ok(None),
+                None => {
+                    let line = std::mem::take(&mut self.buf);
+                    return serde_json::from_slice(&line)
+                        .map(Some)
+                        .context("decoding the last line of poold's NDJSON answer");
+                }
+            }
+        }
     }
 }
 

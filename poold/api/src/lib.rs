@@ -11,5 +11,5 @@
 mod client;
 mod types;
 
-pub use client::{Client, Method, StatusCode, DEFAULT_URL};
+pub use client::{Client, JsonLines, Method, StatusCode, DEFAULT_URL, MAX_LINE_BYTES};
 pub use types::*;

@@ -3,9 +3,17 @@
 //! forkd client ignores.
 
 use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// Every error answer: `{"error": "<what was wrong>"}`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What was wrong, and what to do next.
+    pub error: String,
+}
 
 /// forkd's `SnapshotInfo`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SnapshotInfo {
     /// Name the snapshot is addressed by in the API (`/v1/snapshots/:tag`).
     pub tag: String,
@@ -48,7 +56,7 @@ pub struct SnapshotInfo {
 }
 
 /// forkd's `SandboxInfo`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SandboxInfo {
     /// Sandbox id, `sb-` + 24 hex digits; also its hostname and VM directory name.
     pub id: String,
@@ -89,11 +97,12 @@ pub struct SandboxInfo {
     pub pids_max: Option<u64>,
     /// Published ports (docs/network.md).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(value_type = Vec<PortSchema>)]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
 /// `POST /v1/sandboxes`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SpawnBody {
     /// Tag of the snapshot to restore the children from.
@@ -133,9 +142,11 @@ pub struct SpawnBody {
     pub net: Option<bool>,
     /// Ours: the egress policy (docs/network.md); default: the config's.
     #[serde(default)]
+    #[schema(value_type = Option<EgressSchema>)]
     pub network: Option<forkd_net::EgressPolicy>,
     /// Ours: guest ports to publish on the host.
     #[serde(default)]
+    #[schema(value_type = Vec<PortSchema>)]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
@@ -144,7 +155,7 @@ fn one() -> usize {
 }
 
 /// `POST /v1/snapshots`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSnapshotBody {
     /// Tag to store the new snapshot under; must not exist yet.
@@ -185,7 +196,7 @@ pub struct CreateSnapshotBody {
 }
 
 /// `POST /v1/sandboxes/:id/exec`: forkd's `args` + `timeout_secs`, and ours.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecBody {
     /// forkd: the program and its arguments, run without a shell; required unless `cmd`.
@@ -213,7 +224,7 @@ fn thirty() -> f64 {
 }
 
 /// forkd's exec reply, plus what we know beyond it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct ExecReply {
     /// The command's standard output (lossy UTF-8).
     pub stdout: String,
@@ -231,7 +242,7 @@ pub struct ExecReply {
 }
 
 /// `POST /v1/sandboxes/:id/eval`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EvalBody {
     /// Python source: statements and/or a final expression whose value is returned.
@@ -242,7 +253,7 @@ pub struct EvalBody {
 }
 
 /// forkd's eval reply (`result` or `error`, `exit_code`), plus ours.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct EvalReply {
     /// `repr()` of the final expression's value; absent when there was none, it was `None`, or the code raised.
     pub result: Option<String>,
@@ -260,7 +271,7 @@ pub struct EvalReply {
 }
 
 /// One pool's sizing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PoolSpec {
     /// Paused children kept ready.
@@ -303,7 +314,7 @@ impl PoolSpec {
 }
 
 /// What `GET /v1/pools` shows for one pool.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct PoolStatus {
     /// Tag of the snapshot whose children the pool holds.
     pub tag: String,
@@ -321,4 +332,28 @@ pub struct PoolStatus {
     pub hits: u64,
     /// Spawns that found the pool empty and restored on demand.
     pub misses: u64,
+}
+
+/// The OpenAPI shape of a published port (`forkd_net::proxy::PortSpec`
+/// on the wire); documentation only.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct PortSchema {
+    /// The port a server in the guest listens on.
+    guest_port: u16,
+    /// 0 or absent: any free port (the answer shows the one bound).
+    host_port: Option<u16>,
+    /// IPv4 address to publish on; default 127.0.0.1.
+    host_addr: Option<String>,
+}
+
+/// The OpenAPI shape of an egress policy (`forkd_net::EgressPolicy` on
+/// the wire; docs/network.md); documentation only.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EgressSchema {
+    /// Addresses, CIDRs or domain names the sandbox may reach.
+    allow_out: Option<Vec<String>>,
+    /// Addresses, CIDRs or domain names it may not reach.
+    deny_out: Option<Vec<String>>,
 }

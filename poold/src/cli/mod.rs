@@ -6,6 +6,7 @@ pub mod doctor;
 pub mod fork;
 pub mod hub;
 pub mod image;
+pub mod mcp;
 pub mod run;
 pub mod sandbox;
 pub mod snapshot;
@@ -79,6 +80,8 @@ pub enum Command {
     /// Show and size poold's warm pools.
     #[command(subcommand)]
     Pool(sandbox::PoolCmd),
+    /// Serve poold's sandboxes as MCP tools (stdio, or streamable HTTP with --http).
+    Mcp(mcp::McpArgs),
     /// Benchmarks (they print numbers; see docs/BENCHMARKS.md).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -123,6 +126,7 @@ pub fn main() -> ExitCode {
             Command::Eval { id, code } => sandbox::eval(id, code).await,
             Command::Pool(c) => sandbox::pool(c).await,
             Command::Branch(a) => sandbox::branch(a).await,
+            Command::Mcp(a) => mcp::run(a).await,
             Command::Bench(c) => bench::run(&paths, c).await,
             Command::Doctor(a) => doctor::run(&paths, a).await,
         }

@@ -11,7 +11,6 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
 use axum::{Json, Router};
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,9 +19,9 @@ use std::time::Instant;
 /// The whole application: routes, auth, error shaping, audit.
 pub fn app(d: Arc<Daemon>) -> Router {
     let api = super::api::routes(d.clone()).layer(middleware::from_fn_with_state(d.clone(), auth));
+    // No route of its own: every route is in `api::table` (documented).
     Router::new()
-        .route("/healthz", get(healthz))
-        .route("/healthz/", get(healthz))
+        .merge(super::api::public_routes(d.clone()))
         .merge(api)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(
@@ -43,10 +42,6 @@ fn host_policy(cfg: &super::config::Config) -> super::hosts::HostPolicy {
     } else {
         super::hosts::HostPolicy::tcp(&cfg.allowed_hosts)
     }
-}
-
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"ok": true}))
 }
 
 /// What the auth layer decided, for the audit line.

@@ -18,21 +18,29 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-#[derive(Debug, Default, Deserialize)]
+/// `POST /v1/sandboxes/:id/branch` (forkd's fields).
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BranchBody {
+    /// Tag of the new snapshot (default `branch-<id>-<unix>-<4 hex>`).
     #[serde(default)]
     tag: Option<String>,
+    /// forkd: record the branch's uncompressed diff size.
     #[serde(default)]
     measure_diff: bool,
+    /// forkd's legacy flag for `mode: diff`.
     #[serde(default)]
     diff: bool,
+    /// forkd's legacy flag for `mode: live`.
     #[serde(default)]
     live: bool,
+    /// `full` (default), `diff` or `live`.
     #[serde(default)]
     mode: Option<String>,
+    /// false (live only): answer 202 once the sandbox runs again.
     #[serde(default)]
     wait: Option<bool>,
+    /// The sandbox's snapshot, in diff mode (forkd's check).
     #[serde(default)]
     parent_tag: Option<String>,
 }
@@ -79,6 +87,18 @@ fn mode_of(b: &BranchBody) -> ApiResult<Mode> {
     Ok(mode)
 }
 
+/// `POST /v1/sandboxes/:id/branch`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/branch", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body(content = Option<BranchBody>, description = "Optional; every field has a default"),
+    responses(
+        (status = 201, description = "The branch is stored", body = SnapshotInfo),
+        (status = 202, description = "Live `wait: false`: the sandbox runs again, the snapshot is being written (`status: writing`)", body = SnapshotInfo),
+        (status = 400, description = "A bad tag, conflicting mode flags, wait:false without live, a wrong parent_tag", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+        (status = 409, description = "The tag exists or is in flight", body = forkd_api::ErrorBody),
+        (status = 503, description = "At the branch concurrency cap, or under the memory/disk floor", body = forkd_api::ErrorBody),
+        (status = 500, description = "The branch failed", body = forkd_api::ErrorBody),
+    ))]
 pub async fn branch(
     State(d): State<Arc<Daemon>>,
     Path(id): Path<String>,

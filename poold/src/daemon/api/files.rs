@@ -44,6 +44,43 @@ pub struct FileQuery {
     recursive: bool,
 }
 
+/// The query of a file read (documentation of [`FileQuery`]'s use there).
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct ReadQuery {
+    /// Absolute path in the guest.
+    path: String,
+    /// Byte offset to start at (default 0).
+    offset: Option<u64>,
+    /// Most bytes to read (default: all, up to 32 MiB).
+    len: Option<u64>,
+}
+
+/// The query of a file write.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct WriteQuery {
+    /// Absolute path in the guest.
+    path: String,
+    /// Octal permission bits, e.g. `0644` (the default).
+    mode: Option<String>,
+    /// Append instead of replacing.
+    append: Option<bool>,
+}
+
+/// The query of a file removal.
+#[derive(utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)]
+pub struct RemoveQuery {
+    /// Absolute path in the guest.
+    path: String,
+    /// Remove a directory and everything in it.
+    recursive: Option<bool>,
+}
+
 fn check_path(p: &str) -> ApiResult<()> {
     if !p.starts_with('/') || p.contains('\0') {
         return Err(ApiError::bad_request(format!(
@@ -54,6 +91,16 @@ fn check_path(p: &str) -> ApiResult<()> {
 }
 
 /// `GET .../files?path=`: the file's bytes (or `len` bytes from `offset`).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), ReadQuery),
+    responses(
+        (status = 200, description = "The bytes; header `x-file-size` has the file's size", body = String, content_type = "application/octet-stream"),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+        (status = 413, description = "Over 32 MiB without `len`: read it in parts", body = forkd_api::ErrorBody),
+    ))]
 pub async fn read(
     State(d): D,
     Path(id): Path<String>,
@@ -93,6 +140,16 @@ pub async fn read(
 }
 
 /// `PUT .../files?path=`: writes the body atomically (or appends).
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), WriteQuery),
+    request_body(content = String, content_type = "application/octet-stream", description = "The file's bytes (at most 32 MiB)"),
+    responses(
+        (status = 200, description = "Written atomically (unless appending), parents created; the file's stat", body = Object),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+    ))]
 pub async fn write(
     State(d): D,
     Path(id): Path<String>,
@@ -120,6 +177,15 @@ pub async fn write(
 }
 
 /// `DELETE .../files?path=`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), RemoveQuery),
+    responses(
+        (status = 204, description = "Removed"),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+    ))]
 pub async fn remove(
     State(d): D,
     Path(id): Path<String>,
@@ -134,13 +200,25 @@ pub async fn remove(
     Ok(StatusCode::NO_CONTENT)
 }
 
-#[derive(Debug, Deserialize)]
+/// A query naming one guest path.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct PathQuery {
+    /// Absolute path in the guest.
     path: String,
 }
 
 /// `GET .../files/list?path=`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses(
+        (status = 200, description = "`{\"entries\": [{name, kind, size, mode, mtime_unix}]}`", body = Object),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+    ))]
 pub async fn list(
     State(d): D,
     Path(id): Path<String>,
@@ -153,6 +231,15 @@ pub async fn list(
 }
 
 /// `GET .../files/stat?path=`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id"), PathQuery),
+    responses(
+        (status = 200, description = "`{path, kind, size, mode, uid, gid, mtime_unix, symlink_target?}`", body = Object),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+    ))]
 pub async fn stat(
     State(d): D,
     Path(id): Path<String>,
@@ -164,15 +251,28 @@ pub async fn stat(
     Ok(Json(serde_json::to_value(s).map_err(ApiError::internal)?))
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST .../files/mkdir`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct MkdirBody {
+    /// Absolute path in the guest.
     path: String,
+    /// Create missing parents too.
     #[serde(default)]
     parents: bool,
 }
 
 /// `POST .../files/mkdir {path, parents}`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = MkdirBody,
+    responses(
+        (status = 200, description = "The directory's stat", body = Object),
+        (status = 400, description = "A relative path or one with NUL", body = forkd_api::ErrorBody),
+        (status = 403, description = "Permission denied in the guest", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox or file", body = forkd_api::ErrorBody),
+        (status = 409, description = "A directory where a file is wanted, or the reverse", body = forkd_api::ErrorBody),
+    ))]
 pub async fn mkdir(
     State(d): D,
     Path(id): Path<String>,

@@ -17,15 +17,29 @@ use std::sync::Arc;
 
 type D = State<Arc<Daemon>>;
 
+#[utoipa::path(get, path = "/v1/pools", tag = "pools",
+    responses((status = 200, description = "Every pool", body = Vec<PoolStatus>)))]
 pub async fn list(State(d): D) -> Json<Vec<PoolStatus>> {
     Json(d.pools.status())
 }
 
+#[utoipa::path(get, path = "/v1/pools/{tag}", tag = "pools", params(("tag" = String, Path, description = "Snapshot tag")),
+    responses(
+        (status = 200, description = "The pool (zeros if it has none)", body = PoolStatus),
+        (status = 400, description = "A bad tag", body = forkd_api::ErrorBody),
+    ))]
 pub async fn get(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<PoolStatus>> {
     check_tag(&tag)?;
     Ok(Json(d.pools.status_of(&tag)))
 }
 
+#[utoipa::path(put, path = "/v1/pools/{tag}", tag = "pools", params(("tag" = String, Path, description = "Snapshot tag")),
+    request_body = forkd_api::PoolSpec,
+    responses(
+        (status = 200, description = "The pool; persisted", body = PoolStatus),
+        (status = 400, description = "max_ready below min_ready or over 1000, or pools over max_sandboxes", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such snapshot", body = forkd_api::ErrorBody),
+    ))]
 pub async fn put(
     State(d): D,
     Path(tag): Path<String>,
@@ -65,6 +79,11 @@ pub async fn put(
     Ok(Json(d.pools.status_of(&tag)))
 }
 
+#[utoipa::path(delete, path = "/v1/pools/{tag}", tag = "pools", params(("tag" = String, Path, description = "Snapshot tag")),
+    responses(
+        (status = 204, description = "Its ready children are destroyed; persisted"),
+        (status = 400, description = "A bad tag", body = forkd_api::ErrorBody),
+    ))]
 pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCode> {
     check_tag(&tag)?;
     // Recorded as an empty pool, so a pool from the config file stays

@@ -27,6 +27,16 @@ pub fn get_sandbox(d: &Daemon, id: &str) -> ApiResult<Arc<Sandbox>> {
 }
 
 /// `POST /v1/sandboxes`.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = SpawnBody,
+    responses(
+        (status = 201, description = "Every child's agent answered", body = Vec<SandboxInfo>),
+        (status = 400, description = "A bad tag, count, limit or network request", body = forkd_api::ErrorBody),
+        (status = 404, description = "Unknown snapshot", body = forkd_api::ErrorBody),
+        (status = 409, description = "The snapshot cannot be restored on this host", body = forkd_api::ErrorBody),
+        (status = 503, description = "At max_sandboxes, or under the memory/disk floor", body = forkd_api::ErrorBody),
+        (status = 500, description = "A restore failed; every child of the request is destroyed", body = forkd_api::ErrorBody),
+    ))]
 pub async fn spawn(
     State(d): D,
     Json(b): Json<SpawnBody>,
@@ -52,6 +62,8 @@ pub async fn spawn(
 }
 
 /// `GET /v1/sandboxes`.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    responses((status = 200, description = "Every sandbox", body = Vec<SandboxInfo>)))]
 pub async fn list(State(d): D) -> Json<Vec<SandboxInfo>> {
     Json(
         d.sandboxes
@@ -63,11 +75,21 @@ pub async fn list(State(d): D) -> Json<Vec<SandboxInfo>> {
 }
 
 /// `GET /v1/sandboxes/:id`.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    responses(
+        (status = 200, description = "The sandbox", body = SandboxInfo),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn get(State(d): D, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(get_sandbox(&d, &id)?.record().into()))
 }
 
 /// `DELETE /v1/sandboxes/:id`.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    responses(
+        (status = 204, description = "QEMU killed; its directory, cgroup and record gone"),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode> {
     detached(async move {
         if lifecycle::destroy(&d, &id).await {
@@ -80,6 +102,12 @@ pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode
 }
 
 /// `POST /v1/sandboxes/:id/ping`: forkd's pong fields plus the agent's.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ping", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    responses(
+        (status = 200, description = "forkd's `pong, numpy_version, pid, agent_lang, warmup_ready` and the agent's own fields", body = Object),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+        (status = 500, description = "The agent did not answer", body = forkd_api::ErrorBody),
+    ))]
 pub async fn ping(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Value>> {
     let sb = get_sandbox(&d, &id)?;
     // forkd answers 500 when the agent does not answer; its CLI reads that
@@ -125,6 +153,13 @@ fn exec_spec(b: &ExecBody) -> ApiResult<ExecSpec> {
 }
 
 /// `POST /v1/sandboxes/:id/exec`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body = ExecBody,
+    responses(
+        (status = 200, description = "The command ran (a timeout answers `timed_out: true`)", body = ExecReply),
+        (status = 400, description = "Empty args, both args and cmd, a bad timeout", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn exec(
     State(d): D,
     Path(id): Path<String>,
@@ -171,6 +206,13 @@ pub async fn exec(
 /// `{"type":"started","pid"}`, `{"type":"stdout"|"stderr","data"}` as
 /// output arrives, then `{"type":"exit","exit_code","signal","timed_out",
 /// "duration_ms"}` or `{"type":"error","error"}`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec/stream", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body = ExecBody,
+    responses(
+        (status = 200, description = "NDJSON, a line per event: `{\"type\":\"started\",\"pid\"}`, `{\"type\":\"stdout\"|\"stderr\",\"data\"}` as output arrives, then `{\"type\":\"exit\",\"exit_code\",\"signal\",\"timed_out\",\"duration_ms\"}` or `{\"type\":\"error\",\"error\"}`", body = String, content_type = "application/x-ndjson"),
+        (status = 400, description = "As exec", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn exec_stream(
     State(d): D,
     Path(id): Path<String>,
@@ -231,6 +273,15 @@ fn stream_line(reply: Reply, payload: &[u8]) -> (Value, bool) {
 }
 
 /// `POST /v1/sandboxes/:id/eval`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/eval", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body = EvalBody,
+    responses(
+        (status = 200, description = "Evaluated; a raised exception is `error`, `traceback`, `exit_code: 1`", body = EvalReply),
+        (status = 400, description = "No code, code over the frame limit, a bad timeout", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+        (status = 409, description = "The image has no Python", body = forkd_api::ErrorBody),
+        (status = 504, description = "The evaluation timed out", body = forkd_api::ErrorBody),
+    ))]
 pub async fn eval(
     State(d): D,
     Path(id): Path<String>,
@@ -261,6 +312,11 @@ pub async fn eval(
 
 /// `GET /v1/sandboxes/:id/logs`: the guest console since the sandbox
 /// started (text; its last MiB).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/logs", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    responses(
+        (status = 200, description = "The guest console since the sandbox started (its last MiB)", body = String, content_type = "text/plain"),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn logs(State(d): D, Path(id): Path<String>) -> ApiResult<Response> {
     let sb = get_sandbox(&d, &id)?;
     let text = tail_bytes(&sb.dir.console(), LOG_TAIL_BYTES);
@@ -283,7 +339,8 @@ fn tail_bytes(path: &std::path::Path, max: u64) -> Vec<u8> {
     out
 }
 
-#[derive(Debug, serde::Deserialize)]
+/// `POST /v1/sandboxes/:id/ttl`.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct TtlBody {
     /// Seconds from now; 0 clears the TTL.
@@ -292,6 +349,13 @@ pub struct TtlBody {
 
 /// `POST /v1/sandboxes/:id/ttl {ttl_secs}`: sets (or with 0 clears) when
 /// the sandbox is killed automatically.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ttl", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body = TtlBody,
+    responses(
+        (status = 200, description = "The sandbox, with its new `expires_at_unix`", body = SandboxInfo),
+        (status = 400, description = "ttl_secs over 10 years", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+    ))]
 pub async fn set_ttl(
     State(d): D,
     Path(id): Path<String>,

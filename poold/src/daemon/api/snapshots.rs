@@ -65,6 +65,8 @@ pub fn info_of(d: &Daemon, view: &StoreView, tag: &str, rec: &SnapshotRecord) ->
 }
 
 /// `GET /v1/snapshots`.
+#[utoipa::path(get, path = "/v1/snapshots", tag = "snapshots",
+    responses((status = 200, description = "Tagged snapshots, plus `status: writing` entries for creates and branches in flight", body = Vec<SnapshotInfo>)))]
 pub async fn list(State(d): D) -> ApiResult<Json<Vec<SnapshotInfo>>> {
     let d2 = d.clone();
     let mut out = d
@@ -171,6 +173,15 @@ fn allowed_path(d: &Daemon, what: &str, p: &str) -> ApiResult<std::path::PathBuf
 }
 
 /// `POST /v1/snapshots`: boots a parent, warms it up, snapshots it.
+#[utoipa::path(post, path = "/v1/snapshots", tag = "snapshots",
+    request_body = CreateSnapshotBody,
+    responses(
+        (status = 201, description = "The warm snapshot is in the store", body = SnapshotInfo),
+        (status = 400, description = "A bad or existing tag, no image/rootfs or both, a path outside the data dir, an unknown image", body = forkd_api::ErrorBody),
+        (status = 409, description = "The tag is being written", body = forkd_api::ErrorBody),
+        (status = 503, description = "snapshot_concurrency creations in flight, or under the memory/disk floor", body = forkd_api::ErrorBody),
+        (status = 500, description = "The boot or warm-up failed (the message has the console tail)", body = forkd_api::ErrorBody),
+    ))]
 pub async fn create_snapshot(
     State(d): D,
     Json(b): Json<CreateSnapshotBody>,
@@ -255,10 +266,14 @@ async fn create_work(
     Ok((StatusCode::CREATED, Json(info)))
 }
 
-#[derive(Debug, Deserialize)]
+/// `DELETE /v1/snapshots/:tag`'s query.
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct DeleteQuery {
+    /// Delete the snapshot's dependents too, leaves first.
     #[serde(default)]
     cascade: Option<String>,
+    /// Delete only this one; its children become roots.
     #[serde(default)]
     force: Option<String>,
 }
@@ -269,6 +284,14 @@ fn flag(v: &Option<String>) -> bool {
 }
 
 /// `DELETE /v1/snapshots/:tag?cascade=&force=`.
+#[utoipa::path(delete, path = "/v1/snapshots/{tag}", tag = "snapshots",
+    params(("tag" = String, Path, description = "Snapshot tag"), DeleteQuery),
+    responses(
+        (status = 204, description = "Deleted (its pool drained first)"),
+        (status = 400, description = "A bad tag, or both flags", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such snapshot", body = forkd_api::ErrorBody),
+        (status = 409, description = "It has dependents and no flag, or running sandboxes map it", body = forkd_api::ErrorBody),
+    ))]
 pub async fn delete_snapshot(
     State(d): D,
     Path(tag): Path<String>,
@@ -292,6 +315,12 @@ async fn delete_work(d: Arc<Daemon>, tag: String, q: DeleteQuery) -> ApiResult<S
 
 /// `GET /v1/snapshots/:tag/info`: forkd's fields, plus the chain with the
 /// bytes each link really stores.
+#[utoipa::path(get, path = "/v1/snapshots/{tag}/info", tag = "snapshots", params(("tag" = String, Path, description = "Snapshot tag")),
+    responses(
+        (status = 200, description = "forkd's fields (sizes, parent, chain depth, dependents, ancestors) and ours (chain with each link's unique bytes, files, config, lineage)", body = Object),
+        (status = 400, description = "A bad tag", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such snapshot", body = forkd_api::ErrorBody),
+    ))]
 pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>> {
     let rec = resolve(&d, &tag).await?;
     let mount = d.mount.clone();
@@ -331,15 +360,25 @@ pub async fn info(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<Value>
     Ok(Json(v))
 }
 
-#[derive(Debug, Deserialize)]
+/// `POST /v1/snapshots/:tag/compact`.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CompactBody {
+    /// Tag of the standalone copy.
     to: String,
 }
 
 /// `POST /v1/snapshots/:tag/compact {to}`: a standalone copy of a chain
 /// head. Here it moves no data: every manifest is already flattened, so the
 /// copy is a new record naming the same manifests, without a parent.
+#[utoipa::path(post, path = "/v1/snapshots/{tag}/compact", tag = "snapshots", params(("tag" = String, Path, description = "Snapshot tag")),
+    request_body = CompactBody,
+    responses(
+        (status = 200, description = "The parentless copy (`branched_from: compact:<tag>`)", body = SnapshotInfo),
+        (status = 400, description = "Bad tags, or `to` equal to the tag", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such snapshot", body = forkd_api::ErrorBody),
+        (status = 409, description = "`to` exists", body = forkd_api::ErrorBody),
+    ))]
 pub async fn compact(
     State(d): D,
     Path(tag): Path<String>,
