@@ -22,7 +22,7 @@ use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
     CallToolResult, Implementation, NotificationMetaObject, ProgressNotificationParam,
-    ServerCapabilities, ServerInfo,
+    ServerCapabilities, ServerConfig,
 };
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
@@ -467,8 +467,8 @@ impl Forkd {
 
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for Forkd {
-    fn get_info(&self) -> ServerInfo {
-        ServerInfo::new(ServerCapabilities::builder().enable_tools().build())
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("forkd", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "forkd runs sandboxes: microVMs started in milliseconds from warm snapshots. \
@@ -602,8 +602,10 @@ mod tests {
         k.push("éé");
         assert_eq!(k.text.len(), MAX_KEPT_OUTPUT - 1, "no half character");
         assert_eq!(k.dropped, 4);
+        // The byte of room left takes the next character that fits.
         k.push("xyz");
-        assert_eq!(k.dropped, 7);
+        assert_eq!(k.text.len(), MAX_KEPT_OUTPUT);
+        assert_eq!(k.dropped, 6);
     }
 
     #[test]
