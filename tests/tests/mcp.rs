@@ -36,7 +36,10 @@ fn run_client(p: &Poold, token: &str, tag: &str, mode: &str) {
         "the MCP client ({mode}) failed: {}\n{stdout}\n{stderr}",
         out.status
     );
-    assert!(stdout.contains(&format!("mcp_client {mode}: ok")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("mcp_client {mode}: ok")),
+        "{stdout}"
+    );
 }
 
 #[test]
@@ -74,7 +77,11 @@ fn poold_serves_its_openapi_document_behind_the_token() {
         let (st, doc) = p.get("/openapi.json").await;
         assert_eq!(st, 200, "{doc}");
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
-        for path in ["/v1/sandboxes", "/v1/sandboxes/{id}/exec/stream", "/healthz"] {
+        for path in [
+            "/v1/sandboxes",
+            "/v1/sandboxes/{id}/exec/stream",
+            "/healthz",
+        ] {
             assert!(doc["paths"].get(path).is_some(), "{path} missing");
         }
         let anon = forkd_api::Client::new(&p.url, None).unwrap();

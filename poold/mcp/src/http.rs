@@ -72,12 +72,9 @@ pub async fn serve_http(
         Arc::new(LocalSessionManager::default()),
         config,
     );
-    let app = axum::Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::new(opts.token.clone()),
-            bearer,
-        ));
+    let app = axum::Router::new().nest_service("/mcp", service).layer(
+        axum::middleware::from_fn_with_state(Arc::new(opts.token.clone()), bearer),
+    );
     let listener = tokio::net::TcpListener::bind(opts.bind)
         .await
         .with_context(|| format!("binding {}", opts.bind))?;
@@ -153,7 +150,10 @@ mod tests {
     #[test]
     fn hosts_are_loopback_the_bound_address_and_the_allowed_names() {
         let h = opts("10.1.2.3:0", Some("t")).hosts();
-        assert_eq!(h, ["localhost", "127.0.0.1", "::1", "10.1.2.3", "mcp.internal"]);
+        assert_eq!(
+            h,
+            ["localhost", "127.0.0.1", "::1", "10.1.2.3", "mcp.internal"]
+        );
         let h = opts("0.0.0.0:0", Some("t")).hosts();
         assert!(!h.iter().any(|x| x == "0.0.0.0"), "{h:?}");
     }

@@ -250,7 +250,11 @@ impl Forkd {
             match line["type"].as_str() {
                 Some(stream @ ("stdout" | "stderr")) => {
                     let data = line["data"].as_str().unwrap_or_default();
-                    let kept = if stream == "stdout" { &mut out } else { &mut err };
+                    let kept = if stream == "stdout" {
+                        &mut out
+                    } else {
+                        &mut err
+                    };
                     kept.push(data);
                     seen += data.len() as u64;
                     if let Some(token) = &progress {
@@ -481,7 +485,12 @@ impl ServerHandler for Forkd {
 
 impl Forkd {
     /// A request whose answer is bytes rather than JSON.
-    async fn raw(&self, method: Method, path: &str, body: Option<Vec<u8>>) -> Result<Vec<u8>, String> {
+    async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+    ) -> Result<Vec<u8>, String> {
         let (status, bytes) = match body {
             Some(b) => self.client.send_bytes(method, path, b).await,
             None => self.client.send(method, path, None).await,
@@ -589,7 +598,10 @@ mod tests {
         for bad in ["", "../x", "a/b", "a?b", "a b", &"x".repeat(65)] {
             assert!(segment(bad).is_err(), "{bad:?}");
         }
-        assert_eq!(guest_path("/tmp/a b&c=d#e").unwrap(), "/tmp/a%20b%26c%3Dd%23e");
+        assert_eq!(
+            guest_path("/tmp/a b&c=d#e").unwrap(),
+            "/tmp/a%20b%26c%3Dd%23e"
+        );
         assert_eq!(guest_path("/é").unwrap(), "/%C3%A9");
         assert!(guest_path("tmp/x").is_err());
         assert!(guest_path("/a\0b").is_err());
@@ -633,7 +645,12 @@ mod tests {
             ]
         );
         for t in &tools {
-            assert_eq!(t.input_schema.get("type"), Some(&json!("object")), "{}", t.name);
+            assert_eq!(
+                t.input_schema.get("type"),
+                Some(&json!("object")),
+                "{}",
+                t.name
+            );
         }
         let exec = tools.iter().find(|t| t.name == "exec").unwrap();
         let props = exec.input_schema["properties"].as_object().unwrap();
@@ -643,10 +660,7 @@ mod tests {
     #[tokio::test]
     async fn an_unreachable_poold_is_a_tool_error_that_says_so() {
         let f = Forkd::new(Client::new("http://127.0.0.1:1", None).unwrap());
-        let e = f
-            .list_sandboxes()
-            .await
-            .unwrap_err();
+        let e = f.list_sandboxes().await.unwrap_err();
         assert!(e.contains("is poold running?"), "{e}");
     }
 }

@@ -317,7 +317,10 @@ mod tests {
             ("DELETE", "/v1/snapshots/{tag}"),
             ("PUT", "/v1/sandboxes/{id}/files"),
         ] {
-            assert!(served.contains(&(r.0.into(), r.1.into())), "{r:?} not seen in {served:?}");
+            assert!(
+                served.contains(&(r.0.into(), r.1.into())),
+                "{r:?} not seen in {served:?}"
+            );
         }
     }
 
@@ -338,15 +341,34 @@ mod tests {
     #[test]
     fn the_document_names_its_schemas_and_auth() {
         let v = serde_json::to_value(openapi()).unwrap();
-        assert!(v["openapi"].as_str().unwrap().starts_with("3."), "{}", v["openapi"]);
+        assert!(
+            v["openapi"].as_str().unwrap().starts_with("3."),
+            "{}",
+            v["openapi"]
+        );
         let schemas = v["components"]["schemas"].as_object().unwrap();
-        for s in ["SandboxInfo", "SpawnBody", "ExecReply", "SnapshotInfo", "PoolStatus", "ErrorBody"] {
+        for s in [
+            "SandboxInfo",
+            "SpawnBody",
+            "ExecReply",
+            "SnapshotInfo",
+            "PoolStatus",
+            "ErrorBody",
+        ] {
             assert!(schemas.contains_key(s), "schema {s} missing");
         }
-        assert_eq!(v["components"]["securitySchemes"]["bearer"]["scheme"], "bearer");
+        assert_eq!(
+            v["components"]["securitySchemes"]["bearer"]["scheme"],
+            "bearer"
+        );
         // /healthz needs no token; everything else inherits the bearer requirement.
-        assert_eq!(v["paths"]["/healthz"]["get"]["security"], serde_json::json!([{}]));
-        assert!(v["paths"]["/v1/sandboxes"]["post"].get("security").is_none());
+        assert_eq!(
+            v["paths"]["/healthz"]["get"]["security"],
+            serde_json::json!([{}])
+        );
+        assert!(v["paths"]["/v1/sandboxes"]["post"]
+            .get("security")
+            .is_none());
         let spawn = &v["paths"]["/v1/sandboxes"]["post"];
         assert_eq!(
             spawn["requestBody"]["content"]["application/json"]["schema"]["$ref"],
