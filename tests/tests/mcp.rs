@@ -1,7 +1,8 @@
 //! `forkd mcp` driven by a real MCP client (the official Python SDK,
 //! tests/python/mcp_client.py) against a real poold with real guests:
 //! spawn → exec (streamed) → eval → files → branch → kill, over stdio and
-//! over streamable HTTP. Also: poold serves its OpenAPI document.
+//! over streamable HTTP. Also: poold serves its OpenAPI document, behind
+//! the token, and it is valid OpenAPI.
 
 use forkd_e2e::bin;
 use forkd_e2e::block_on;
@@ -73,7 +74,7 @@ fn poold_serves_its_openapi_document_behind_the_token() {
         &["--token-file", token_file.to_str().unwrap()],
         Some(&token),
     );
-    block_on(async {
+    let doc = block_on(async {
         let (st, doc) = p.get("/openapi.json").await;
         assert_eq!(st, 200, "{doc}");
         assert!(doc["openapi"].as_str().unwrap().starts_with("3."), "{doc}");
@@ -90,5 +91,26 @@ fn poold_serves_its_openapi_document_behind_the_token() {
             .await
             .unwrap();
         assert_eq!(st.as_u16(), 401);
+        doc
     });
+    // A document clients can generate from: valid OpenAPI by the pinned
+    // validator (openapi-spec-validator), not only well-formed JSON.
+    let file = home.dir.join("openapi.json");
+    std::fs::write(&file, serde_json::to_vec(&doc).unwrap()).unwrap();
+    let out = Command::new(python())
+        .args([
+            "-c",
+            "import json, sys\n\
+             from openapi_spec_validator import validate\n\
+             validate(json.load(open(sys.argv[1])))\n\
+             print('valid')",
+        ])
+        .arg(&file)
+        .output()
+        .expect("running openapi-spec-validator");
+    assert!(
+        out.status.success(),
+        "poold's /openapi.json is not valid OpenAPI: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

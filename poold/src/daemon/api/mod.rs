@@ -127,8 +127,33 @@ pub fn openapi() -> &'static utoipa::openapi::OpenApi {
         let mut doc = t.public.into_openapi();
         doc.merge(t.authed.into_openapi());
         doc.info.version = env!("CARGO_PKG_VERSION").to_string();
+        qualify_operation_ids(&mut doc);
         doc
     })
+}
+
+/// Makes every `operationId` unique, as OpenAPI requires and client
+/// generators rely on: utoipa names an operation after its handler, and
+/// several modules have a `list`, `get` or `delete`; the tag (the module's
+/// area) goes in front: `sandboxes_list`, `pools_list`.
+fn qualify_operation_ids(doc: &mut utoipa::openapi::OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            &mut item.get,
+            &mut item.put,
+            &mut item.post,
+            &mut item.delete,
+            &mut item.patch,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            let tag = op.tags.as_ref().and_then(|t| t.first()).cloned();
+            if let (Some(tag), Some(id)) = (tag, op.operation_id.as_mut()) {
+                *id = format!("{tag}_{id}");
+            }
+        }
+    }
 }
 
 /// The routes that need no token (`/healthz`).
@@ -336,6 +361,27 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(extra, [("GET".to_string(), "/v1/sneaky".to_string())]);
+    }
+
+    #[test]
+    fn operation_ids_are_unique() {
+        let v = serde_json::to_value(openapi()).unwrap();
+        let mut seen = BTreeSet::new();
+        for (path, item) in v["paths"].as_object().unwrap() {
+            for (method, op) in item.as_object().unwrap() {
+                let id = op["operationId"]
+                    .as_str()
+                    .unwrap_or_else(|| panic!("{method} {path}: no operationId"));
+                assert!(
+                    seen.insert(id.to_string()),
+                    "operationId {id} twice ({method} {path})"
+                );
+            }
+        }
+        assert!(
+            seen.contains("sandboxes_list") && seen.contains("pools_list"),
+            "{seen:?}"
+        );
     }
 
     #[test]
