@@ -36,6 +36,22 @@ impl Home {
     }
 
     /// QEMU processes whose command line names this data dir.
+    /// Removes the networks (namespace, host link) of every VM recorded
+    /// here. poold reconciles its networks when it starts again; a test's
+    /// data dir is deleted instead, so this does it for the last poold.
+    fn teardown_networks(&self) {
+        let Ok(dirs) = std::fs::read_dir(self.dir.join("run/vms")) else {
+            return;
+        };
+        for d in dirs.flatten() {
+            if let Ok(rec) = forkd_vmm::VmDir::new(d.path()).read_record() {
+                if let Some(net) = rec.net {
+                    let _ = forkd_net::teardown(&net);
+                }
+            }
+        }
+    }
+
     pub fn qemu_pids(&self) -> Vec<u32> {
         let needle = self.dir.to_string_lossy().to_string();
         let mut out = Vec::new();
@@ -69,6 +85,7 @@ impl Drop for Home {
         for pid in self.qemu_pids() {
             let _ = nix_kill(pid);
         }
+        self.teardown_networks();
         let _ = forkd_fs_unmount(&self.dir.join("mnt"));
         let _ = std::fs::remove_dir_all(&self.dir);
     }

@@ -590,6 +590,9 @@ fn pool_hits_refill_and_misses() {
         assert_eq!(p.metric("forkd_pool_hits_total", "tag=\"py\"").await, 4.0);
         assert_eq!(p.metric("forkd_pool_misses_total", "tag=\"py\"").await, 0.0);
         p.wait_pool("py", 4).await;
+        // Parked children's clocks stand still: wait long enough that one
+        // handed out without its clock set would be visibly behind.
+        std::thread::sleep(Duration::from_secs(5));
 
         let (st, ten) = p
             .post("/v1/sandboxes", json!({"snapshot_tag": "py", "n": 10}))
@@ -627,6 +630,41 @@ fn pool_hits_refill_and_misses() {
                 v["result"].as_str().unwrap(),
                 format!("('{}', [0.0, 0.0])", s["id"].as_str().unwrap())
             );
+        }
+        // Pool hits (identity given when parked, clock at hand-out) and
+        // restores alike: every child's RNGs are its own, its clock is the
+        // host's.
+        let code = "import random, time; (random.random(), float(numpy.random.random()), \
+                    open('/dev/urandom', 'rb').read(8).hex(), time.time())";
+        let mut seen = std::collections::HashSet::new();
+        for s in ten.as_array().unwrap() {
+            let id = s["id"].as_str().unwrap();
+            let (st, v) = p
+                .post(&format!("/v1/sandboxes/{id}/eval"), json!({ "code": code }))
+                .await;
+            assert_eq!(st, 200, "{v}");
+            let r = v["result"]
+                .as_str()
+                .unwrap()
+                .trim_matches(|c| c == '(' || c == ')');
+            let parts: Vec<&str> = r.split(", ").collect();
+            assert_eq!(parts.len(), 4, "{r}");
+            let host = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64();
+            let guest: f64 = parts[3].parse().unwrap();
+            assert!(
+                (host - guest).abs() < 3.0,
+                "{id} (pool hit: {}): guest clock {guest} vs host {host}",
+                s["pool_hit"]
+            );
+            for (k, x) in parts[..3].iter().enumerate() {
+                assert!(
+                    seen.insert((k, x.to_string())),
+                    "{id}: RNG output {k} repeats: {x}"
+                );
+            }
         }
         let (_, pools) = p.get("/v1/pools").await;
         assert_eq!(pools[0]["hits"], 8);

@@ -124,3 +124,150 @@ impl ChildrenMem {
         (self.private_mib + self.shared_cache_mib) / self.children.max(1) as f64
     }
 }
+
+/// Where one process's memory goes, by PSS, MiB: a QEMU child split into
+/// the parts a change could shrink.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct MemBreakdown {
+    /// The whole process.
+    pub total_mib: f64,
+    /// Guest RAM pages written since the restore (private copies of
+    /// memory.bin's pages).
+    pub guest_private_mib: f64,
+    /// Guest RAM read from memory.bin's page cache (this process's share).
+    pub guest_shared_mib: f64,
+    /// TCG's translated code (the executable anonymous mapping); 0 under KVM.
+    pub tcg_code_mib: f64,
+    /// QEMU's malloc heap (`[heap]`; thread arenas count as other anonymous).
+    pub heap_mib: f64,
+    /// Every other anonymous mapping (thread stacks and arenas, device
+    /// buffers, relocated library data).
+    pub other_anon_mib: f64,
+    /// File-backed mappings of QEMU and its libraries (this process's share).
+    pub binaries_mib: f64,
+}
+
+/// Splits process `pid`'s PSS (see [`MemBreakdown`]); `memory` is the
+/// snapshot's memory file it maps.
+pub fn breakdown(pid: u32, memory: &Path) -> Option<MemBreakdown> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    Some(breakdown_of(&text, memory))
+}
+
+fn breakdown_of(text: &str, memory: &Path) -> MemBreakdown {
+    let needle = memory.to_string_lossy();
+    let mut b = MemBreakdown::default();
+    // (kind of the current mapping, its Pss, its Anonymous)
+    let mut cur: Option<(Kind, u64, u64)> = None;
+    let flush = |c: Option<(Kind, u64, u64)>, b: &mut MemBreakdown| {
+        let Some((kind, pss, anon)) = c else { return };
+        let mib = |k: u64| k as f64 / 1024.0;
+        b.total_mib += mib(pss);
+        match kind {
+            Kind::Guest => {
+                b.guest_private_mib += mib(anon);
+                b.guest_shared_mib += mib(pss.saturating_sub(anon));
+            }
+            Kind::TcgCode => b.tcg_code_mib += mib(pss),
+            Kind::Heap => b.heap_mib += mib(pss),
+            Kind::File => {
+                b.other_anon_mib += mib(anon);
+                b.binaries_mib += mib(pss.saturating_sub(anon));
+            }
+            Kind::Anon => b.other_anon_mib += mib(pss),
+        }
+    };
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            flush(cur.take(), &mut b);
+            let perms = f.next().unwrap_or("");
+            let name = line.split_whitespace().nth(5).unwrap_or("");
+            let kind = if line.ends_with(needle.as_ref()) {
+                Kind::Guest
+            } else if name == "[heap]" {
+                Kind::Heap
+            } else if name.starts_with('/') {
+                Kind::File
+            } else if perms.contains('x') {
+                Kind::TcgCode
+            } else {
+                Kind::Anon
+            };
+            cur = Some((kind, 0, 0));
+            continue;
+        }
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
+        let Some(n) = v
+            .trim()
+            .strip_suffix(" kB")
+            .and_then(|n| n.trim().parse::<u64>().ok())
+        else {
+            continue;
+        };
+        if let Some(c) = cur.as_mut() {
+            match k {
+                "Pss" => c.1 = n,
+                "Anonymous" => c.2 = n,
+                _ => {}
+            }
+        }
+    }
+    flush(cur.take(), &mut b);
+    b
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Kind {
+    Guest,
+    TcgCode,
+    Heap,
+    File,
+    Anon,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+55d0c0000000-55d0c0100000 r-xp 00000000 fe:01 123  /usr/bin/qemu-system-x86_64
+Rss:                1024 kB
+Pss:                 512 kB
+Anonymous:             0 kB
+55d0c2000000-55d0c2400000 rw-p 00000000 00:00 0   [heap]
+Rss:                4096 kB
+Pss:                4096 kB
+Anonymous:          4096 kB
+7f0000000000-7f0040000000 rwxp 00000000 00:00 0
+Rss:               10240 kB
+Pss:               10240 kB
+Anonymous:         10240 kB
+7f1000000000-7f1020000000 rw-p 00000000 00:2f 7   /mnt/by-id/abc/memory.bin
+Rss:               52000 kB
+Pss:                3072 kB
+Anonymous:          2048 kB
+7f2000000000-7f2000100000 rw-p 00000000 00:00 0
+Rss:                1024 kB
+Pss:                1024 kB
+Anonymous:          1024 kB
+";
+
+    #[test]
+    fn breakdown_sorts_each_mapping_into_its_part() {
+        let b = breakdown_of(SMAPS, Path::new("/mnt/by-id/abc/memory.bin"));
+        assert_eq!(
+            b.total_mib,
+            (512 + 4096 + 10240 + 3072 + 1024) as f64 / 1024.0
+        );
+        assert_eq!(b.binaries_mib, 0.5);
+        assert_eq!(b.heap_mib, 4.0);
+        assert_eq!(b.tcg_code_mib, 10.0);
+        assert_eq!(b.guest_private_mib, 2.0);
+        assert_eq!(b.guest_shared_mib, 1.0);
+        assert_eq!(b.other_anon_mib, 1.0);
+    }
+}

@@ -1,15 +1,29 @@
-//! `forkd bench spawn --tag T -n N`: spawn latency and fan-out wall clock
-//! through a running poold, from a full pool, from an empty pool (restore on
-//! demand), and cold boot (extrapolated from a few, measured locally), with
-//! poold's own CPU time per spawned child.
+//! `forkd bench spawn --tag T`: what a spawn through a running poold costs.
+//!
+//! - **Sequential**: single spawns (`n = 1`), one after another, from a full
+//!   pool, from an empty pool (restore on demand) and as cold boots
+//!   (measured locally); for each, request → agent answered as the client
+//!   sees it (p50/p99), and the first eval after the hand-out next to the
+//!   second, so a first request that pays for something shows.
+//! - **Fan-out**: for each N, a pool filled with N paused children, then one
+//!   `POST n=N` until all N answered the probe eval; with the memory of the
+//!   N paused children measured before the spawn (PSS per child, and where
+//!   one child's memory goes).
+//!
+//! A pool phase holds its pool (no refills) while it is measured, so
+//! restores of replacements never compete with the hand-outs. Figures are
+//! printed and, with `--json`, written for `scripts/plot-benchmarks.py`.
 
+use super::mem::{breakdown, ChildrenMem, MemBreakdown};
 use super::{median, pct};
 use anyhow::{bail, Context, Result};
 use forkd_api::Client;
 use forkd_api::PoolStatus;
 use forkd_api::{EvalReply, SandboxInfo};
 use forkd_snapshot::Paths;
+use serde::Serialize;
 use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 /// The benchmark's knobs.
@@ -17,30 +31,94 @@ use std::time::{Duration, Instant};
 pub struct SpawnBench {
     /// Tag of the snapshot to spawn from (through poold).
     pub tag: String,
-    /// Sandboxes spawned per phase.
-    pub n: usize,
-    /// Cold boots measured locally to extrapolate the cold-boot phase.
+    /// Sequential single spawns per source.
+    pub seq: usize,
+    /// Fan-out sizes (each a full pool, then one request for all of it).
+    pub fanout: Vec<usize>,
+    /// Cold boots measured locally.
     pub cold_samples: usize,
     /// Python each child evaluates to count as ready.
     pub probe: String,
-    /// A networked snapshot (`forkd snapshot create --net`) of the same
-    /// image: adds a pool-hit row with per-child networking, so the cost of
-    /// the network at hand-out (egress rules, resolv.conf) shows beside
-    /// the pool hit without one.
+    /// A networked snapshot of the same image: adds a sequential pool-hit
+    /// row with per-child networking.
     pub net_tag: Option<String>,
+    /// Where to write the report as JSON.
+    pub json: Option<PathBuf>,
 }
 
-/// One phase's figures.
-struct Phase {
-    name: &'static str,
-    spawn_ms: Vec<f64>,
-    wall_ms: f64,
-    cpu_ms_per_child: f64,
-    hits: usize,
+/// One source's sequential single spawns.
+#[derive(Debug, Clone, Serialize)]
+pub struct SeqRow {
+    /// "pool hit", "pool hit + net", "on demand", "cold boot".
+    pub source: String,
+    /// Spawns measured.
+    pub samples: usize,
+    /// Request sent → response (the child's agent answered), client clock.
+    pub spawn_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub spawn_p99_ms: f64,
+    /// poold's own figure (request received → agent answered), p50.
+    pub poold_p50_ms: f64,
+    /// The first eval of the probe after the hand-out, p50.
+    pub first_eval_p50_ms: f64,
+    /// The second eval of the probe, p50.
+    pub later_eval_p50_ms: f64,
+    /// Spawns that were pool hits.
+    pub hits: usize,
+}
+
+/// One fan-out size.
+#[derive(Debug, Clone, Serialize)]
+pub struct FanRow {
+    /// Children requested in one `POST /v1/sandboxes`.
+    pub n: usize,
+    /// Filling the pool with N paused children, seconds.
+    pub fill_s: f64,
+    /// Request sent → all N answered the probe eval.
+    pub wall_ms: f64,
+    /// poold's per-child spawn figure, p50 and p99.
+    pub spawn_p50_ms: f64,
+    /// 99th percentile of the same.
+    pub spawn_p99_ms: f64,
+    /// Of the N, pool hits.
+    pub hits: usize,
+    /// poold's CPU time per child during the spawn.
+    pub poold_cpu_ms_per_child: f64,
+    /// Host memory per paused pooled child while all N were parked: its
+    /// QEMU's PSS outside memory.bin plus an equal share of memory.bin's
+    /// page cache.
+    pub pooled_mib_per_child: f64,
+    /// The same, without the shared page cache: what one more child adds.
+    pub pooled_private_mib_per_child: f64,
+    /// memory.bin's page cache, shared by all N.
+    pub shared_cache_mib: f64,
+    /// Where one pooled child's memory goes (the first one's).
+    pub one_child: Option<MemBreakdown>,
+}
+
+/// Everything one run measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    /// The snapshot's tag.
+    pub tag: String,
+    /// Its image.
+    pub image: String,
+    /// "kvm" or "tcg".
+    pub accel: String,
+    /// Host CPUs.
+    pub host_cpus: usize,
+    /// forkd's version.
+    pub version: String,
+    /// The probe each child evaluates.
+    pub probe: String,
+    /// Sequential single spawns per source.
+    pub sequential: Vec<SeqRow>,
+    /// Fan-out, per N.
+    pub fanout: Vec<FanRow>,
 }
 
 /// Runs the spawn benchmark against the poold of `Client::from_env` and prints its report.
-pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
+pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
     let c = Client::from_env()?;
     let info: Value = c
         .get(&format!("/v1/snapshots/{}/info", b.tag))
@@ -53,101 +131,206 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<()> {
             live.len()
         );
     }
-    println!(
-        "spawn benchmark: snapshot {} (image {}), N = {}, probe eval({:?}), through poold at {}",
-        b.tag,
-        info["config"]["image"].as_str().unwrap_or("?"),
-        b.n,
-        b.probe,
-        std::env::var("FORKD_URL").unwrap_or_else(|_| forkd_api::DEFAULT_URL.into())
-    );
-    let mut phases = Vec::new();
-
-    // Full pool.
-    c.put::<PoolStatus>(
-        &format!("/v1/pools/{}", b.tag),
-        json!({"min_ready": b.n, "max_ready": b.n, "warm": true}),
-    )
-    .await?;
-    let t_fill = Instant::now();
-    wait_pool(&c, &b.tag, |p| p.ready >= b.n).await?;
-    println!(
-        "pool filled with {} paused children in {:.1} s",
-        b.n,
-        t_fill.elapsed().as_secs_f64()
-    );
-    hold_pool(&c, &b.tag, b.n).await?;
-    phases.push(phase(&c, &b, &b.tag, "full pool").await?);
-    if let Some(net_tag) = &b.net_tag {
-        c.delete(&format!("/v1/pools/{}", b.tag)).await?;
-        c.put::<PoolStatus>(
-            &format!("/v1/pools/{net_tag}"),
-            json!({"min_ready": b.n, "max_ready": b.n, "warm": true}),
-        )
-        .await?;
-        wait_pool(&c, net_tag, |p| p.ready >= b.n).await?;
-        hold_pool(&c, net_tag, b.n).await?;
-        phases.push(phase(&c, &b, net_tag, "pool + net").await?);
-        c.delete(&format!("/v1/pools/{net_tag}")).await?;
-        wait_pool(&c, net_tag, |p| p.ready == 0 && p.in_flight == 0).await?;
-    }
-
-    // Empty pool: every child restored on demand.
-    c.delete(&format!("/v1/pools/{}", b.tag)).await?;
-    wait_pool(&c, &b.tag, |p| p.ready == 0 && p.in_flight == 0).await?;
-    phases.push(phase(&c, &b, &b.tag, "empty pool").await?);
-
-    // Cold boot, measured here, extrapolated to N.
     let image = info["config"]["image"]
         .as_str()
         .context("snapshot records no image")?
         .to_string();
-    let mem = info["config"]["machine"]["mem_mib"].as_u64().unwrap_or(512);
     let accel: forkd_vmm::Accel =
         serde_json::from_value(info["config"]["machine"]["accel"].clone())?;
-    let (cold, _) =
-        super::fork::cold_samples(paths, &image, mem, accel, b.cold_samples, &b.probe).await?;
-    let cold_med = median(&cold);
+    let snap_id = info["id"].as_str().context("snapshot info has no id")?;
+    let memory = paths
+        .mount_dir()
+        .join("by-id")
+        .join(snap_id)
+        .join("memory.bin");
+    println!(
+        "spawn benchmark: snapshot {} (image {image}, {accel:?}), {} sequential spawns per source, \
+         fan-out {:?}, probe eval({:?}), through poold at {}",
+        b.tag,
+        b.seq,
+        b.fanout,
+        b.probe,
+        std::env::var("FORKD_URL").unwrap_or_else(|_| forkd_api::DEFAULT_URL.into())
+    );
+    let mut report = Report {
+        tag: b.tag.clone(),
+        image: image.clone(),
+        accel: format!("{accel:?}").to_lowercase(),
+        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        version: env!("CARGO_PKG_VERSION").into(),
+        probe: b.probe.clone(),
+        sequential: Vec::new(),
+        fanout: Vec::new(),
+    };
 
-    println!();
-    println!(
-        "{:<12} {:>10} {:>10} {:>22} {:>14} {:>6}",
-        "source", "spawn p50", "spawn p99", "wall to all eval-ready", "poold CPU/child", "hits"
-    );
-    for p in &phases {
-        println!(
-            "{:<12} {:>8.0}ms {:>8.0}ms {:>20.0}ms {:>12.2}ms {:>6}",
-            p.name,
-            median(&p.spawn_ms),
-            pct(&p.spawn_ms, 99.0),
-            p.wall_ms,
-            p.cpu_ms_per_child,
-            p.hits
-        );
+    if b.seq > 0 {
+        fill_and_hold(&c, &b.tag, b.seq).await?;
+        report
+            .sequential
+            .push(sequential(&c, &b, &b.tag, "pool hit").await?);
+        drain(&c, &b.tag).await?;
+        if let Some(net_tag) = &b.net_tag {
+            fill_and_hold(&c, net_tag, b.seq).await?;
+            report
+                .sequential
+                .push(sequential(&c, &b, net_tag, "pool hit + net").await?);
+            drain(&c, net_tag).await?;
+        }
+        report
+            .sequential
+            .push(sequential(&c, &b, &b.tag, "on demand").await?);
+        let mem = info["config"]["machine"]["mem_mib"].as_u64().unwrap_or(512);
+        let (cold, _) =
+            super::fork::cold_samples(paths, &image, mem, accel, b.cold_samples, &b.probe).await?;
+        report.sequential.push(SeqRow {
+            source: "cold boot".into(),
+            samples: cold.len(),
+            spawn_p50_ms: median(&cold),
+            spawn_p99_ms: pct(&cold, 99.0),
+            poold_p50_ms: f64::NAN,
+            first_eval_p50_ms: f64::NAN,
+            later_eval_p50_ms: f64::NAN,
+            hits: 0,
+        });
+        print_sequential(&report.sequential);
     }
-    println!(
-        "{:<12} {:>8.0}ms {:>8.0}ms {:>20.0}ms {:>14} {:>6}   <- extrapolated: {} sequential cold boots, x N",
-        "cold boot",
-        cold_med,
-        pct(&cold, 99.0),
-        cold_med * b.n as f64,
-        "-",
-        "-",
-        cold.len()
-    );
-    println!();
-    println!(
-        "spawn: request received until that child's agent answered (poold's own clock, per child)."
-    );
-    println!("wall: from sending POST /v1/sandboxes until all N children answered the probe eval.");
-    Ok(())
+
+    for &n in &b.fanout {
+        let fill = Instant::now();
+        fill_and_hold(&c, &b.tag, n).await?;
+        let fill_s = fill.elapsed().as_secs_f64();
+        let row = fan_out(&c, &b, paths, &memory, n, fill_s).await?;
+        drain(&c, &b.tag).await?;
+        report.fanout.push(row);
+    }
+    if !report.fanout.is_empty() {
+        print_fanout(&report.fanout);
+    }
+
+    if let Some(path) = &b.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("\nreport written to {}", path.display());
+    }
+    Ok(report)
 }
 
-/// Spawns N, evaluates the probe in each, deletes them.
-/// Keeps a filled pool's `n` children but stops refilling it, so the
-/// hand-outs of a pool phase are measured without restores of
-/// replacements competing for the CPU.
-async fn hold_pool(c: &Client, tag: &str, n: usize) -> Result<()> {
+/// `seq` single spawns from `tag`, one after another, each followed by two
+/// probe evals and a delete (not timed).
+async fn sequential(c: &Client, b: &SpawnBench, tag: &str, source: &str) -> Result<SeqRow> {
+    let (mut spawn, mut poold, mut first, mut later) = (vec![], vec![], vec![], vec![]);
+    let mut hits = 0;
+    for _ in 0..b.seq {
+        let t0 = Instant::now();
+        let made: Vec<SandboxInfo> = c
+            .post("/v1/sandboxes", json!({"snapshot_tag": tag, "n": 1}))
+            .await?;
+        spawn.push(ms(t0));
+        let sb = made.first().context("the spawn returned no sandbox")?;
+        poold.push(sb.spawn_ms as f64);
+        hits += usize::from(sb.pool_hit);
+        let t1 = Instant::now();
+        probe(c, &sb.id, &b.probe).await?;
+        first.push(ms(t1));
+        let t2 = Instant::now();
+        probe(c, &sb.id, &b.probe).await?;
+        later.push(ms(t2));
+        c.delete(&format!("/v1/sandboxes/{}", sb.id)).await?;
+    }
+    Ok(SeqRow {
+        source: source.into(),
+        samples: spawn.len(),
+        spawn_p50_ms: median(&spawn),
+        spawn_p99_ms: pct(&spawn, 99.0),
+        poold_p50_ms: median(&poold),
+        first_eval_p50_ms: median(&first),
+        later_eval_p50_ms: median(&later),
+        hits,
+    })
+}
+
+/// With N children parked: measures their memory, spawns all N in one
+/// request and waits until every one answered the probe.
+async fn fan_out(
+    c: &Client,
+    b: &SpawnBench,
+    paths: &Paths,
+    memory: &Path,
+    n: usize,
+    fill_s: f64,
+) -> Result<FanRow> {
+    let pids = pooled_pids(paths)?;
+    let mem = ChildrenMem::measure(&pids, memory);
+    let one_child = pids.first().and_then(|&p| breakdown(p, memory));
+    let cpu0 = poold_cpu(c).await?;
+    let t0 = Instant::now();
+    let made: Vec<SandboxInfo> = c
+        .post("/v1/sandboxes", json!({"snapshot_tag": b.tag, "n": n}))
+        .await?;
+    let evals = futures::future::join_all(made.iter().map(|s| probe(c, &s.id, &b.probe))).await;
+    let wall_ms = ms(t0);
+    let cpu1 = poold_cpu(c).await?;
+    futures::future::join_all(
+        made.iter()
+            .map(|s| async move { c.delete(&format!("/v1/sandboxes/{}", s.id)).await }),
+    )
+    .await
+    .into_iter()
+    .collect::<Result<Vec<_>>>()?;
+    evals.into_iter().collect::<Result<Vec<_>>>()?;
+    let spawn: Vec<f64> = made.iter().map(|s| s.spawn_ms as f64).collect();
+    let k = mem.children.max(1) as f64;
+    Ok(FanRow {
+        n,
+        fill_s,
+        wall_ms,
+        spawn_p50_ms: median(&spawn),
+        spawn_p99_ms: pct(&spawn, 99.0),
+        hits: made.iter().filter(|s| s.pool_hit).count(),
+        poold_cpu_ms_per_child: (cpu1 - cpu0) * 1e3 / n as f64,
+        pooled_mib_per_child: mem.per_child_mib(),
+        pooled_private_mib_per_child: mem.private_mib / k,
+        shared_cache_mib: mem.shared_cache_mib,
+        one_child,
+    })
+}
+
+/// Evaluates the probe in sandbox `id`; a Python error is a failure.
+async fn probe(c: &Client, id: &str, code: &str) -> Result<()> {
+    let r: EvalReply = c
+        .post(&format!("/v1/sandboxes/{id}/eval"), json!({ "code": code }))
+        .await?;
+    match r.error {
+        Some(e) => bail!("probe failed in {id}: {e}"),
+        None => Ok(()),
+    }
+}
+
+/// The QEMU pids of every VM poold keeps. With no sandboxes running (the
+/// benchmark checks), those are the pooled children.
+fn pooled_pids(paths: &Paths) -> Result<Vec<u32>> {
+    let mut pids = Vec::new();
+    let dir = paths.vms_dir();
+    for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {
+        let vm = forkd_vmm::VmDir::new(e?.path());
+        if let Ok(r) = vm.read_record() {
+            if r.qemu.is_alive() {
+                pids.push(r.qemu.pid);
+            }
+        }
+    }
+    Ok(pids)
+}
+
+/// Fills `tag`'s pool with `n` paused children, then stops it refilling,
+/// so what is measured next runs without restores competing for the CPU.
+async fn fill_and_hold(c: &Client, tag: &str, n: usize) -> Result<()> {
+    c.put::<PoolStatus>(
+        &format!("/v1/pools/{tag}"),
+        json!({"min_ready": n, "max_ready": n, "warm": true}),
+    )
+    .await?;
+    wait_pool(c, tag, |p| p.ready >= n).await?;
     c.put::<PoolStatus>(
         &format!("/v1/pools/{tag}"),
         json!({"min_ready": 0, "max_ready": n, "warm": true}),
@@ -156,44 +339,88 @@ async fn hold_pool(c: &Client, tag: &str, n: usize) -> Result<()> {
     Ok(())
 }
 
-async fn phase(c: &Client, b: &SpawnBench, tag: &str, name: &'static str) -> Result<Phase> {
-    let cpu0 = poold_cpu(c).await?;
-    let t0 = Instant::now();
-    let made: Vec<SandboxInfo> = c
-        .post("/v1/sandboxes", json!({"snapshot_tag": tag, "n": b.n}))
-        .await?;
-    let evals = futures::future::join_all(made.iter().map(|s| async move {
-        let r: EvalReply = c
-            .post(
-                &format!("/v1/sandboxes/{}/eval", s.id),
-                json!({ "code": b.probe }),
-            )
-            .await?;
-        match r.error {
-            Some(e) => bail!("probe failed in {}: {e}", s.id),
-            None => Ok(()),
-        }
-    }))
-    .await;
-    let wall_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let cpu1 = poold_cpu(c).await?;
-    for e in evals {
-        e?;
+/// Deletes `tag`'s pool and waits until its children are gone.
+async fn drain(c: &Client, tag: &str) -> Result<()> {
+    c.delete(&format!("/v1/pools/{tag}")).await?;
+    wait_pool(c, tag, |p| p.ready == 0 && p.in_flight == 0).await
+}
+
+fn print_sequential(rows: &[SeqRow]) {
+    let hit = rows
+        .iter()
+        .find(|r| r.source == "pool hit")
+        .map_or(f64::NAN, |r| r.spawn_p50_ms);
+    println!();
+    println!("sequential single spawns (request → agent answered, client clock):");
+    println!(
+        "{:<16} {:>7} {:>10} {:>10} {:>11} {:>11} {:>11} {:>11}",
+        "source", "spawns", "p50", "p99", "poold p50", "1st eval", "2nd eval", "p50 / hit"
+    );
+    for r in rows {
+        println!(
+            "{:<16} {:>7} {:>10} {:>10} {:>11} {:>11} {:>11} {:>10.1}x",
+            r.source,
+            r.samples,
+            fmt_ms(r.spawn_p50_ms),
+            fmt_ms(r.spawn_p99_ms),
+            fmt_ms(r.poold_p50_ms),
+            fmt_ms(r.first_eval_p50_ms),
+            fmt_ms(r.later_eval_p50_ms),
+            r.spawn_p50_ms / hit
+        );
     }
-    futures::future::join_all(
-        made.iter()
-            .map(|s| async move { c.delete(&format!("/v1/sandboxes/{}", s.id)).await }),
-    )
-    .await
-    .into_iter()
-    .collect::<Result<Vec<_>>>()?;
-    Ok(Phase {
-        name,
-        spawn_ms: made.iter().map(|s| s.spawn_ms as f64).collect(),
-        wall_ms,
-        cpu_ms_per_child: (cpu1 - cpu0) * 1e3 / b.n as f64,
-        hits: made.iter().filter(|s| s.pool_hit).count(),
-    })
+}
+
+fn print_fanout(rows: &[FanRow]) {
+    println!();
+    println!(
+        "fan-out from a full pool (one request for N; wall = until all N answered the probe):"
+    );
+    println!(
+        "{:>5} {:>9} {:>11} {:>10} {:>10} {:>5} {:>12} {:>13} {:>14}",
+        "N",
+        "fill",
+        "wall",
+        "spawn p50",
+        "spawn p99",
+        "hits",
+        "poold CPU/ch",
+        "pooled MiB/ch",
+        "private MiB/ch"
+    );
+    for r in rows {
+        println!(
+            "{:>5} {:>7.1}s {:>9.0}ms {:>8.0}ms {:>8.0}ms {:>5} {:>10.2}ms {:>13.1} {:>14.1}",
+            r.n,
+            r.fill_s,
+            r.wall_ms,
+            r.spawn_p50_ms,
+            r.spawn_p99_ms,
+            r.hits,
+            r.poold_cpu_ms_per_child,
+            r.pooled_mib_per_child,
+            r.pooled_private_mib_per_child
+        );
+    }
+    if let Some(b) = rows.last().and_then(|r| r.one_child.as_ref()) {
+        println!();
+        println!(
+            "one paused pooled child, PSS MiB: total {:.1} = guest RAM written {:.1} + guest RAM \
+             shared {:.1} + TCG code {:.1} + QEMU heap {:.1} + other anonymous {:.1} + QEMU and \
+             libraries {:.1}",
+            b.total_mib,
+            b.guest_private_mib,
+            b.guest_shared_mib,
+            b.tcg_code_mib,
+            b.heap_mib,
+            b.other_anon_mib,
+            b.binaries_mib
+        );
+    }
+    println!(
+        "pooled MiB/ch: each QEMU's PSS outside memory.bin plus an equal share of memory.bin's \
+         page cache, all N parked."
+    );
 }
 
 /// poold's user+system CPU seconds, from its metrics.
@@ -219,4 +446,17 @@ async fn wait_pool(c: &Client, tag: &str, done: impl Fn(&PoolStatus) -> bool) ->
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
+}
+
+/// `12.3ms`, or `-` for a figure not measured (NaN).
+fn fmt_ms(v: f64) -> String {
+    if v.is_nan() {
+        "-".into()
+    } else {
+        format!("{v:.1}ms")
+    }
+}
+
+fn ms(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
 }

@@ -1,7 +1,7 @@
 //! Forking N children from a snapshot: restore them concurrently (bounded),
 //! hand each out, and report per-phase timings.
 
-use super::restore::{hand_out, restore_paused, ChildTimings, Source};
+use super::restore::{hand_out, restore_paused, ChildTimings, Identity, Source};
 use crate::paths::Paths;
 use anyhow::Result;
 use forkd_vmm::{Lifetime, Vm};
@@ -52,7 +52,16 @@ pub async fn fork(
             let started_ms = super::create::ms(t0.elapsed());
             let mut timings = ChildTimings::default();
             let mut vm = restore_paused(paths, src, &id, lifetime, &mut timings).await?;
-            if let Err(e) = hand_out(&mut vm, &hostname, None, start, &mut timings).await {
+            if let Err(e) = hand_out(
+                &mut vm,
+                &hostname,
+                Identity::Bare,
+                None,
+                start,
+                &mut timings,
+            )
+            .await
+            {
                 vm.destroy().await;
                 return Err(e);
             }

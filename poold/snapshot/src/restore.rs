@@ -201,15 +201,47 @@ pub async fn set_egress(vm: &mut Vm, policy: &forkd_net::EgressPolicy) -> Result
     Ok(())
 }
 
-/// Resumes a restored child and gives it its own identity (fresh entropy,
-/// the host's wall clock, its hostname, a reseeded interpreter). Returns once
-/// the agent has answered. `t0` is when this child's start began.
+/// How much of its identity a child already has when it is handed out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Identity {
+    /// None yet: a child restored on demand, or parked without a warm-up
+    /// run. The hand-out gives it everything.
+    Bare,
+    /// Given while it was parked ([`give_identity`]): hostname, entropy,
+    /// reseeded interpreter, resolv.conf. Its clock stood still while it
+    /// was paused, so the hand-out sets the clock (and mixes in fresh
+    /// entropy, one ioctl) and nothing else.
+    Given,
+}
+
+/// Gives a running child its identity (fresh entropy, its hostname, a
+/// reseeded interpreter and, when networked, resolv.conf) and the host's
+/// clock. Used on a child being parked, which is then paused again: every
+/// pooled child gets its own entropy, so no two are alike, and the costly
+/// parts (the interpreter reseed runs Python) leave the hand-out.
+pub async fn give_identity(vm: &Vm, hostname: &str) -> Result<()> {
+    let nameservers = vm.record.net.is_some().then(forkd_vmm::net::nameservers);
+    tokio::time::timeout(
+        READY_TIMEOUT,
+        vm.agent.identity_with(Some(hostname), nameservers),
+    )
+    .await
+    .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))??;
+    Ok(())
+}
+
+/// Resumes a restored child and completes its identity (see [`Identity`]):
+/// all of it for a [`Identity::Bare`] child (fresh entropy, the host's
+/// wall clock, its hostname, a reseeded interpreter), only the clock for an
+/// [`Identity::Given`] one. Returns once the agent has answered. `t0` is
+/// when this child's start began.
 ///
 /// A networked child gets its egress `policy` (None: the configured
 /// default) before its vCPUs run, and its resolv.conf with the identity.
 pub async fn hand_out(
     vm: &mut Vm,
     hostname: &str,
+    identity: Identity,
     policy: Option<&forkd_net::EgressPolicy>,
     t0: Instant,
     timings: &mut ChildTimings,
@@ -225,13 +257,19 @@ pub async fn hand_out(
     timings.resumed_ms = ms(t0.elapsed());
     let agent = vm.agent.clone();
     let identity = async {
-        tokio::time::timeout(
-            READY_TIMEOUT,
-            agent.identity_with(Some(hostname), nameservers),
-        )
-        .await
-        .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
-        .map_err(anyhow::Error::from)
+        let answered = match identity {
+            Identity::Bare => {
+                tokio::time::timeout(
+                    READY_TIMEOUT,
+                    agent.identity_with(Some(hostname), nameservers),
+                )
+                .await
+            }
+            Identity::Given => tokio::time::timeout(READY_TIMEOUT, agent.sync_clock()).await,
+        };
+        answered
+            .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
+            .map_err(anyhow::Error::from)
     };
     identity.await.map_err(|e| {
         e.context(format!(

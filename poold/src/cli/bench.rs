@@ -57,12 +57,21 @@ pub enum BenchCmd {
         #[arg(long, default_value_t = 128)]
         busy_mib: u64,
     },
-    /// Spawn latency through a running poold: full pool, empty pool, cold boot.
+    /// Spawns through a running poold: sequential single spawns (pool hit,
+    /// on demand, cold boot) and fan-out from a full pool, with the memory
+    /// of the pooled children.
     Spawn {
         #[arg(long)]
         tag: String,
-        #[arg(short = 'n', long, default_value_t = 100)]
-        n: usize,
+        /// Sequential single spawns per source (0: skip that part).
+        #[arg(long, default_value_t = 30)]
+        seq: usize,
+        /// Comma-separated fan-out sizes (empty: skip that part).
+        #[arg(long, default_value = "10,50,100")]
+        fanout: String,
+        /// Write the report as JSON here (for scripts/plot-benchmarks.py).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
         #[arg(long, default_value_t = 3)]
         cold_samples: usize,
         #[arg(long, default_value = PROBE)]
@@ -159,22 +168,31 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
         }
         BenchCmd::Spawn {
             tag,
-            n,
+            seq,
+            fanout,
+            json,
             cold_samples,
             probe,
             net_tag,
         } => {
-            if n == 0 || n > 1000 {
-                bail!("-n must be 1-1000");
+            let fanout = if fanout.trim().is_empty() {
+                Vec::new()
+            } else {
+                parse_list(&fanout)?
+            };
+            if fanout.iter().any(|&n| n == 0 || n > 1000) {
+                bail!("--fanout sizes must be 1-1000, got {fanout:?}");
             }
             bench::spawn::run(
                 paths,
                 bench::spawn::SpawnBench {
                     tag,
-                    n,
+                    seq,
+                    fanout,
                     cold_samples,
                     probe,
                     net_tag,
+                    json,
                 },
             )
             .await?;

@@ -294,7 +294,8 @@ async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> 
     let mut t = restore::ChildTimings::default();
     let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
     let result = async {
-        restore::hand_out(&mut vm, &id, None, std::time::Instant::now(), &mut t).await?;
+        let bare = restore::Identity::Bare;
+        restore::hand_out(&mut vm, &id, bare, None, std::time::Instant::now(), &mut t).await?;
         eprintln!("==> running {cmd:?} in a child of {from}");
         let out = vm
             .agent

@@ -7,7 +7,7 @@ use super::pool::{PooledVm, RefillTicket};
 use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
-use forkd_snapshot::restore::{hand_out, restore_paused, ChildTimings, Source};
+use forkd_snapshot::restore::{hand_out, restore_paused, ChildTimings, Identity, Source};
 use forkd_snapshot::unix_now;
 use forkd_vmm::{Hierarchy, Limits};
 use forkd_vmm::{Lifetime, Vm, VmDir};
@@ -174,10 +174,51 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     discard_pooled(d, stale);
     d.refill_wake.notify_one();
 
-    // The hits leave the pool's record before they are resumed: a crash
-    // after this never parks a running child as ready again (it is killed
-    // as unrecorded at the next start).
-    let ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
+    // The hits keep their pool records until the one commit below that
+    // records the sandboxes: a crash in between leaves them listed as
+    // pooled, and the next start parks again only those still paused (never
+    // resumed); one that has run is destroyed (`adopt_all`). One durable
+    // write per spawn instead of two: each costs an fsync.
+    let hit_ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
+    let result = spawn_hits_and_misses(d, &req, &src, hits, egress.as_ref(), &limits, t0).await;
+    let (out, made) = match result {
+        Ok(x) => x,
+        Err(e) => {
+            forget_pooled(d, hit_ids).await;
+            return Err(e);
+        }
+    };
+    let records = out.clone();
+    let committed = d
+        .state
+        .commit(move |s| {
+            for id in &hit_ids {
+                s.pooled.remove(id);
+            }
+            for r in records {
+                s.sandboxes.insert(r.id.clone(), r);
+            }
+        })
+        .await;
+    for sb in &made {
+        d.sandboxes.insert(sb.clone());
+    }
+    d.metrics.sandboxes.set(d.sandboxes.len() as i64);
+    if let Err(e) = committed {
+        for sb in made {
+            destroy(d, &sb.id).await;
+        }
+        return Err(ApiError::from_anyhow(e));
+    }
+    Ok(out)
+}
+
+/// Removes the pool records of children taken by a spawn that failed
+/// (they were destroyed, or became sandboxes that were).
+async fn forget_pooled(d: &Arc<Daemon>, ids: Vec<String>) {
+    if ids.is_empty() {
+        return;
+    }
     if let Err(e) = d
         .state
         .commit(move |s| {
@@ -187,23 +228,43 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         })
         .await
     {
-        futures::future::join_all(hits.into_iter().map(|h| h.vm.destroy())).await;
-        return Err(ApiError::from_anyhow(e));
+        tracing::error!("{e:#}");
     }
+}
+
+/// Hands out the pool `hits` and restores the rest of `req.n` on demand;
+/// on success, the new sandboxes (not yet recorded or listed), else
+/// nothing is left of any of them.
+async fn spawn_hits_and_misses(
+    d: &Arc<Daemon>,
+    req: &SpawnRequest,
+    src: &Source,
+    hits: Vec<PooledVm>,
+    egress: Option<&forkd_net::EgressPolicy>,
+    limits: &Limits,
+    t0: Instant,
+) -> ApiResult<(Vec<SandboxRecord>, Vec<Arc<Sandbox>>)> {
+    let n_hits = hits.len();
+    let sid = src.id.to_string();
+    let limits = *limits;
     // Hand-outs are bounded too: resuming a hundred children at once makes
     // them all crawl (each first request is CPU-bound, under TCG doubly so);
     // a few at a time finishes every one of them sooner.
     let handout_parallel = std::thread::available_parallelism().map_or(2, |n| n.get()) * 2;
-    let egress = egress.as_ref();
     let handed = stream::iter(hits.into_iter().map(|h| {
         let src = src.clone();
         async move {
             let mut t = ChildTimings::default();
             let mut vm = h.vm;
             let id = vm.id.clone();
+            let identity = if h.record.identified {
+                Identity::Given
+            } else {
+                Identity::Bare
+            };
             let handed = async {
                 confine(d, &vm, &limits)?;
-                hand_out(&mut vm, &id, egress, t0, &mut t).await
+                hand_out(&mut vm, &id, identity, egress, t0, &mut t).await
             };
             match handed.await {
                 Ok(()) => Ok((vm, t, true)),
@@ -292,26 +353,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         }
         return Err(ApiError::from_anyhow(e));
     }
-    let records = out.clone();
-    let committed = d
-        .state
-        .commit(move |s| {
-            for r in records {
-                s.sandboxes.insert(r.id.clone(), r);
-            }
-        })
-        .await;
-    for sb in &made {
-        d.sandboxes.insert(sb.clone());
-    }
-    d.metrics.sandboxes.set(d.sandboxes.len() as i64);
-    if let Err(e) = committed {
-        for sb in made {
-            destroy(d, &sb.id).await;
-        }
-        return Err(ApiError::from_anyhow(e));
-    }
-    Ok(out)
+    Ok((out, made))
 }
 
 /// Starts the proxies of `ports` for `sb` (guest side: its `guest_addr`)
@@ -341,7 +383,7 @@ async fn restore_one(
     let mut vm = restore_paused(&d.paths, src, &id, Lifetime::Detached, &mut t).await?;
     let handed = async {
         confine(d, &vm, limits)?;
-        hand_out(&mut vm, &id, egress, t0, &mut t).await
+        hand_out(&mut vm, &id, Identity::Bare, egress, t0, &mut t).await
     };
     match handed.await {
         Ok(()) => Ok((vm, t)),
@@ -544,7 +586,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     let mut timings = ChildTimings::default();
     let mut vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;
     if t.warm {
-        if let Err(e) = warm_once(&vm).await {
+        if let Err(e) = warm_once(&vm, &id).await {
             vm.destroy().await;
             return Err(e);
         }
@@ -563,6 +605,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         tag: t.tag.clone(),
         snapshot_id: src.id.to_string(),
         created_at_unix: unix_now(),
+        identified: t.warm,
     };
     let r2 = record.clone();
     if let Err(e) = d
@@ -578,10 +621,12 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     Ok(PooledVm { vm, record })
 }
 
-/// Runs the child briefly (one agent round trip) and pauses it again, so
-/// the code paths of its first real request are already translated.
-async fn warm_once(vm: &Vm) -> anyhow::Result<()> {
+/// Runs the child briefly and pauses it again: it gets its identity (all
+/// but the clock, which the hand-out sets), and the code paths of its first
+/// real request are translated, so neither costs the spawn.
+async fn warm_once(vm: &Vm, hostname: &str) -> anyhow::Result<()> {
     vm.resume().await?;
+    forkd_snapshot::restore::give_identity(vm, hostname).await?;
     let p = vm.agent.ping(Duration::from_secs(30)).await?;
     if p.warm_ready {
         // The eval path too (the pipe to the warm interpreter and its loop):

@@ -338,6 +338,7 @@ mod tests {
                 tag: tag.into(),
                 snapshot_id: snap.into(),
                 created_at_unix: 0,
+                identified: false,
             },
             alive: Arc::new(AtomicBool::new(true)),
         }

@@ -19,7 +19,8 @@
 //! - `Restoring`: inside `snapshot::restore::restore_paused`; the VM is
 //!   paused, loading device state;
 //! - `Pooled`: in a pool's ready queue (`pool::Pools`) and in the durable
-//!   state's `pooled` map, paused, no identity yet;
+//!   state's `pooled` map, paused; a warm pool's child already has its
+//!   identity but for its clock (`restore::Identity`), a cold one none;
 //! - `HandingOut`: owned by one `lifecycle::spawn` call, between leaving the
 //!   pool's record (or finishing a restore) and its agent's first answer;
 //! - `Running`, `Branching`, `Destroyed`: a [`Sandbox`], whose `phase`
@@ -42,9 +43,9 @@ use std::sync::{Arc, Mutex, RwLock};
 pub enum Phase {
     /// QEMU started, device state loading; paused.
     Restoring,
-    /// Parked paused in a warm pool, without an identity.
+    /// Parked paused in a pool (warm: with its identity but for its clock).
     Pooled,
-    /// Being resumed and given its identity.
+    /// Being resumed and given its identity (or, warm, its clock).
     HandingOut,
     /// A sandbox: running, its agent answers.
     Running,

@@ -64,6 +64,10 @@ pub struct PooledRecord {
     pub tag: String,
     pub snapshot_id: String,
     pub created_at_unix: u64,
+    /// Its identity was given when it was parked (a warm pool): the
+    /// hand-out only sets its clock. False in state files from before.
+    #[serde(default)]
+    pub identified: bool,
 }
 
 /// The whole file.

@@ -422,14 +422,29 @@ impl AgentClient {
     ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
         let spec = IdentitySpec {
-            unix_time_ns: Some(now.as_nanos() as u64),
+            unix_time_ns: Some(unix_now_ns()),
             hostname: hostname.map(String::from),
             reseed_interpreter: true,
             nameservers,
+        };
+        Ok(self
+            .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
+            .await?
+            .0)
+    }
+
+    /// Sets the guest's clock to the host's and mixes in fresh entropy: all
+    /// a child whose identity was given when it was parked needs at
+    /// hand-out (its clock stood still while it was paused).
+    pub async fn sync_clock(&self) -> Result<IdentityResult, CallError> {
+        let mut entropy = [0u8; 32];
+        rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
+        let spec = IdentitySpec {
+            unix_time_ns: Some(unix_now_ns()),
+            hostname: None,
+            reseed_interpreter: false,
+            nameservers: None,
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
@@ -443,6 +458,14 @@ impl AgentClient {
             .await
             .map(|_| ())
     }
+}
+
+/// The host's wall clock, ns since the epoch.
+fn unix_now_ns() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64
 }
 
 /// Routes one decoded frame to its waiter. A request over its unread
