@@ -31,7 +31,7 @@ need_root() {
 
 # ---- Rust toolchain -------------------------------------------------------
 # The workspace's rust-version (Cargo.toml); older compilers fail mid-build.
-FORKD_MIN_RUST=1.85
+FORKD_MIN_RUST=1.88
 
 # user_home USER: USER's home from the passwd database.
 user_home() { getent passwd "$1" 2>/dev/null | cut -d: -f6; }

@@ -9,7 +9,7 @@
 # Steps (each one's time, and the total, are printed at the end):
 #   1. host packages: QEMU >= 10 (from bookworm-backports on Debian 12, derived
 #      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build
-#      tools; Rust >= 1.85: cargo on PATH, in root's or the sudo-invoking
+#      tools; Rust >= 1.88: cargo on PATH, in root's or the sudo-invoking
 #      user's ~/.cargo/bin (rustup), else the distribution's packages
 #      (rustc-web/cargo-web on Debian 12)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)

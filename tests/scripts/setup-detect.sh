@@ -62,7 +62,7 @@ check "invoking user's rustup cargo found with PATH stripped" "$out" \
   "$T/home/alice/.cargo/bin|$T/home/alice/.rustup|rustc 1.91.0 (fake)|$T/home/alice/.cargo/bin"
 
 # 2. root's own rustup comes first.
-fake_rust "$T/root/.cargo/bin" 1.86.0
+fake_rust "$T/root/.cargo/bin" 1.89.0
 out=$(SUDO_USER_FAKE=alice scenario 2 'ensure_cargo >/dev/null; echo "$CARGO_DIR|${RUSTUP_HOME:-unset}"' 2>&1)
 check "root's ~/.cargo/bin preferred" "$out" "$T/root/.cargo/bin|unset"
 
@@ -92,13 +92,13 @@ cat > "$T/fake/apt-get" <<'A'
 #!/bin/sh
 echo "$*" >> "$T/apt-get.log"
 mkdir -p "$T/usr/bin"
-printf '#!/bin/sh\necho "cargo 1.85.0"\n' > "$T/usr/bin/cargo"
-printf '#!/bin/sh\necho "rustc 1.85.0 (debian)"\n' > "$T/usr/bin/rustc"
+printf '#!/bin/sh\necho "cargo 1.96.0"\n' > "$T/usr/bin/cargo"
+printf '#!/bin/sh\necho "rustc 1.96.0 (debian)"\n' > "$T/usr/bin/rustc"
 chmod +x "$T/usr/bin/cargo" "$T/usr/bin/rustc"
 A
 chmod +x "$T/fake/apt-cache" "$T/fake/apt-get"
-out=$(FAKE_WEB=1.85.0+dfsg3-1~deb12u3 BASEPATH="$BASEPATH:$T/usr/bin" scenario 5 \
-  'FAKE_WEB='"1.85.0+dfsg3-1~deb12u3"' export FAKE_WEB; ensure_cargo --install >/dev/null; echo "$CARGO_DIR"' 2>&1)
+out=$(FAKE_WEB=1.96.0+dfsg1-1~deb12u2 BASEPATH="$BASEPATH:$T/usr/bin" scenario 5 \
+  'FAKE_WEB='"1.96.0+dfsg1-1~deb12u2"' export FAKE_WEB; ensure_cargo --install >/dev/null; echo "$CARGO_DIR"' 2>&1)
 check "no Rust: distribution's packages installed and used" "$out" "$T/usr/bin"
 contains "apt-get asked for rustc-web and cargo-web" "$(cat "$T/apt-get.log" 2>/dev/null)" "rustc-web cargo-web"
 rm -rf "$T/usr" "$T/apt-get.log"
