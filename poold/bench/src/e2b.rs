@@ -5,7 +5,7 @@
 //! eval), from the same full pool, one sandbox at a time, the two paths
 //! alternating. Prints the medians side by side and their difference.
 
-use super::{median, pct};
+use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
 use forkd_api::{Client, EvalReply, PoolStatus, SandboxInfo};
 use serde_json::{json, Value};
@@ -130,10 +130,6 @@ pub async fn run(b: E2bBench) -> Result<()> {
     Ok(())
 }
 
-fn ms(t: Instant) -> f64 {
-    t.elapsed().as_secs_f64() * 1e3
-}
-
 async fn v1_trip(c: &Client, b: &E2bBench) -> Result<Trip> {
     let t0 = Instant::now();
     let made: Vec<SandboxInfo> = c
@@ -214,18 +210,4 @@ async fn e2b_trip(c: &Client, http: &reqwest::Client, b: &E2bBench) -> Result<Tr
         spawn: info.spawn_ms as f64,
         hit: info.pool_hit,
     })
-}
-
-async fn wait_pool(c: &Client, tag: &str, done: impl Fn(&PoolStatus) -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let p: PoolStatus = c.get(&format!("/v1/pools/{tag}")).await?;
-        if done(&p) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("pool {tag} did not settle within 30 minutes: {p:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
 }

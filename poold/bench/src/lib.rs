@@ -10,6 +10,30 @@ pub mod fork;
 pub mod mem;
 pub mod spawn;
 
+/// Milliseconds since `t0`.
+pub(crate) fn ms(t0: std::time::Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1e3
+}
+
+/// Polls poold's pool `tag` until `done` holds (at most 30 minutes).
+pub(crate) async fn wait_pool(
+    c: &forkd_api::Client,
+    tag: &str,
+    done: impl Fn(&forkd_api::PoolStatus) -> bool,
+) -> anyhow::Result<()> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1800);
+    loop {
+        let p: forkd_api::PoolStatus = c.get(&format!("/v1/pools/{tag}")).await?;
+        if done(&p) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            anyhow::bail!("pool {tag} did not settle within 30 minutes: {p:?}");
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+}
+
 /// The median of `v` (0 when empty).
 pub fn median(v: &[f64]) -> f64 {
     pct(v, 50.0)

@@ -19,6 +19,34 @@ pub struct ProcMem {
     pub file_rss_kib: u64,
 }
 
+/// One line of `/proc/<pid>/smaps`.
+enum SmapsLine<'a> {
+    /// A mapping's header (`start-end perms offset dev inode [path]`).
+    Mapping,
+    /// A `Name:  N kB` field of the current mapping.
+    Field(&'a str, u64),
+    /// Anything else (flags, non-kB fields).
+    Other,
+}
+
+fn smaps_line(line: &str) -> SmapsLine<'_> {
+    let first = line.split_whitespace().next().unwrap_or("");
+    if first.contains('-') && !first.ends_with(':') {
+        return SmapsLine::Mapping;
+    }
+    let Some((k, v)) = line.split_once(':') else {
+        return SmapsLine::Other;
+    };
+    match v
+        .trim()
+        .strip_suffix(" kB")
+        .and_then(|n| n.trim().parse::<u64>().ok())
+    {
+        Some(n) => SmapsLine::Field(k, n),
+        None => SmapsLine::Other,
+    }
+}
+
 /// Reads `/proc/<pid>/smaps`; `file` picks the mappings counted apart.
 pub fn proc_mem(pid: u32, file: &Path) -> Option<ProcMem> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
@@ -26,20 +54,13 @@ pub fn proc_mem(pid: u32, file: &Path) -> Option<ProcMem> {
     let mut m = ProcMem::default();
     let mut inside = false;
     for line in text.lines() {
-        let first = line.split_whitespace().next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            inside = line.ends_with(needle.as_ref());
-            continue;
-        }
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        let Some(n) = v
-            .trim()
-            .strip_suffix(" kB")
-            .and_then(|n| n.trim().parse::<u64>().ok())
-        else {
-            continue;
+        let (k, n) = match smaps_line(line) {
+            SmapsLine::Mapping => {
+                inside = line.ends_with(needle.as_ref());
+                continue;
+            }
+            SmapsLine::Field(k, n) => (k, n),
+            SmapsLine::Other => continue,
         };
         match k {
             "Pss" => {
@@ -178,42 +199,35 @@ fn breakdown_of(text: &str, memory: &Path) -> MemBreakdown {
         }
     };
     for line in text.lines() {
-        let mut f = line.split_whitespace();
-        let first = f.next().unwrap_or("");
-        if first.contains('-') && !first.ends_with(':') {
-            flush(cur.take(), &mut b);
-            let perms = f.next().unwrap_or("");
-            let name = line.split_whitespace().nth(5).unwrap_or("");
-            let kind = if line.ends_with(needle.as_ref()) {
-                Kind::Guest
-            } else if name == "[heap]" {
-                Kind::Heap
-            } else if name.starts_with('/') {
-                Kind::File
-            } else if perms.contains('x') {
-                Kind::TcgCode
-            } else {
-                Kind::Anon
-            };
-            cur = Some((kind, 0, 0));
-            continue;
-        }
-        let Some((k, v)) = line.split_once(':') else {
-            continue;
-        };
-        let Some(n) = v
-            .trim()
-            .strip_suffix(" kB")
-            .and_then(|n| n.trim().parse::<u64>().ok())
-        else {
-            continue;
-        };
-        if let Some(c) = cur.as_mut() {
-            match k {
-                "Pss" => c.1 = n,
-                "Anonymous" => c.2 = n,
-                _ => {}
+        match smaps_line(line) {
+            SmapsLine::Mapping => {
+                flush(cur.take(), &mut b);
+                let mut f = line.split_whitespace().skip(1);
+                let perms = f.next().unwrap_or("");
+                let name = f.nth(3).unwrap_or("");
+                let kind = if line.ends_with(needle.as_ref()) {
+                    Kind::Guest
+                } else if name == "[heap]" {
+                    Kind::Heap
+                } else if name.starts_with('/') {
+                    Kind::File
+                } else if perms.contains('x') {
+                    Kind::TcgCode
+                } else {
+                    Kind::Anon
+                };
+                cur = Some((kind, 0, 0));
             }
+            SmapsLine::Field(k, n) => {
+                if let Some(c) = cur.as_mut() {
+                    match k {
+                        "Pss" => c.1 = n,
+                        "Anonymous" => c.2 = n,
+                        _ => {}
+                    }
+                }
+            }
+            SmapsLine::Other => {}
         }
     }
     flush(cur.take(), &mut b);

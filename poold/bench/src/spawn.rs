@@ -15,7 +15,7 @@
 //! printed and, with `--json`, written for `scripts/plot-benchmarks.py`.
 
 use super::mem::{breakdown, ChildrenMem, MemBreakdown};
-use super::{median, pct};
+use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
 use forkd_api::Client;
 use forkd_api::PoolStatus;
@@ -24,7 +24,7 @@ use forkd_snapshot::Paths;
 use serde::Serialize;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// The benchmark's knobs.
 #[derive(Debug, Clone)]
@@ -434,20 +434,6 @@ async fn poold_cpu(c: &Client) -> Result<f64> {
         .sum())
 }
 
-async fn wait_pool(c: &Client, tag: &str, done: impl Fn(&PoolStatus) -> bool) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(1800);
-    loop {
-        let p: PoolStatus = c.get(&format!("/v1/pools/{tag}")).await?;
-        if done(&p) {
-            return Ok(());
-        }
-        if Instant::now() > deadline {
-            bail!("pool {tag} did not settle within 30 minutes: {p:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-}
-
 /// `12.3ms`, or `-` for a figure not measured (NaN).
 fn fmt_ms(v: f64) -> String {
     if v.is_nan() {
@@ -455,8 +441,4 @@ fn fmt_ms(v: f64) -> String {
     } else {
         format!("{v:.1}ms")
     }
-}
-
-fn ms(t0: Instant) -> f64 {
-    t0.elapsed().as_secs_f64() * 1e3
 }

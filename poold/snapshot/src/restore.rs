@@ -246,32 +246,20 @@ pub async fn hand_out(
     t0: Instant,
     timings: &mut ChildTimings,
 ) -> Result<()> {
-    let nameservers = if vm.record.net.is_some() {
+    if vm.record.net.is_some() {
         let default = forkd_vmm::net::default_egress();
         set_egress(vm, policy.unwrap_or(&default)).await?;
-        Some(forkd_vmm::net::nameservers())
-    } else {
-        None
-    };
+    }
     vm.resume().await?;
     timings.resumed_ms = ms(t0.elapsed());
-    let agent = vm.agent.clone();
-    let identity = async {
-        let answered = match identity {
-            Identity::Bare => {
-                tokio::time::timeout(
-                    READY_TIMEOUT,
-                    agent.identity_with(Some(hostname), nameservers),
-                )
-                .await
-            }
-            Identity::Given => tokio::time::timeout(READY_TIMEOUT, agent.sync_clock()).await,
-        };
-        answered
-            .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))?
-            .map_err(anyhow::Error::from)
+    let answered = match identity {
+        Identity::Bare => give_identity(vm, hostname).await,
+        Identity::Given => match tokio::time::timeout(READY_TIMEOUT, vm.agent.sync_clock()).await {
+            Ok(r) => r.map(|_| ()).map_err(anyhow::Error::from),
+            Err(_) => Err(anyhow!("the agent did not answer within {READY_TIMEOUT:?}")),
+        },
     };
-    identity.await.map_err(|e| {
+    answered.map_err(|e| {
         e.context(format!(
             "child {} did not become ready; console tail:\n{}",
             vm.id,
