@@ -45,7 +45,10 @@ impl Home {
         };
         for d in dirs.flatten() {
             if let Ok(rec) = forkd_vmm::VmDir::new(d.path()).read_record() {
-                if let Some(net) = rec.net {
+                // Only while its namespace still exists: once poold tore
+                // it down, the slot (and its host link name) may already
+                // belong to another daemon's child.
+                if let Some(net) = rec.net.filter(|n| forkd_net::netns_path(&n.netns).exists()) {
                     let _ = forkd_net::teardown(&net);
                 }
             }
