@@ -1,6 +1,9 @@
 //! `forkd bench branch`: pauses and costs of BRANCH on a guest that is busy
 //! writing memory, spawn latency from chain heads of several depths, and the
 //! stored size of a link that installs one Debian package.
+//!
+//! Figures are printed and, with `--json`, written as a [`Report`] (every
+//! sample, plus the summaries printed) for `scripts/plot-benchmarks.py`.
 
 use super::{median, pct};
 use anyhow::{bail, Context, Result};
@@ -13,8 +16,9 @@ use forkd_snapshot::Paths;
 use forkd_vmm::Accel;
 use forkd_vmm::{Lifetime, Vm};
 use rootfs_init::protocol::ExecSpec;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// The benchmark's knobs.
 #[derive(Debug, Clone)]
@@ -35,6 +39,146 @@ pub struct BranchBench {
     pub package: String,
     /// MiB of the array the busy source rewrites in a loop.
     pub busy_mib: u64,
+    /// Where to write the report as JSON.
+    pub json: Option<PathBuf>,
+}
+
+/// Layout version of the JSON report; bumped when a field changes meaning
+/// or goes away (new fields do not bump it).
+pub const SCHEMA: u32 = 1;
+
+/// Everything one run measured, as `--json` writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    /// Always "branch": which bench wrote the file.
+    pub bench: String,
+    /// [`SCHEMA`] of the writer.
+    pub schema: u32,
+    /// The command line of the run (argv).
+    pub command: Vec<String>,
+    /// forkd's version.
+    pub version: String,
+    /// QEMU's version.
+    pub qemu: String,
+    /// Host CPUs.
+    pub host_cpus: usize,
+    /// "kvm" or "tcg".
+    pub accel: String,
+    /// Guest image of every VM.
+    pub image: String,
+    /// Guest RAM of every VM, MiB.
+    pub mem_mib: u64,
+    /// MiB of the array the busy source rewrites in a loop.
+    pub busy_mib: u64,
+    /// Branches of the busy source.
+    pub busy: BusyBranches,
+    /// The chain's links in the order made: link `d` is a live branch of a
+    /// child of the head at depth `d - 1`.
+    pub chain: Vec<ChainLink>,
+    /// Spawns from the heads at the measured depths.
+    pub depths: Vec<DepthSpawns>,
+    /// The link that installs one Debian package.
+    pub package: PackageLink,
+}
+
+/// One BRANCH as measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BranchSample {
+    /// The source's vCPUs stopped (QEMU's STOP to RESUME), ms.
+    pub pause_ms: f64,
+    /// Start of the capture until the snapshot was committed, ms.
+    pub total_ms: u64,
+    /// Pack bytes the branch added to the store.
+    pub new_stored_bytes: u64,
+}
+
+impl From<&Branched> for BranchSample {
+    fn from(b: &Branched) -> Self {
+        BranchSample {
+            pause_ms: b.pause_ms,
+            total_ms: b.total_ms,
+            new_stored_bytes: b.new_stored_bytes,
+        }
+    }
+}
+
+/// The branches of the busy source and the summary printed for them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BusyBranches {
+    /// The live branches, one after another, in order.
+    pub live: Vec<BranchSample>,
+    /// The one full (stop-and-copy) branch taken after them.
+    pub full: BranchSample,
+    /// Of `live`: pause p50, ms.
+    pub live_pause_p50_ms: f64,
+    /// Of `live`: pause p90, ms.
+    pub live_pause_p90_ms: f64,
+    /// Of `live`: the longest pause, ms.
+    pub live_pause_max_ms: f64,
+    /// Of `live`: total branch time p50, ms.
+    pub live_total_p50_ms: f64,
+    /// Of `live`: stored bytes per branch, p50.
+    pub live_stored_p50_bytes: u64,
+}
+
+/// One link of the chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChainLink {
+    /// Its depth (1 = a branch of a child of the base).
+    pub depth: usize,
+    /// Its branch (of a mostly idle child that wrote one file).
+    pub branch: BranchSample,
+}
+
+/// One restore from a chain head, ms from the start of the restore.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpawnSample {
+    /// QEMU started and its sockets connected.
+    pub process_ms: u64,
+    /// Device state loaded (still paused).
+    pub restored_ms: u64,
+    /// vCPUs running.
+    pub resumed_ms: u64,
+    /// The agent answered: the figure printed as *spawn*.
+    pub ready_ms: u64,
+}
+
+/// Spawns from the head at one depth and the summary printed for them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DepthSpawns {
+    /// Chain depth (0 = the base).
+    pub depth: usize,
+    /// Each spawn, in order.
+    pub spawns: Vec<SpawnSample>,
+    /// `ready_ms` p50.
+    pub ready_p50_ms: f64,
+    /// `ready_ms` max.
+    pub ready_max_ms: f64,
+    /// Stored bytes the head holds beyond its parent (the whole base at depth 0).
+    pub link_stored_bytes: u64,
+}
+
+/// The one-package link.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PackageLink {
+    /// Debian package installed.
+    pub name: String,
+    /// Size of its .deb.
+    pub deb_bytes: u64,
+    /// Pack bytes the link added.
+    pub stored_bytes: u64,
+    /// The link's unique chunks, uncompressed.
+    pub raw_bytes: u64,
+    /// The link's branch.
+    pub branch: BranchSample,
+}
+
+impl Report {
+    /// Writes the report as pretty JSON to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
 }
 
 /// What every created snapshot is tagged with (deleted at the end).
@@ -72,9 +216,14 @@ pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
     )
     .await?;
     let mount = forkd_snapshot::ensure_mount_async(paths).await?.mountpoint;
-    let result = measure(paths, &mount, &b, &run, &base).await;
+    let result = measure(paths, &mount, &b, &run, &base, &qemu).await;
     cleanup(paths, &base).await;
-    result
+    let report = result?;
+    if let Some(path) = &b.json {
+        report.write(path)?;
+        println!("\nreport written to {}", path.display());
+    }
+    Ok(())
 }
 
 async fn measure(
@@ -83,7 +232,8 @@ async fn measure(
     b: &BranchBench,
     run: &str,
     base: &str,
-) -> Result<()> {
+    qemu: &str,
+) -> Result<Report> {
     let parent = read_record(mount, base)?;
 
     // 1. Pauses of a busy source.
@@ -136,13 +286,23 @@ async fn measure(
         full.total_ms,
         mib(full.new_stored_bytes)
     );
+    let busy = BusyBranches {
+        live: live.iter().map(BranchSample::from).collect(),
+        full: BranchSample::from(&full),
+        live_pause_p50_ms: median(&pauses),
+        live_pause_p90_ms: pct(&pauses, 90.0),
+        live_pause_max_ms: pct(&pauses, 100.0),
+        live_total_p50_ms: median(&totals),
+        live_stored_p50_bytes: median(&stored) as u64,
+    };
 
     // 2. Spawn latency from chain heads at several depths.
     let max_depth = b.depths.iter().copied().max().unwrap_or(0);
     let mut heads = vec![base.to_string()];
+    let mut chain = Vec::new();
     for d in 1..=max_depth {
         let head = tag(run, &format!("d{d}"));
-        link(
+        let made = link(
             paths,
             mount,
             &heads[d - 1],
@@ -151,6 +311,10 @@ async fn measure(
             &[],
         )
         .await?;
+        chain.push(ChainLink {
+            depth: d,
+            branch: BranchSample::from(&made),
+        });
         heads.push(head);
     }
     println!();
@@ -158,12 +322,21 @@ async fn measure(
         "{:>6}  {:>22}  {:>14}   (spawn = restore + resume + first agent answer, {} spawns each)",
         "depth", "spawn p50 / max (ms)", "link stores", b.spawns
     );
+    let mut depths = Vec::new();
     for &d in &b.depths {
         let src = Source::resolve(mount, &heads[d])?;
         let mut ready = Vec::new();
+        let mut spawns = Vec::new();
         for _ in 0..b.spawns.max(1) {
             let kids = fork(paths, &src, 1, 1, Lifetime::Ephemeral).await?;
-            ready.push(kids.children[0].timings.ready_ms as f64);
+            let t = &kids.children[0].timings;
+            ready.push(t.ready_ms as f64);
+            spawns.push(SpawnSample {
+                process_ms: t.process_ms,
+                restored_ms: t.restored_ms,
+                resumed_ms: t.resumed_ms,
+                ready_ms: t.ready_ms,
+            });
             destroy_all(kids.children).await;
         }
         let stores = link_bytes(paths, &heads[d]).await?;
@@ -173,6 +346,13 @@ async fn measure(
             pct(&ready, 100.0),
             mib(stores)
         );
+        depths.push(DepthSpawns {
+            depth: d,
+            spawns,
+            ready_p50_ms: median(&ready),
+            ready_max_ms: pct(&ready, 100.0),
+            link_stored_bytes: stores,
+        });
     }
 
     // 3. One Debian package on top of the base.
@@ -201,7 +381,28 @@ async fn measure(
         mib(made.new_stored_bytes),
         mib(raw)
     );
-    Ok(())
+    Ok(Report {
+        bench: "branch".into(),
+        schema: SCHEMA,
+        command: std::env::args().collect(),
+        version: env!("CARGO_PKG_VERSION").into(),
+        qemu: qemu.into(),
+        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        accel: b.accel.as_str().into(),
+        image: b.image.clone(),
+        mem_mib: b.mem_mib,
+        busy_mib: b.busy_mib,
+        busy,
+        chain,
+        depths,
+        package: PackageLink {
+            name: b.package.clone(),
+            deb_bytes: data.len() as u64,
+            stored_bytes: made.new_stored_bytes,
+            raw_bytes: raw,
+            branch: BranchSample::from(&made),
+        },
+    })
 }
 
 /// Branches `s` and reports it.
@@ -335,4 +536,79 @@ async fn cleanup(paths: &Paths, base: &str) {
         forkd_snapshot::delete::delete(&p, s, &b, forkd_snapshot::delete::Dependents::Cascade)
     })
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(pause_ms: f64) -> BranchSample {
+        BranchSample {
+            pause_ms,
+            total_ms: 3000,
+            new_stored_bytes: 128 << 20,
+        }
+    }
+
+    #[test]
+    fn the_json_report_reads_back_as_written() {
+        let r = Report {
+            bench: "branch".into(),
+            schema: SCHEMA,
+            command: vec!["forkd".into(), "bench".into(), "branch".into()],
+            version: "0.1.0".into(),
+            qemu: "10.0.2".into(),
+            host_cpus: 2,
+            accel: "tcg".into(),
+            image: "python-numpy".into(),
+            mem_mib: 512,
+            busy_mib: 128,
+            busy: BusyBranches {
+                live: vec![sample(25.9), sample(47.4)],
+                full: sample(1333.1),
+                live_pause_p50_ms: 25.9,
+                live_pause_p90_ms: 47.4,
+                live_pause_max_ms: 47.4,
+                live_total_p50_ms: 3000.0,
+                live_stored_p50_bytes: 128 << 20,
+            },
+            chain: vec![ChainLink {
+                depth: 1,
+                branch: sample(8.5),
+            }],
+            depths: vec![DepthSpawns {
+                depth: 0,
+                spawns: vec![SpawnSample {
+                    process_ms: 40,
+                    restored_ms: 150,
+                    resumed_ms: 151,
+                    ready_ms: 208,
+                }],
+                ready_p50_ms: 208.0,
+                ready_max_ms: 208.0,
+                link_stored_bytes: 117 << 20,
+            }],
+            package: PackageLink {
+                name: "hello".into(),
+                deb_bytes: 53_000,
+                stored_bytes: 4 << 20,
+                raw_bytes: 39 << 20,
+                branch: sample(9.0),
+            },
+        };
+        let dir = std::env::temp_dir().join(format!("branch-json-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("branch.json");
+        r.write(&path).unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        let back: Report = serde_json::from_str(&text).unwrap();
+        assert_eq!(back, r);
+        // The plot script reads these names; renaming one breaks it.
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["bench"], "branch");
+        assert_eq!(v["schema"], SCHEMA);
+        assert_eq!(v["busy"]["live"][1]["pause_ms"], 47.4);
+        assert_eq!(v["depths"][0]["spawns"][0]["ready_ms"], 208);
+    }
 }

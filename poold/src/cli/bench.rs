@@ -56,6 +56,10 @@ pub enum BenchCmd {
         /// MiB of memory the busy source rewrites in a loop.
         #[arg(long, default_value_t = 128)]
         busy_mib: u64,
+        /// Write the report (every sample and the summaries) as JSON here
+        /// (for scripts/plot-benchmarks.py).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
     },
     /// Spawns through a running poold: sequential single spawns (pool hit,
     /// on demand, cold boot) and fan-out from a full pool, with the memory
@@ -146,6 +150,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             spawns,
             package,
             busy_mib,
+            json,
         } => {
             let depths = parse_list(&depths)?;
             if depths.iter().any(|&d| d > 100) {
@@ -162,6 +167,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     spawns,
                     package,
                     busy_mib,
+                    json,
                 },
             )
             .await?;
