@@ -759,6 +759,22 @@ async fn bench_reports_the_unique_bytes() {
             r.steps[4].report.stored_bytes, r.unique_stored_bytes,
             "{text}"
         );
+        // --json: the same figures, and they read back as written.
+        let file = work.path().join("hub.json");
+        let j = r.json_report("base", "head", vec!["forkd".into()]);
+        j.write(&file).unwrap();
+        let back: forkd_hub::bench::JsonReport =
+            serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+        std::fs::remove_file(&file).unwrap();
+        assert_eq!(back, j);
+        assert_eq!(back.bench, "hub");
+        assert_eq!(
+            back.hub_kind,
+            if opts.hub.is_none() { "file" } else { "serve" }
+        );
+        assert_eq!(back.steps.len(), 5);
+        assert_eq!(back.steps[1].stored_bytes, r.unique_stored_bytes);
+        assert_eq!(back.steps[1].name, "push head (hub has base)");
     }
     // Scratch space is removed.
     assert_eq!(std::fs::read_dir(work.path()).unwrap().count(), 0);

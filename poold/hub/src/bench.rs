@@ -6,6 +6,10 @@
 //! head (must move exactly the head's unique chunks, `Store::diff`), pull
 //! head into an empty store, pull base into another empty store and then
 //! head on top (again only the unique chunks).
+//!
+//! [`BenchResult::render`] is what the command prints; with `--json`,
+//! [`BenchResult::json_report`] is written too (every step's figures, for
+//! `scripts/plot-benchmarks.py`).
 
 use super::server::{serve, ServeOptions};
 use super::transfer::{pull, push, PullOptions, PushOptions, TransferReport};
@@ -13,7 +17,8 @@ use super::Hub;
 use anyhow::{anyhow, bail, Context, Result};
 use forkd_layers::{Store, StoreOptions};
 use forkd_snapshot::mib;
-use std::path::PathBuf;
+use serde::{Deserialize, Serialize};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// What to benchmark.
@@ -49,6 +54,14 @@ pub struct BenchStep {
 pub struct BenchResult {
     /// The hub URL used (the scratch one when none was given).
     pub hub: String,
+    /// "file", "serve" (a scratch `forkd hub serve`), "http" or "s3".
+    pub hub_kind: String,
+    /// Concurrent object transfers each step used.
+    pub jobs: usize,
+    /// The base snapshot's id.
+    pub base_id: String,
+    /// The head snapshot's id.
+    pub head_id: String,
     /// The head's chunks the base lacks (`Store::diff`).
     pub unique_chunks: u64,
     /// Stored (compressed) bytes of those chunks.
@@ -70,11 +83,7 @@ pub async fn run(store: Arc<Store>, opts: &BenchOptions) -> Result<BenchResult> 
     result
 }
 
-async fn run_in(
-    store: Arc<Store>,
-    opts: &BenchOptions,
-    work: &std::path::Path,
-) -> Result<BenchResult> {
+async fn run_in(store: Arc<Store>, opts: &BenchOptions, work: &Path) -> Result<BenchResult> {
     let resolve = |t: &str| {
         store
             .resolve(t)?
@@ -90,6 +99,13 @@ async fn run_in(
     }
     let diff = store.diff(&base.id, &head.id)?;
     let suffix = forkd_snapshot::random_hex(4);
+    let hub_kind = match opts.hub.as_deref() {
+        None => "file",
+        Some("serve") => "serve",
+        Some(u) if u.starts_with("s3://") => "s3",
+        Some(u) if u.starts_with("file://") => "file",
+        Some(_) => "http",
+    };
     let hub = match opts.hub.as_deref() {
         None => Hub::open(&format!("file://{}", work.join("hub").display()), None)?,
         Some("serve") => start_server(work).await?,
@@ -161,6 +177,10 @@ async fn run_in(
     });
     Ok(BenchResult {
         hub: hub.describe(),
+        hub_kind: hub_kind.into(),
+        jobs: opts.jobs.unwrap_or_else(|| hub.default_jobs()),
+        base_id: base.id.to_string(),
+        head_id: head.id.to_string(),
         unique_chunks: diff.new_chunks,
         unique_stored_bytes: diff.new_stored_bytes,
         unique_raw_bytes: diff.new_raw_bytes,
@@ -169,7 +189,7 @@ async fn run_in(
 }
 
 /// A scratch `forkd hub serve` on 127.0.0.1 with a random token.
-async fn start_server(work: &std::path::Path) -> Result<Hub> {
+async fn start_server(work: &Path) -> Result<Hub> {
     let token = forkd_snapshot::random_hex(32);
     let opts = ServeOptions {
         dir: work.join("served"),
@@ -191,7 +211,116 @@ async fn start_server(work: &std::path::Path) -> Result<Hub> {
     Hub::open(&format!("http://{addr}"), Some(token))
 }
 
+/// Layout version of [`JsonReport`]; bumped when a field changes meaning or
+/// goes away (new fields do not bump it).
+pub const SCHEMA: u32 = 1;
+
+/// The benchmark's results as `forkd hub bench --json` writes them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonReport {
+    /// Always "hub": which bench wrote the file.
+    pub bench: String,
+    /// [`SCHEMA`] of the writer.
+    pub schema: u32,
+    /// The command line of the run (argv).
+    pub command: Vec<String>,
+    /// forkd's version.
+    pub version: String,
+    /// Host CPUs.
+    pub host_cpus: usize,
+    /// The base's tag as given.
+    pub base: String,
+    /// The head's tag as given.
+    pub head: String,
+    /// The base snapshot's id.
+    pub base_id: String,
+    /// The head snapshot's id.
+    pub head_id: String,
+    /// The hub URL used.
+    pub hub: String,
+    /// "file", "serve", "http" or "s3".
+    pub hub_kind: String,
+    /// Concurrent object transfers per step.
+    pub jobs: usize,
+    /// The head's chunks the base lacks (`Store::diff`).
+    pub unique_chunks: u64,
+    /// Their stored (compressed) bytes.
+    pub unique_stored_bytes: u64,
+    /// Their uncompressed bytes.
+    pub unique_raw_bytes: u64,
+    /// Each step, in the order run.
+    pub steps: Vec<JsonStep>,
+}
+
+/// One step of [`JsonReport`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JsonStep {
+    /// What the step did, e.g. "push head (hub has base)".
+    pub name: String,
+    /// Snapshot records moved.
+    pub snapshots: u64,
+    /// Manifests moved.
+    pub manifests: u64,
+    /// Distinct chunks of the snapshots moved.
+    pub chunks_total: u64,
+    /// Chunks moved (those the other side lacked).
+    pub chunks: u64,
+    /// Their uncompressed bytes.
+    pub raw_bytes: u64,
+    /// Their stored bytes (the unit of `unique_stored_bytes`).
+    pub stored_bytes: u64,
+    /// Object bytes that crossed the wire.
+    pub wire_bytes: u64,
+    /// Wall time, seconds.
+    pub seconds: f64,
+}
+
+impl JsonReport {
+    /// Writes the report as pretty JSON to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        std::fs::write(path, serde_json::to_vec_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
 impl BenchResult {
+    /// The result for `--json`; `base` and `head` as the user named them,
+    /// `command` the command line that ran it.
+    pub fn json_report(&self, base: &str, head: &str, command: Vec<String>) -> JsonReport {
+        JsonReport {
+            bench: "hub".into(),
+            schema: SCHEMA,
+            command,
+            version: env!("CARGO_PKG_VERSION").into(),
+            host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            base: base.into(),
+            head: head.into(),
+            base_id: self.base_id.clone(),
+            head_id: self.head_id.clone(),
+            hub: self.hub.clone(),
+            hub_kind: self.hub_kind.clone(),
+            jobs: self.jobs,
+            unique_chunks: self.unique_chunks,
+            unique_stored_bytes: self.unique_stored_bytes,
+            unique_raw_bytes: self.unique_raw_bytes,
+            steps: self
+                .steps
+                .iter()
+                .map(|st| JsonStep {
+                    name: st.name.into(),
+                    snapshots: st.report.snapshots,
+                    manifests: st.report.manifests,
+                    chunks_total: st.report.chunks_total,
+                    chunks: st.report.chunks,
+                    raw_bytes: st.report.raw_bytes,
+                    stored_bytes: st.report.stored_bytes,
+                    wire_bytes: st.report.wire_bytes,
+                    seconds: st.report.elapsed.as_secs_f64(),
+                })
+                .collect(),
+        }
+    }
+
     /// The result as a Markdown table plus a summary line.
     pub fn render(&self) -> String {
         let mut s = format!(

@@ -115,6 +115,10 @@ pub enum HubCmd {
         /// 127.0.0.1 (default: a scratch file:// hub).
         #[arg(long)]
         hub: Option<String>,
+        /// Also write the results (every step's figures) as JSON here (for
+        /// scripts/plot-benchmarks.py).
+        #[arg(long)]
+        json: Option<PathBuf>,
         #[command(flatten)]
         transfer: TransferArgs,
     },
@@ -275,12 +279,13 @@ pub async fn run(paths: &Paths, cmd: HubCmd) -> Result<()> {
             base,
             head,
             hub,
+            json,
             transfer,
         } => {
             let store = open_store(paths)?;
             let opts = bench::BenchOptions {
-                base,
-                head,
+                base: base.clone(),
+                head: head.clone(),
                 hub,
                 token: hub::read_token(transfer.token_file.as_ref())?,
                 jobs: transfer.jobs,
@@ -288,6 +293,12 @@ pub async fn run(paths: &Paths, cmd: HubCmd) -> Result<()> {
             };
             let result = bench::run(store, &opts).await?;
             print!("{}", result.render());
+            if let Some(path) = &json {
+                result
+                    .json_report(&base, &head, std::env::args().collect())
+                    .write(path)?;
+                println!("\nreport written to {}", path.display());
+            }
             Ok(())
         }
     }
