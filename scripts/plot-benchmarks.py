@@ -2,13 +2,22 @@
 """Plots for docs/BENCHMARKS.md, drawn from the benches' own JSON output.
 
     forkd bench spawn --tag py --json spawn.json
-    scripts/plot-benchmarks.py --spawn spawn.json --out docs/img
+    forkd bench branch --json branch.json
+    forkd hub bench --base py --head py-link --json hub-file.json
+    forkd hub bench --base py --head py-link --hub serve --json hub-serve.json
+    scripts/plot-benchmarks.py --spawn spawn.json --branch branch.json \
+        --hub hub-file.json --hub hub-serve.json --out docs/img
 
-writes spawn-sequential.svg (sequential single spawns by source),
-spawn-fanout-latency.svg (latency vs N) and spawn-fanout-memory.svg
-(memory per pooled child vs N). Needs matplotlib (Debian: python3-matplotlib,
-or `pip install matplotlib` in a venv). Every figure drawn comes from the
-report: nothing is typed in here.
+--spawn writes spawn-sequential.svg (sequential single spawns by source),
+spawn-fanout-latency.svg (latency vs N) and spawn-fanout-memory.svg (memory
+per pooled child vs N). --branch writes branch-pause.svg (the source's pause
+per branch: the busy source's live branches in order against its full
+branch, and each chain link by depth) and branch-chain-depth.svg (spawn
+latency and stored bytes per link vs chain depth). --hub (once per hub kind
+run) writes hub-transfer-time.svg and hub-transfer-bytes.svg (each push and
+pull step, full and incremental). Any subset of the three may be given.
+Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
+a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
 
 import argparse
@@ -92,13 +101,177 @@ def plot_fanout_memory(plt, r, out):
     return path
 
 
+MIB = 1 << 20
+
+
+def branch_subtitle(r):
+    return (
+        f"{r['image']}, {r['mem_mib']} MiB, {r['accel'].upper()}, {r['host_cpus']} host CPUs, "
+        f"QEMU {r['qemu']}, forkd {r['version']}"
+    )
+
+
+def plot_branch_pause(plt, r, out):
+    busy = r["busy"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8), gridspec_kw={"width_ratios": [3, 2]})
+    live = [x["pause_ms"] for x in busy["live"]]
+    left.plot(range(1, len(live) + 1), live, "o-", label="live branch (precopy)")
+    full = busy["full"]["pause_ms"]
+    left.axhline(full, color="C3", linestyle="--", label=f"full, stop-and-copy: {full:.0f} ms")
+    left.axhline(busy["live_pause_p50_ms"], color="C0", linestyle=":", label=f"live p50: {busy['live_pause_p50_ms']:.1f} ms")
+    left.set_yscale("log")
+    left.set_xlabel("branch number (successive branches of one source)")
+    left.set_ylabel("source paused (ms, log scale)")
+    left.set_title(f"Busy source (rewrites {r['busy_mib']} MiB in a loop)", fontsize=9)
+    left.grid(alpha=0.3, which="both")
+    left.legend(fontsize=8)
+    chain = r["chain"]
+    if chain:
+        right.plot([x["depth"] for x in chain], [x["branch"]["pause_ms"] for x in chain], "s-", color="C2")
+        right.set_ylim(bottom=0)
+    right.set_xlabel("chain depth of the link made")
+    right.set_ylabel("source paused (ms)")
+    right.set_title("Chain links (a child that wrote one file)", fontsize=9)
+    right.grid(alpha=0.3)
+    fig.suptitle("BRANCH: how long the source sandbox is paused\n" + branch_subtitle(r), fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "branch-pause.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
+def plot_branch_depth(plt, r, out):
+    depths = r["depths"]
+    if not depths:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.8))
+    for i, d in enumerate(depths):
+        ys = [s["ready_ms"] for s in d["spawns"]]
+        left.plot([d["depth"]] * len(ys), ys, "o", color="C0", alpha=0.35, label="each spawn" if i == 0 else None)
+    xs = [d["depth"] for d in depths]
+    left.plot(xs, [d["ready_p50_ms"] for d in depths], "s-", color="C0", label="spawn p50 (agent answered)")
+    restored = [sorted(s["restored_ms"] for s in d["spawns"]) for d in depths]
+    left.plot(xs, [v[(len(v) - 1) // 2] for v in restored], "^--", color="C1", label="of which state loaded, p50")
+    left.set_ylim(bottom=0)
+    left.set_xlabel("chain depth of the head spawned from")
+    left.set_ylabel("ms from the start of the restore")
+    left.set_title(f"Spawn latency vs depth ({len(depths[0]['spawns'])} spawns each)", fontsize=9)
+    left.grid(alpha=0.3)
+    left.legend(fontsize=8)
+    xs = [d["depth"] for d in depths]
+    ys = [d["link_stored_bytes"] / MIB for d in depths]
+    bars = right.bar(xs, ys, color=["C7" if x == 0 else "C2" for x in xs], label="unique vs its parent (the printed table)")
+    for b, y in zip(bars, ys):
+        right.text(b.get_x() + b.get_width() / 2, y, f"{y:.1f}", ha="center", va="bottom", fontsize=7)
+    chain = r["chain"]
+    if chain:
+        new = [x["branch"]["new_stored_bytes"] / MIB for x in chain]
+        right.plot([x["depth"] for x in chain], new, "D", color="C4", markersize=4, label="new to the store when branched")
+        ys = ys + new
+    right.axhline(r["mem_mib"], color="C3", linestyle="--", label=f"one full memory image ({r['mem_mib']} MiB)")
+    right.set_yscale("log")
+    right.set_ylim(bottom=min(ys) / 2)
+    right.set_xlabel("chain depth (0 = the base snapshot)")
+    right.set_ylabel("stored, compressed (MiB, log scale)")
+    right.set_title("What each link adds to the store", fontsize=9)
+    right.grid(alpha=0.3, axis="y", which="both")
+    right.legend(fontsize=8)
+    fig.suptitle("Chains of live branches\n" + branch_subtitle(r), fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "branch-chain-depth.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
+HUB_NAMES = {"file": "file://", "serve": "forkd hub serve (127.0.0.1)", "http": "HTTP hub", "s3": "S3"}
+
+
+def hub_subtitle(rs):
+    r = rs[0]
+    return f"base {r['base']} → head {r['head']}, {r['host_cpus']} host CPUs, forkd {r['version']}"
+
+
+def plot_hub_time(plt, rs, out):
+    steps = [s["name"] for s in rs[0]["steps"]]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    h = 0.8 / len(rs)
+    for i, r in enumerate(rs):
+        secs = {s["name"]: s["seconds"] for s in r["steps"]}
+        ys = [y - 0.4 + h * (i + 0.5) for y in range(len(steps))]
+        vals = [secs.get(n, 0) for n in steps]
+        ax.barh(ys, vals, height=h, label=f"{HUB_NAMES.get(r['hub_kind'], r['hub_kind'])}, {r['jobs']} jobs")
+        for y, v in zip(ys, vals):
+            ax.text(v, y, f" {v:.2f} s", va="center", fontsize=7)
+    ax.set_yticks(list(range(len(steps))))
+    ax.set_yticklabels(steps, fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.12)
+    ax.set_xlabel("wall time (s)")
+    ax.set_title("Hub push and pull time, full vs incremental\n" + hub_subtitle(rs), fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = os.path.join(out, "hub-transfer-time.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
+def plot_hub_bytes(plt, rs, out):
+    r = rs[0]
+    steps = r["steps"]
+    fig, ax = plt.subplots(figsize=(8, 4))
+    ys = range(len(steps))
+    stored = [s["stored_bytes"] / MIB for s in steps]
+    wire = [s["wire_bytes"] / MIB for s in steps]
+    raw = [s["raw_bytes"] / MIB for s in steps]
+    ax.barh([y - 0.27 for y in ys], stored, height=0.27, label="chunks moved, stored (compressed)")
+    ax.barh(list(ys), wire, height=0.27, label="on the wire (chunks + manifests + records)")
+    ax.barh([y + 0.27 for y in ys], raw, height=0.27, label="chunks moved, uncompressed")
+    for y, v, s in zip(ys, stored, steps):
+        ax.text(v, y - 0.27, f" {v:.1f} MiB, {s['chunks']} chunks", va="center", fontsize=7)
+    u = r["unique_stored_bytes"] / MIB
+    ax.axvline(u, color="C3", linestyle="--", label=f"head's unique chunks (Store::diff): {u:.1f} MiB")
+    ax.set_yticks(list(ys))
+    ax.set_yticklabels([s["name"] for s in steps], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.25)
+    ax.set_xlabel("MiB")
+    moved = lambda x: [(s["name"], s["chunks"], s["stored_bytes"]) for s in x["steps"]]
+    kinds = [HUB_NAMES.get(x["hub_kind"], x["hub_kind"]) for x in rs]
+    if all(moved(x) == moved(r) for x in rs):
+        which = "the same chunks for " + ", ".join(kinds)
+    else:
+        which = f"{kinds[0]} run; the other hubs moved different chunks"
+    ax.set_title(f"Hub: bytes moved per step ({which})\n" + hub_subtitle(rs), fontsize=9)
+    ax.grid(alpha=0.3, axis="x")
+    ax.legend(fontsize=7, loc="lower right")
+    fig.tight_layout()
+    path = os.path.join(out, "hub-transfer-bytes.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
+def check(r, bench, path):
+    """Refuses a report of another bench or of a layout this script does not know."""
+    if r.get("bench") != bench or r.get("schema") != 1:
+        sys.exit(f"{path}: not a schema-1 report of `{bench}` (bench={r.get('bench')!r}, schema={r.get('schema')!r})")
+    return r
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spawn", help="JSON of `forkd bench spawn --json`")
+    ap.add_argument("--branch", help="JSON of `forkd bench branch --json`")
+    ap.add_argument("--hub", action="append", default=[], help="JSON of `forkd hub bench --json`; once per hub kind")
     ap.add_argument("--out", default="docs/img", help="directory for the SVGs (default docs/img)")
     a = ap.parse_args()
-    if not a.spawn:
-        ap.error("nothing to plot: give --spawn FILE")
+    if not (a.spawn or a.branch or a.hub):
+        ap.error("nothing to plot: give --spawn, --branch and/or --hub FILE")
+    spawn = load(a.spawn) if a.spawn else None
+    branch = check(load(a.branch), "branch", a.branch) if a.branch else None
+    hubs = [check(load(p), "hub", p) for p in a.hub]
+    if len({(h["base_id"], h["head_id"]) for h in hubs}) > 1:
+        sys.exit("--hub reports of different snapshot pairs: give runs of one --base/--head")
     try:
         import matplotlib
 
@@ -108,8 +281,14 @@ def main():
     except ImportError:
         sys.exit("plot-benchmarks.py needs matplotlib: apt install python3-matplotlib, or pip install matplotlib in a venv")
     os.makedirs(a.out, exist_ok=True)
-    r = load(a.spawn)
-    for f in (plot_sequential, plot_fanout_latency, plot_fanout_memory):
+    jobs = []
+    if spawn:
+        jobs += [(f, spawn) for f in (plot_sequential, plot_fanout_latency, plot_fanout_memory)]
+    if branch:
+        jobs += [(f, branch) for f in (plot_branch_pause, plot_branch_depth)]
+    if hubs:
+        jobs += [(f, hubs) for f in (plot_hub_time, plot_hub_bytes)]
+    for f, r in jobs:
         p = f(plt, r, a.out)
         if p:
             print(p)
