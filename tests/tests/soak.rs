@@ -1,5 +1,7 @@
-//! Soak and chaos: spawns, execs, branches and deletes (of sandboxes and
-//! snapshots) in a loop against a real poold, while poold, the forkd-fs
+//! Soak and chaos: spawns, execs, branches, deletes (of sandboxes and
+//! snapshots) and hub round trips (push a branch snapshot to a `file://`
+//! hub, delete it, pull it back while poold runs, spawn from it) in a loop
+//! against a real poold, while poold, the forkd-fs
 //! worker and single QEMUs are killed with SIGKILL, some of them in the
 //! middle of a request. After every fault, and every 20 operations, the
 //! invariants are checked:
@@ -133,6 +135,12 @@ impl Soak {
                 Ok(()) => self.t.time("exec", t0),
                 Err(e) => self.t.violation(e),
             }
+        } else if roll < 70 && !self.branches.is_empty() && self.rng.gen_bool(0.3) {
+            let tag = self.branches[self.rng.gen_range(0..self.branches.len())].clone();
+            match self.round_trip(&tag) {
+                Ok(()) => self.t.time("hub push, delete, pull, spawn", t0),
+                Err(e) => self.t.violation(e),
+            }
         } else if roll < 75 {
             let id = self.pick(&live).unwrap();
             let tag = format!("s{}", self.next_branch);
@@ -174,6 +182,47 @@ impl Soak {
             (200, Some("ok\n")) => Ok(()),
             _ => Err(format!("exec in {id}: {st} {v}")),
         }
+    }
+
+    /// Runs the `forkd` CLI on this data dir (as a second process next to
+    /// poold, taking turns on the store).
+    fn forkd(&self, args: &[&str]) -> Result<String, String> {
+        let out = std::process::Command::new(forkd_e2e::bin("forkd"))
+            .args(args)
+            .env("FORKD_HOME", &self.home.dir)
+            .output()
+            .map_err(|e| e.to_string())?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(format!(
+                "forkd {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// Pushes snapshot `tag` to the hub, deletes it, pulls it back while
+    /// poold runs and spawns a child of it that answers.
+    fn round_trip(&mut self, tag: &str) -> Result<(), String> {
+        let hub = format!("file://{}", self.home.dir.join("hub").display());
+        self.forkd(&["push", tag, &hub, "-q"])?;
+        let (st, v) = block_on(self.p().delete(&format!("/v1/snapshots/{tag}")));
+        if st != 204 {
+            return Err(format!("deleting {tag} before its pull: {st} {v}"));
+        }
+        self.forkd(&["pull", &hub, tag, "-q"])?;
+        let (st, v) = block_on(self.p().post("/v1/sandboxes", json!({"snapshot_tag": tag})));
+        if st != 201 {
+            return Err(format!("spawning from the pulled {tag}: {st} {v}"));
+        }
+        let id = v[0]["id"].as_str().unwrap_or_default().to_string();
+        self.exec(&id)?;
+        let (st, v) = block_on(self.p().delete(&format!("/v1/sandboxes/{id}")));
+        if st != 204 {
+            return Err(format!("deleting the child of the pulled {tag}: {st} {v}"));
+        }
+        Ok(())
     }
 
     fn delete_snapshot(&mut self, tag: &str) {
