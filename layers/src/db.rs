@@ -13,8 +13,19 @@
 //! | `meta`      | `format_version`, `next_pack` | u32                                   |
 //!
 //! Every mutation is one `WriteBatch` written with `sync = true`.
+//!
+//! A secondary follows the primary by tailing its WAL
+//! (`try_catch_up_with_primary`) only while the primary's files show that
+//! nothing was flushed since the last catch-up. Once the primary has
+//! flushed (every reopen does, and writers here open the store for each
+//! write), RocksDB's catch-up can keep serving entries it replayed earlier
+//! from its memtable over newer ones that exist only in table files
+//! (facebook/rocksdb#14444, #15051): a chunk deleted by GC and indexed again
+//! stays "missing". So a catch-up after a flush opens a fresh secondary
+//! instead, and reads that began on the old one finish on it.
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
@@ -79,11 +90,113 @@ pub(crate) fn decode_count(v: &[u8]) -> u64 {
 /// One raw (key, value) pair from a scan.
 pub(crate) type KeyValue = (Box<[u8]>, Box<[u8]>);
 
+/// The pairs of a scan, in key order.
+pub(crate) type Entries<'a> = Box<dyn Iterator<Item = Result<KeyValue>> + 'a>;
+
+/// A column family's handle (every store opens all of them).
+fn handle<'a>(db: &'a DB, cf: &str) -> &'a ColumnFamily {
+    db.cf_handle(cf).expect("column family opened")
+}
+
+/// The pairs of `cf` from `prefix` on, while keys start with it.
+fn entries<'a>(
+    db: &'a DB,
+    cf: &'a str,
+    prefix: &'a [u8],
+) -> impl Iterator<Item = Result<KeyValue>> + 'a {
+    db.iterator_cf(
+        handle(db, cf),
+        rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+    )
+    .map(move |r| r.map_err(|e| Error::db(format!("scanning {cf}"), e)))
+    .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+}
+
+/// Opens RocksDB as a secondary of the store at `path`.
+fn open_secondary_db(path: &Path, secondary_dir: &Path) -> Result<DB> {
+    let mut opts = base_options();
+    // Secondaries must keep every table file open: the primary may delete
+    // files after compaction.
+    opts.set_max_open_files(-1);
+    let cfs = ALL_CFS
+        .iter()
+        .map(|n| ColumnFamilyDescriptor::new(*n, base_options()));
+    DB::open_cf_descriptors_as_secondary(&opts, path, secondary_dir, cfs)
+        .map_err(|e| Error::db(format!("opening secondary of {}", path.display()), e))
+}
+
+/// [`open_secondary_db`] for a catch-up, retried a few times: the primary
+/// may be switching to a new MANIFEST while it is read.
+fn reopen_secondary(path: &Path, secondary_dir: &Path) -> Result<DB> {
+    let mut tries = 0;
+    loop {
+        match open_secondary_db(path, secondary_dir) {
+            Ok(db) => return Ok(db),
+            Err(e) if tries >= 4 => return Err(e),
+            Err(_) => {
+                tries += 1;
+                std::thread::sleep(Duration::from_millis(10 * tries));
+            }
+        }
+    }
+}
+
 /// The RocksDB handle plus how it was opened.
 pub(crate) struct Db {
-    db: DB,
+    handle: Handle,
     path: PathBuf,
-    secondary: bool,
+}
+
+enum Handle {
+    Primary(DB),
+    Secondary(Follower),
+}
+
+/// A secondary and what the primary's files looked like when it last
+/// caught up (see the module docs).
+struct Follower {
+    /// Its own info-log directory.
+    dir: PathBuf,
+    db: RwLock<Arc<DB>>,
+    seen: Mutex<PrimaryFiles>,
+}
+
+/// The files that tell whether the primary flushed: `CURRENT` (a new
+/// MANIFEST at every open), the MANIFEST's length (a flush or compaction
+/// appends to it) and the WAL files (a flushed one is deleted).
+#[derive(Debug, Default, PartialEq)]
+struct PrimaryFiles {
+    current: Vec<u8>,
+    manifest_len: u64,
+    wals: Vec<String>,
+}
+
+impl PrimaryFiles {
+    fn read(path: &Path) -> PrimaryFiles {
+        let current = std::fs::read(path.join("CURRENT")).unwrap_or_default();
+        let manifest = String::from_utf8_lossy(&current).trim().to_string();
+        let manifest_len = std::fs::metadata(path.join(manifest)).map_or(0, |m| m.len());
+        let mut wals: Vec<String> = std::fs::read_dir(path)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log"))
+            .collect();
+        wals.sort();
+        PrimaryFiles {
+            current,
+            manifest_len,
+            wals,
+        }
+    }
+
+    /// True unless the primary only appended to its WAL since `self`.
+    fn flushed_since(&self, now: &PrimaryFiles) -> bool {
+        self.current != now.current
+            || self.manifest_len != now.manifest_len
+            || self.wals.iter().any(|w| !now.wals.contains(w))
+    }
 }
 
 fn base_options() -> Options {
@@ -135,9 +248,8 @@ impl Db {
             }
         };
         let db = Db {
-            db,
+            handle: Handle::Primary(db),
             path: path.to_path_buf(),
-            secondary: false,
         };
         db.check_format(true)?;
         Ok(db)
@@ -153,19 +265,14 @@ impl Db {
             });
         }
         std::fs::create_dir_all(secondary_dir).map_err(|e| Error::io(secondary_dir, e))?;
-        let mut opts = base_options();
-        // Secondaries must keep every table file open: the primary may delete
-        // files after compaction.
-        opts.set_max_open_files(-1);
-        let cfs = ALL_CFS
-            .iter()
-            .map(|n| ColumnFamilyDescriptor::new(*n, base_options()));
-        let db = DB::open_cf_descriptors_as_secondary(&opts, path, secondary_dir, cfs)
-            .map_err(|e| Error::db(format!("opening secondary of {}", path.display()), e))?;
+        let seen = PrimaryFiles::read(path);
         let db = Db {
-            db,
+            handle: Handle::Secondary(Follower {
+                dir: secondary_dir.to_path_buf(),
+                db: RwLock::new(Arc::new(open_secondary_db(path, secondary_dir)?)),
+                seen: Mutex::new(seen),
+            }),
             path: path.to_path_buf(),
-            secondary: true,
         };
         db.check_format(false)?;
         Ok(db)
@@ -203,27 +310,51 @@ impl Db {
     }
 
     pub fn is_secondary(&self) -> bool {
-        self.secondary
+        matches!(self.handle, Handle::Secondary(_))
     }
 
+    /// The primary's handle; writes and batches are the primary's only.
+    fn primary(&self) -> &DB {
+        match &self.handle {
+            Handle::Primary(db) => db,
+            Handle::Secondary(_) => panic!("a write on a read-only secondary store"),
+        }
+    }
+
+    /// Runs `f` on the RocksDB handle (a secondary's current one).
+    fn with<R>(&self, f: impl FnOnce(&DB) -> R) -> R {
+        match &self.handle {
+            Handle::Primary(db) => f(db),
+            Handle::Secondary(s) => {
+                let db = s.db.read().unwrap_or_else(|p| p.into_inner()).clone();
+                f(&db)
+            }
+        }
+    }
+
+    /// A column family of the primary, for write batches.
     pub fn cf(&self, name: &str) -> &ColumnFamily {
-        self.db.cf_handle(name).expect("column family opened")
+        self.primary()
+            .cf_handle(name)
+            .expect("column family opened")
     }
 
     pub fn get(&self, cf: &str, key: &[u8]) -> Result<Option<Vec<u8>>> {
-        self.db
-            .get_cf(self.cf(cf), key)
-            .map_err(|e| Error::db(format!("reading {cf}"), e))
+        self.with(|db| {
+            db.get_cf(handle(db, cf), key)
+                .map_err(|e| Error::db(format!("reading {cf}"), e))
+        })
     }
 
     /// Point lookups in one call.
     pub fn multi_get(&self, cf: &str, keys: &[&[u8]]) -> Result<Vec<Option<Vec<u8>>>> {
-        let h = self.cf(cf);
-        self.db
-            .multi_get_cf(keys.iter().map(|k| (h, *k)))
-            .into_iter()
-            .map(|r| r.map_err(|e| Error::db(format!("reading {cf}"), e)))
-            .collect()
+        self.with(|db| {
+            let h = handle(db, cf);
+            db.multi_get_cf(keys.iter().map(|k| (h, *k)))
+                .into_iter()
+                .map(|r| r.map_err(|e| Error::db(format!("reading {cf}"), e)))
+                .collect()
+        })
     }
 
     /// Commits a batch durably (`sync = true`).
@@ -274,41 +405,53 @@ impl Db {
     fn write_raw(&self, batch: WriteBatch, what: &str) -> Result<()> {
         let mut wo = WriteOptions::default();
         wo.set_sync(true);
-        self.db
+        self.primary()
             .write_opt(batch, &wo)
             .map_err(|e| Error::db(what.to_string(), e))
     }
 
-    /// Secondary only: replays the primary's newest writes.
+    /// Secondary only: makes the primary's newest commits visible. Tails
+    /// the WAL while the primary only appended to it; after a flush, opens a
+    /// fresh secondary (see the module docs).
     pub fn catch_up(&self) -> Result<()> {
-        if self.secondary {
-            self.db
-                .try_catch_up_with_primary()
+        let Handle::Secondary(s) = &self.handle else {
+            return Ok(());
+        };
+        let mut seen = s.seen.lock().unwrap_or_else(|p| p.into_inner());
+        let before = PrimaryFiles::read(&self.path);
+        if !seen.flushed_since(&before) {
+            let db = s.db.read().unwrap_or_else(|p| p.into_inner()).clone();
+            db.try_catch_up_with_primary()
                 .map_err(|e| Error::db("catching up with the primary", e))?;
+            let after = PrimaryFiles::read(&self.path);
+            if !before.flushed_since(&after) {
+                *seen = after;
+                return Ok(());
+            }
         }
+        let files = PrimaryFiles::read(&self.path);
+        let fresh = reopen_secondary(&self.path, &s.dir)?;
+        *s.db.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
+        *seen = files;
         Ok(())
     }
 
     /// Every (key, value) of a column family in key order.
-    pub fn scan(&self, cf: &'static str) -> impl Iterator<Item = Result<KeyValue>> + '_ {
-        self.db
-            .iterator_cf(self.cf(cf), rocksdb::IteratorMode::Start)
-            .map(move |r| r.map_err(|e| Error::db(format!("scanning {cf}"), e)))
+    pub fn scan(&self, cf: &'static str) -> Entries<'_> {
+        self.scan_prefix(cf, b"")
     }
 
-    /// Every (key, value) whose key starts with `prefix`.
-    pub fn scan_prefix<'a>(
-        &'a self,
-        cf: &'a str,
-        prefix: &'a [u8],
-    ) -> impl Iterator<Item = Result<KeyValue>> + 'a {
-        self.db
-            .iterator_cf(
-                self.cf(cf),
-                rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
-            )
-            .map(move |r| r.map_err(|e| Error::db(format!("scanning {cf}"), e)))
-            .take_while(move |r| r.as_ref().map_or(true, |(k, _)| k.starts_with(prefix)))
+    /// Every (key, value) whose key starts with `prefix`. The primary's
+    /// scan is lazy; a secondary's is read whole, since a catch-up may
+    /// replace the instance it would borrow.
+    pub fn scan_prefix<'a>(&'a self, cf: &'a str, prefix: &'a [u8]) -> Entries<'a> {
+        match &self.handle {
+            Handle::Primary(db) => Box::new(entries(db, cf, prefix)),
+            Handle::Secondary(_) => {
+                let all: Vec<_> = self.with(|db| entries(db, cf, prefix).collect());
+                Box::new(all.into_iter())
+            }
+        }
     }
 
     // ---- typed accessors -------------------------------------------------

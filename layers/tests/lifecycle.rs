@@ -469,3 +469,45 @@ fn pack_numbers_are_never_reused() {
     let b = common::commit_bytes(&store, &random(2, 4 * 65536), None);
     assert!(pack_of(&store, &b) > old);
 }
+
+/// A chunk deleted by GC and indexed again by a later writer, with the
+/// primary closed and reopened in between (as poold and the CLI take turns
+/// on the store): a secondary that saw the deletion must see the chunk
+/// again after a catch-up. RocksDB's own catch-up keeps serving the
+/// deletion from the secondary's memtable once the primary has flushed the
+/// newer entry at reopen (facebook/rocksdb#14444, #15051).
+#[test]
+fn secondary_sees_a_chunk_indexed_again_after_primary_reopens() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("store");
+    let data = random(21, 4 * 65536);
+    let open = || Store::open(&root, common::opts(65536)).unwrap();
+    let store = open();
+    let keep = common::commit_bytes(&store, &random(20, 2 * 65536), None);
+    let first = common::commit_bytes(&store, &data, None);
+    let reader = StoreReader::open_secondary(&root, &dir.path().join("sec")).unwrap();
+    let chunk = first_chunk(&reader, &first);
+    assert!(reader.chunk_location(&chunk).unwrap().is_some());
+    // Deleted and collected: the secondary replays the deletion.
+    store.delete_snapshot(&first.id).unwrap();
+    store.gc().unwrap();
+    reader.catch_up().unwrap();
+    assert!(reader.chunk_location(&chunk).unwrap().is_none());
+    drop(store);
+    // Another writer session indexes the same bytes again; the one after it
+    // flushes that at open.
+    let store = open();
+    let again = common::commit_bytes(&store, &data, Some(keep.id));
+    drop(store);
+    let store = open();
+    reader.catch_up().unwrap();
+    assert!(
+        reader.chunk_location(&chunk).unwrap().is_some(),
+        "the secondary still misses a chunk the primary has"
+    );
+    let r = reader.open_file(&again.id, "data.bin").unwrap();
+    let mut got = vec![0u8; data.len()];
+    r.read_exact_at(&mut got, 0).unwrap();
+    assert!(got == data);
+    drop(store);
+}
