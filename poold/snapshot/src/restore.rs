@@ -250,7 +250,9 @@ pub async fn hand_out(
         let default = forkd_vmm::net::default_egress();
         set_egress(vm, policy.unwrap_or(&default)).await?;
     }
-    vm.resume().await?;
+    vm.resume()
+        .await
+        .map_err(|e| e.context(format!("QEMU log:\n{}", vm.dir.qemu_log_tail(10))))?;
     timings.resumed_ms = ms(t0.elapsed());
     let answered = match identity {
         Identity::Bare => give_identity(vm, hostname).await,
