@@ -90,7 +90,11 @@ impl Drop for Home {
         }
         self.teardown_networks();
         let _ = forkd_fs_unmount(&self.dir.join("mnt"));
-        let _ = std::fs::remove_dir_all(&self.dir);
+        // FORKD_TEST_KEEP=1 keeps the data dir (logs, store, audit) for a
+        // post-mortem of a failed run.
+        if std::env::var_os("FORKD_TEST_KEEP").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 

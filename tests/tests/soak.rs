@@ -135,7 +135,7 @@ impl Soak {
                 Ok(()) => self.t.time("exec", t0),
                 Err(e) => self.t.violation(e),
             }
-        } else if roll < 70 && !self.branches.is_empty() && self.rng.gen_bool(0.3) {
+        } else if roll < 70 && !self.branches.is_empty() && self.rng.gen_bool(0.5) {
             let tag = self.branches[self.rng.gen_range(0..self.branches.len())].clone();
             match self.round_trip(&tag) {
                 Ok(()) => self.t.time("hub push, delete, pull, spawn", t0),
@@ -214,7 +214,15 @@ impl Soak {
         self.forkd(&["pull", &hub, tag, "-q"])?;
         let (st, v) = block_on(self.p().post("/v1/sandboxes", json!({"snapshot_tag": tag})));
         if st != 201 {
-            return Err(format!("spawning from the pulled {tag}: {st} {v}"));
+            // What tells a store fault from a view fault: the primary's
+            // verdict and what the mount logged last.
+            let verify = self.forkd(&["store", "verify"]);
+            let log = std::fs::read_to_string(self.home.dir.join("mnt.log")).unwrap_or_default();
+            let tail: Vec<&str> = log.lines().rev().take(10).collect();
+            return Err(format!(
+                "spawning from the pulled {tag}: {st} {v}\nstore verify: {verify:?}\nforkd-fs log, newest first:\n{}",
+                tail.join("\n")
+            ));
         }
         let id = v[0]["id"].as_str().unwrap_or_default().to_string();
         self.exec(&id)?;
