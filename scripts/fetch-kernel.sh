@@ -8,7 +8,10 @@ set -euo pipefail
 . "$REPO_ROOT/scripts/kernel.env"
 
 dest="$FORKD_HOME/kernel/$KERNEL_RELEASE"
-if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$KERNEL_SHA256" ]; then
+# The package and the module list: a new module in guest-modules.txt
+# re-extracts the kernel (then scripts/build-guest.sh repacks the initramfs).
+want="$KERNEL_SHA256 $(sha256sum "$REPO_ROOT/scripts/guest-modules.txt" | cut -d' ' -f1)"
+if [ -f "$dest/.complete" ] && [ "$(cat "$dest/.complete")" = "$want" ]; then
   note "kernel $KERNEL_RELEASE already in $dest"
   exit 0
 fi
@@ -37,7 +40,7 @@ grep -v '^\s*\(#\|$\)' "$REPO_ROOT/scripts/guest-modules.txt" | while read -r m;
   cp "$moddir/$m" "$dest.tmp/modules/"
   basename "$m" >> "$dest.tmp/modules.order"
 done
-echo "$KERNEL_SHA256" > "$dest.tmp/.complete"
+echo "$want" > "$dest.tmp/.complete"
 rm -rf "$dest"
 mv "$dest.tmp" "$dest"
 ln -sfn "$KERNEL_RELEASE" "$FORKD_HOME/kernel/current"

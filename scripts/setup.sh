@@ -11,7 +11,8 @@
 #      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build
 #      tools; Rust >= 1.88: cargo on PATH, in root's or the sudo-invoking
 #      user's ~/.cargo/bin (rustup), else the distribution's packages
-#      (rustc-web/cargo-web on Debian 12)
+#      (rustc-web/cargo-web on Debian 12); virtiofsd for volumes (Debian's
+#      package on Debian 13+, else built with cargo install, pinned)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)
 #   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
 #   4. the guest initramfs (scripts/build-guest.sh)
@@ -94,7 +95,8 @@ install_packages() {
   . /etc/os-release
   local codename=${VERSION_CODENAME:-}
   local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
-              build-essential file iproute2 nftables ca-certificates git)
+              build-essential file iproute2 nftables ca-certificates git
+              libseccomp-dev libcap-ng-dev)
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
   apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
   note "installed: ${base[*]}"
@@ -117,6 +119,25 @@ install_packages() {
     die "QEMU >= 10 is not available from your apt sources (found ${m:-none}); forkd needs Debian 12 with backports, Debian 13+, or Ubuntu 25.10+"
   fi
   note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed"
+}
+
+# virtiofsd serves host folders to guests (docs/volumes.md): Debian's
+# package where the release has one (Debian 13+; bookworm has none), else the
+# same program built with `cargo install`, pinned (1.11+ is needed: snapshots
+# carry its state). Building it needs libseccomp-dev and libcap-ng-dev.
+VIRTIOFSD_VERSION=1.14.0
+install_virtiofsd() {
+  if [ -x /usr/libexec/virtiofsd ] || command -v virtiofsd >/dev/null; then
+    note "virtiofsd already installed (volumes)"
+    return
+  fi
+  if apt-get install -y -q --no-install-recommends virtiofsd >/dev/null 2>&1; then
+    note "installed virtiofsd from apt (volumes)"
+    return
+  fi
+  say "Building virtiofsd $VIRTIOFSD_VERSION with cargo install (no Debian package in this release)"
+  cargo install --quiet --locked virtiofsd --version "$VIRTIOFSD_VERSION" --root /usr/local
+  note "installed /usr/local/bin/virtiofsd"
 }
 
 build_workspace() {
@@ -148,6 +169,7 @@ build_images() {
 say "forkd setup (data dir: $FORKD_HOME)"
 step packages install_packages
 step rust ensure_cargo --install
+step virtiofsd install_virtiofsd
 # Root's and closed to other users, as poold sets it at start (docs/security.md).
 mkdir -p "$FORKD_HOME" && chmod 700 "$FORKD_HOME"
 step kernel "$REPO_ROOT/scripts/fetch-kernel.sh"

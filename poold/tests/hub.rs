@@ -868,6 +868,7 @@ async fn forged_vm_config_is_refused() {
             image: "minimal".into(),
             image_built_at_unix: 0,
             host_cpu: None,
+            volumes: Vec::new(),
         })
         .unwrap()
     };

@@ -70,6 +70,7 @@ pub async fn boot(image_name: &str, mem_mib: u64) -> Vm {
             memory: Memory::Anonymous,
             hostname: "forkd-test".into(),
             lifetime: Lifetime::Ephemeral,
+            volumes: Vec::new(),
         },
     )
     .await
@@ -145,6 +146,7 @@ pub async fn create_snapshot(
             replace_tag: false,
             lifetime: Lifetime::Ephemeral,
             verbose: false,
+            volumes: Vec::new(),
         },
     )
     .await

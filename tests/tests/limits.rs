@@ -285,6 +285,7 @@ fn a_qemu_that_fails_to_start_leaves_no_zombie() {
         disk: DiskBase::Image(img.rootfs()),
         lifetime: Lifetime::Ephemeral,
         nic: None,
+        volumes: Vec::new(),
     };
     let err = block_on(Vm::start(dir.clone(), spec, async |_: &mut Vm| Ok(())))
         .err()

@@ -148,6 +148,24 @@ pub struct SpawnBody {
     #[serde(default)]
     #[schema(value_type = Vec<PortSchema>)]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
+    /// Rebind the snapshot's volumes (docs/volumes.md): each entry names
+    /// one of its guest paths and the host folder (and mode) these
+    /// children get there instead.
+    #[serde(default)]
+    pub volumes: Vec<VolumeSpec>,
+}
+
+/// A host folder mounted into a guest (forkd's `snapshot.json` shape).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VolumeSpec {
+    /// Host directory; must lie inside poold's `volume_roots`.
+    pub host_path: String,
+    /// Where the guest sees it (absolute).
+    pub guest_path: String,
+    /// The guest may only read it.
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 fn one() -> usize {
@@ -193,6 +211,10 @@ pub struct CreateSnapshotBody {
     /// Python run in the warm interpreter before the snapshot.
     #[serde(default)]
     pub eval_warmup: Option<String>,
+    /// Host folders the parent mounts; its children get them unless their
+    /// spawn rebinds them (docs/volumes.md).
+    #[serde(default)]
+    pub volumes: Vec<VolumeSpec>,
 }
 
 /// `POST /v1/sandboxes/:id/exec`: forkd's `args` + `timeout_secs`, and ours.

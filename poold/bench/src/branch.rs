@@ -212,6 +212,7 @@ pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
             replace_tag: false,
             lifetime: Lifetime::Ephemeral,
             verbose: false,
+            volumes: Vec::new(),
         },
     )
     .await?;

@@ -60,6 +60,7 @@ pub async fn run(paths: &Paths, b: ForkBench) -> Result<()> {
             replace_tag: false,
             lifetime: Lifetime::Ephemeral,
             verbose: false,
+            volumes: Vec::new(),
         },
     )
     .await?;
@@ -199,6 +200,7 @@ pub async fn cold_samples(
                 memory: Memory::Anonymous,
                 hostname: "forkd".into(),
                 lifetime: Lifetime::Ephemeral,
+                volumes: Vec::new(),
             },
         )
         .await?;

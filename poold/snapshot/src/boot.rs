@@ -26,6 +26,8 @@ pub struct BootSpec {
     pub hostname: String,
     /// Whether the VM dies with this process or outlives it.
     pub lifetime: Lifetime,
+    /// Host folders, one per `machine.volumes` device, mounted at boot.
+    pub volumes: Vec<forkd_vmm::Volume>,
 }
 
 /// Boots `spec` and returns once its agent answers.
@@ -48,12 +50,13 @@ pub async fn cold_boot(paths: &Paths, spec: BootSpec) -> Result<Vm> {
                 spec.machine.accel,
                 &spec.hostname,
                 spec.machine.net,
-                "",
+                &forkd_vmm::volume::cmdline_words(&spec.volumes),
             ),
         },
         disk: DiskBase::Image(spec.rootfs),
         lifetime: spec.lifetime,
         nic: None,
+        volumes: spec.volumes,
     };
     Vm::start(
         VmDir::new(paths.vm_dir(&spec.id)),

@@ -78,6 +78,8 @@ pub struct Captured {
     pub capture_ms: u64,
     /// The mode it was captured in.
     pub mode: Mode,
+    /// The child's host folders, which the branch records as its own.
+    volumes: Vec<forkd_vmm::Volume>,
 }
 
 /// A committed branch.
@@ -106,7 +108,8 @@ pub async fn capture(
     let t0 = Instant::now();
     let src = Source::new(mount, parent)?;
     let staging = Staging::create(&paths.staging_dir(), "branch")?;
-    let collector = start_collector(paths, &src, &staging).await?;
+    let volumes = vm.record.volumes.clone();
+    let collector = start_collector(paths, &src, &staging, &volumes).await?;
     let result = migrate(vm, &collector.dir.migrate_sock(), mode).await;
     let result = match result {
         Ok((pause_ms, frozen_disk)) => {
@@ -132,6 +135,7 @@ pub async fn capture(
         pause_ms,
         capture_ms: ms(t0.elapsed()),
         mode,
+        volumes,
     })
 }
 
@@ -149,6 +153,11 @@ pub async fn commit(
     lineage.insert("capture_ms".into(), json!(captured.capture_ms));
     let base_rootfs = parent.files.get(ROOTFS).map(|f| f.manifest);
     let base_memory = parent.files.get(MEMORY).map(|f| f.manifest);
+    // A branch's volumes are its child's (which a spawn may have rebound).
+    let mut config = parent.config.clone();
+    if !captured.volumes.is_empty() {
+        config["volumes"] = serde_json::to_value(&captured.volumes)?;
+    }
     let (record, new_stored_bytes) = ingest(
         paths,
         &captured.frozen_disk,
@@ -159,7 +168,7 @@ pub async fn commit(
             parent: Some(parent.id),
             base_rootfs,
             base_memory,
-            config: parent.config.clone(),
+            config,
             lineage,
         },
         false,
@@ -262,7 +271,12 @@ pub async fn bound_disk_chain(vm: &Vm, rootfs: &Path) -> Result<usize> {
 /// Starts the collector: the child's machine and devices, RAM in a new
 /// shared file, waiting for the migration on its `migrate.sock` (in its own
 /// socket directory), paused (-S) after it.
-async fn start_collector(paths: &Paths, src: &Source, staging: &Staging) -> Result<Vm> {
+async fn start_collector(
+    paths: &Paths,
+    src: &Source,
+    staging: &Staging,
+    volumes: &[forkd_vmm::Volume],
+) -> Result<Vm> {
     let id = format!("collect-{}", crate::util::random_hex(6));
     let dir = VmDir::new(paths.vm_dir(&id));
     let sock = dir.migrate_sock();
@@ -278,6 +292,9 @@ async fn start_collector(paths: &Paths, src: &Source, staging: &Staging) -> Resu
         },
         lifetime: Lifetime::Ephemeral,
         nic: None,
+        // The child's own folders: virtiofsd's state (the guest's open
+        // files, by path) migrates into the collector's virtiofsd.
+        volumes: volumes.to_vec(),
     };
     Vm::start(dir, spec, async |vm: &mut Vm| {
         vm.set_ignore_shared(false).await?;

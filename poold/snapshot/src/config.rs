@@ -43,6 +43,11 @@ pub struct VmConfig {
     /// the QEMU version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_cpu: Option<String>,
+    /// The host folders behind the machine's volume devices, in device
+    /// order, with the guest paths the parent mounted them at: what a
+    /// child gets unless its spawn rebinds them (docs/volumes.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<forkd_vmm::Volume>,
 }
 
 impl VmConfig {
@@ -230,6 +235,7 @@ mod tests {
             image: "minimal".into(),
             image_built_at_unix: 0,
             host_cpu: None,
+            volumes: Vec::new(),
         }
     }
 

@@ -82,6 +82,9 @@ pub struct CreateSpec {
     pub lifetime: Lifetime,
     /// Show progress on stderr.
     pub verbose: bool,
+    /// Host folders the parent mounts (docs/volumes.md): checked, with
+    /// canonical host paths; recorded, and what children get by default.
+    pub volumes: Vec<forkd_vmm::Volume>,
 }
 
 /// Whether a snapshot of `image` gets a NIC: as asked (`--net`/`--no-net`),
@@ -166,8 +169,12 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
         }
     };
     let staging = Staging::create(&paths.staging_dir(), "snap")?;
+    forkd_vmm::volume::check_list(&spec.volumes)
+        .map_err(|e| SnapshotError::BadSpec(format!("{e:#}")))?;
     let mut machine = Machine::new(spec.accel, spec.mem_mib, spec.vcpus);
     machine.net = spec.net;
+    machine.volumes = spec.volumes.len() as u32;
+    let extra = forkd_vmm::volume::cmdline_words(&spec.volumes);
     let id = format!("snap-{}", crate::util::random_hex(6));
     let hostname = "forkd".to_string();
     say(&format!(
@@ -187,6 +194,7 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
             memory: Memory::Shared(staging.join(MEMORY)),
             hostname: hostname.clone(),
             lifetime: spec.lifetime,
+            volumes: spec.volumes.clone(),
         },
     )
     .await?;
@@ -217,13 +225,14 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
                 qemu_version: qemu,
                 machine_signature: machine.signature(),
                 machine_type: MACHINE_TYPE.into(),
-                cmdline: kernel_cmdline(machine.accel, &hostname, machine.net, ""),
+                cmdline: kernel_cmdline(machine.accel, &hostname, machine.net, &extra),
                 machine,
                 kernel_blake3: file_blake3(kernel.as_deref().unwrap_or(&paths.vmlinuz()))?,
                 initrd_blake3: file_blake3(&paths.initramfs())?,
                 image: image_name.clone(),
                 image_built_at_unix: built_at,
                 host_cpu,
+                volumes: spec.volumes.clone(),
             };
             let mut lineage = BTreeMap::new();
             lineage.insert("source".into(), json!(format!("image:{image_name}")));

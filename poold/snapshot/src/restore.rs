@@ -11,7 +11,7 @@ use super::SnapshotError;
 use crate::paths::Paths;
 use anyhow::{anyhow, Result};
 use forkd_layers::{SnapshotId, SnapshotRecord};
-use forkd_vmm::{Boot, DiskBase, Lifetime, Memory, Nic, StartSpec, Vm, VmDir};
+use forkd_vmm::{Boot, DiskBase, Lifetime, Memory, Nic, StartSpec, Vm, VmDir, Volume};
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -142,7 +142,8 @@ pub struct ChildTimings {
 }
 
 /// Starts QEMU for one child of `src` and loads its state; the child is
-/// left paused. On failure nothing of it is left behind.
+/// left paused. On failure nothing of it is left behind. A child of a
+/// snapshot with volumes gets the snapshot's host folders.
 pub async fn restore_paused(
     paths: &Paths,
     src: &Source,
@@ -150,7 +151,102 @@ pub async fn restore_paused(
     lifetime: Lifetime,
     timings: &mut ChildTimings,
 ) -> Result<Vm> {
+    restore_paused_with(paths, src, id, lifetime, &src.config.volumes, timings).await
+}
+
+/// The volumes of a child of a snapshot recorded with `recorded`: each
+/// entry of `rebind` gives one of the snapshot's guest paths another host
+/// folder (or another mode); the rest keep the snapshot's. A child cannot
+/// gain a volume: its devices are its snapshot's.
+pub fn child_volumes(recorded: &[Volume], rebind: &[Volume]) -> Result<Vec<Volume>> {
+    let mut out = recorded.to_vec();
+    for r in rebind {
+        let Some(slot) = out.iter_mut().find(|v| v.guest_path == r.guest_path) else {
+            let have: Vec<&str> = recorded.iter().map(|v| v.guest_path.as_str()).collect();
+            return Err(SnapshotError::BadSpec(if have.is_empty() {
+                format!(
+                    "volume {:?}: this snapshot has no volumes, and a child can only rebind its snapshot's; take the snapshot with --volume",
+                    r.guest_path
+                )
+            } else {
+                format!(
+                    "volume {:?}: a child can only rebind its snapshot's guest paths ({}); take the snapshot with a volume there",
+                    r.guest_path,
+                    have.join(", ")
+                )
+            })
+            .into());
+        };
+        *slot = r.clone();
+    }
+    Ok(out)
+}
+
+/// Where a child with volumes gets its shared RAM: a directory of its own
+/// on tmpfs (`$FORKD_RAM_DIR`, default `/dev/shm/forkd-ram`), removed as
+/// soon as QEMU has mapped the file.
+pub fn shared_ram_dir(id: &str) -> PathBuf {
+    let base = std::env::var_os("FORKD_RAM_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/dev/shm/forkd-ram"));
+    base.join(id)
+}
+
+/// Removes a child's shared RAM directory when dropped (QEMU keeps its
+/// mapping; the memory is freed when QEMU exits).
+pub struct RamDir(pub Option<PathBuf>);
+
+impl Drop for RamDir {
+    fn drop(&mut self) {
+        if let Some(d) = self.0.take() {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// [`restore_paused`] with the child's own volumes (see [`child_volumes`]).
+/// vhost-user cannot serve a private copy-on-write mapping, so a child
+/// with volumes gets a shared copy of the snapshot's RAM on tmpfs (zero
+/// pages skipped): its restore costs that copy (docs/volumes.md).
+pub async fn restore_paused_with(
+    paths: &Paths,
+    src: &Source,
+    id: &str,
+    lifetime: Lifetime,
+    volumes: &[Volume],
+    timings: &mut ChildTimings,
+) -> Result<Vm> {
     let t0 = Instant::now();
+    if volumes.len() != src.config.machine.volumes as usize {
+        return Err(SnapshotError::BadSpec(format!(
+            "snapshot has {} volume devices, {} volumes given",
+            src.config.machine.volumes,
+            volumes.len()
+        ))
+        .into());
+    }
+    let mut ram_dir = RamDir(None);
+    let mut vmstate = src.vmstate();
+    let memory = if volumes.is_empty() {
+        Memory::Private(src.memory())
+    } else {
+        let dir = shared_ram_dir(id);
+        forkd_vmm::private::create_dir_all(&dir)?;
+        ram_dir.0 = Some(dir.clone());
+        let (from, to) = (src.memory(), dir.join(MEMORY));
+        let size = src.config.machine.mem_mib << 20;
+        let dst = to.clone();
+        tokio::task::spawn_blocking(move || forkd_vmm::volume::copy_ram(&from, &dst, size))
+            .await??;
+        // The jailed QEMU sees this directory, not the snapshot's: the
+        // (small) device state goes beside the RAM, readable by the jail's
+        // group through the directory it is given (0710).
+        let state = dir.join(VMSTATE);
+        std::fs::copy(src.vmstate(), &state)?;
+        forkd_vmm::set_owner(&state, 0, forkd_vmm::JailConfig::get()?.gid, 0o640)?;
+        vmstate = state;
+        Memory::Shared(to)
+    };
     // A networked snapshot's child gets its own namespace; Vm::start owns
     // it from here (torn down if the start fails, else with the VM).
     let nic = if src.config.machine.net {
@@ -165,7 +261,7 @@ pub async fn restore_paused(
     let spec = StartSpec {
         id: id.to_string(),
         machine: src.config.machine.clone(),
-        memory: Memory::Private(src.memory()),
+        memory,
         boot: Boot::Incoming,
         disk: DiskBase::Snapshot {
             path: src.rootfs(),
@@ -173,16 +269,19 @@ pub async fn restore_paused(
         },
         lifetime,
         nic,
+        volumes: volumes.to_vec(),
     };
-    Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
+    let vm = Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
         timings.process_ms = ms(t0.elapsed());
-        vm.load_state(&src.vmstate())
+        vm.load_state(&vmstate)
             .await
             .map_err(|e| e.context(format!("QEMU log:\n{}", vm.dir.qemu_log_tail(10))))?;
         timings.restored_ms = ms(t0.elapsed());
         Ok(())
     })
-    .await
+    .await;
+    drop(ram_dir);
+    vm
 }
 
 /// Writes `policy` into a networked child's namespace unless it is the

@@ -39,6 +39,9 @@ pub struct RunArgs {
     /// Print boot and run timings to stderr.
     #[arg(long, short)]
     pub verbose: bool,
+    /// Mount a host folder: HOST:GUEST[:ro|rw] (repeatable; docs/volumes.md).
+    #[arg(long = "volume", value_name = "HOST:GUEST[:ro|rw]")]
+    pub volumes: Vec<String>,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub cmd: Vec<String>,
@@ -53,9 +56,22 @@ pub async fn run(paths: &Paths, a: RunArgs) -> Result<i32> {
     forkd_vmm::check_qemu()?;
     forkd_vmm::sweep(&paths.vms_dir()).await;
     let image = Image::load(&paths.images_dir(), &a.image)?;
-    let machine = Machine::new(a.accel.resolve()?, a.mem, a.vcpus);
+    let mut machine = Machine::new(a.accel.resolve()?, a.mem, a.vcpus);
+    let volumes = local_volumes(&a.volumes)?;
+    machine.volumes = volumes.len() as u32;
     let t0 = Instant::now();
     let id = format!("run-{}", forkd_snapshot::random_hex(6));
+    // vhost-user needs RAM virtiofsd can map: a shared file on tmpfs,
+    // removed once QEMU has it mapped.
+    let mut ram_dir = forkd_snapshot::restore::RamDir(None);
+    let memory = if volumes.is_empty() {
+        Memory::Anonymous
+    } else {
+        let dir = forkd_snapshot::restore::shared_ram_dir(&id);
+        forkd_vmm::private::create_dir_all(&dir)?;
+        ram_dir.0 = Some(dir.clone());
+        Memory::Shared(dir.join("memory.bin"))
+    };
     let vm = cold_boot(
         paths,
         BootSpec {
@@ -63,12 +79,15 @@ pub async fn run(paths: &Paths, a: RunArgs) -> Result<i32> {
             rootfs: image.rootfs(),
             kernel: None,
             machine,
-            memory: Memory::Anonymous,
+            memory,
             hostname: "forkd".into(),
             lifetime: Lifetime::Ephemeral,
+            volumes,
         },
     )
-    .await?;
+    .await;
+    drop(ram_dir);
+    let vm = vm?;
     let booted = t0.elapsed();
     let spec = ExecSpec {
         argv: Some(a.cmd.clone()),
@@ -151,4 +170,20 @@ fn parse_env(items: &[String]) -> Result<BTreeMap<String, String>> {
             _ => bail!("bad --env {kv:?}: expected KEY=VALUE"),
         })
         .collect()
+}
+
+/// `--volume HOST:GUEST[:ro|rw]` values for a VM this CLI starts itself
+/// (as root, so no `volume_roots`): parsed, host paths resolved and
+/// required to be directories, the list checked.
+pub fn local_volumes(args: &[String]) -> Result<Vec<forkd_vmm::Volume>> {
+    let vols = args
+        .iter()
+        .map(|s| {
+            let mut v = forkd_vmm::Volume::parse(s)?;
+            v.host_path = std::path::absolute(&v.host_path)?;
+            v.canonical()
+        })
+        .collect::<Result<Vec<_>>>()?;
+    forkd_vmm::volume::check_list(&vols)?;
+    Ok(vols)
 }

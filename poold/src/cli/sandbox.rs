@@ -46,6 +46,10 @@ pub struct SpawnArgs {
     /// HOST_ADDR:HOST_PORT:GUEST_PORT (repeatable; default address 127.0.0.1).
     #[arg(long = "publish", short = 'p', value_name = "PORTS")]
     pub publish: Vec<String>,
+    /// Give these children another host folder at one of the snapshot's
+    /// volume guest paths: HOST:GUEST[:ro|rw] (repeatable; docs/volumes.md).
+    #[arg(long = "volume", short = 'v', value_name = "HOST:GUEST[:ro|rw]")]
+    pub volumes: Vec<String>,
     /// Print the JSON answer.
     #[arg(long)]
     pub json: bool,
@@ -101,6 +105,9 @@ pub enum PoolCmd {
 pub async fn spawn(a: SpawnArgs) -> Result<i32> {
     let c = Client::from_env()?;
     let mut body = json!({"snapshot_tag": a.tag, "n": a.n});
+    if !a.volumes.is_empty() {
+        body["volumes"] = json!(volume_specs(&a.volumes)?);
+    }
     if let Some(m) = a.memory_limit_mib {
         body["memory_limit_mib"] = json!(m);
     }
@@ -323,4 +330,20 @@ fn path_part(s: &str) -> Result<&str> {
         bail!("{s:?} is not a valid id or tag (1-64 of A-Z a-z 0-9 _ -)");
     }
     Ok(s)
+}
+
+/// `--volume HOST:GUEST[:ro|rw]` values as the API's volumes; a relative
+/// host path is taken from the current directory.
+pub fn volume_specs(args: &[String]) -> Result<Vec<forkd_api::VolumeSpec>> {
+    args.iter()
+        .map(|s| {
+            let v = forkd_vmm::Volume::parse(s)?;
+            let host = std::path::absolute(&v.host_path)?;
+            Ok(forkd_api::VolumeSpec {
+                host_path: host.to_string_lossy().into_owned(),
+                guest_path: v.guest_path,
+                read_only: v.read_only,
+            })
+        })
+        .collect()
 }

@@ -92,6 +92,10 @@ pub struct CreateArgs {
     /// No progress output.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Mount a host folder in the parent: HOST:GUEST[:ro|rw] (repeatable).
+    /// Children get it too, unless their spawn rebinds it (docs/volumes.md).
+    #[arg(long = "volume", value_name = "HOST:GUEST[:ro|rw]")]
+    pub volumes: Vec<String>,
 }
 
 pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
@@ -154,6 +158,7 @@ async fn create_cmd(paths: &Paths, a: CreateArgs) -> Result<i32> {
         replace_tag: a.force,
         lifetime: Lifetime::Ephemeral,
         verbose: !a.quiet,
+        volumes: super::run::local_volumes(&a.volumes)?,
     };
     let tag = spec.tag.clone();
     let c = tokio::select! {

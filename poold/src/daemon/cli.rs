@@ -52,6 +52,10 @@ pub struct Args {
     /// Extra directory POST /v1/snapshots may read kernel/rootfs from (repeatable).
     #[arg(long = "allow-path")]
     pub allowed_paths: Vec<PathBuf>,
+    /// A directory whose subfolders sandboxes may mount (repeatable;
+    /// docs/volumes.md).
+    #[arg(long = "volume-root", value_name = "DIR")]
+    pub volume_roots: Vec<PathBuf>,
     /// A host name clients reach poold by, besides localhost and IP
     /// addresses (repeatable; DNS-rebinding protection refuses others).
     #[arg(long = "allow-host", value_name = "NAME")]
@@ -126,6 +130,7 @@ impl Args {
             c.e2b.api_key_file = Some(v.clone());
         }
         c.allowed_paths.extend(self.allowed_paths.iter().cloned());
+        c.volume_roots.extend(self.volume_roots.iter().cloned());
         c.allowed_hosts.extend(self.allowed_hosts.iter().cloned());
         for p in &self.pools {
             let (tag, spec) = parse_pool(p)?;

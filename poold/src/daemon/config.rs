@@ -13,6 +13,7 @@
 //! spawn_parallel = 4
 //! default_ttl_secs = 0             # 0: sandboxes live until deleted
 //! allowed_paths = ["/srv/images"]  # where POST /v1/snapshots may read kernel/rootfs
+//! volume_roots = ["/srv/forkd-volumes"] # host folders sandboxes may mount (docs/volumes.md)
 //! allowed_hosts = ["poold.internal"] # Host names answered besides localhost and IPs
 //! default_cpus = 1.0               # CPU quota of a sandbox that asks for none (unset: unlimited)
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
@@ -66,6 +67,9 @@ pub struct Config {
     /// Extra directories `POST /v1/snapshots` may read `kernel`/`rootfs`
     /// from (besides the data dir).
     pub allowed_paths: Vec<PathBuf>,
+    /// Directories whose subfolders snapshots and sandboxes may mount as
+    /// volumes (docs/volumes.md); none: no volumes.
+    pub volume_roots: Vec<PathBuf>,
     /// Host names (`Host` header) poold answers to besides `localhost` and
     /// IP addresses (DNS-rebinding protection, `daemon::hosts`).
     pub allowed_hosts: Vec<String>,
@@ -125,6 +129,7 @@ impl Default for Config {
             spawn_parallel: 4,
             default_ttl_secs: 0,
             allowed_paths: Vec::new(),
+            volume_roots: Vec::new(),
             allowed_hosts: Vec::new(),
             branch_concurrency: 4,
             snapshot_concurrency: 2,
@@ -226,6 +231,14 @@ impl Config {
         for p in &self.allowed_paths {
             if !p.is_absolute() {
                 bail!("allowed_paths entry {} must be absolute", p.display());
+            }
+        }
+        for p in &self.volume_roots {
+            if !p.is_absolute() || p == Path::new("/") {
+                bail!(
+                    "volume_roots entry {} must be an absolute directory other than /",
+                    p.display()
+                );
             }
         }
         Ok(())

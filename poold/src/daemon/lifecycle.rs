@@ -7,7 +7,7 @@ use super::pool::{PooledVm, RefillTicket};
 use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
-use forkd_snapshot::restore::{hand_out, restore_paused, ChildTimings, Identity, Source};
+use forkd_snapshot::restore::{hand_out, restore_paused_with, ChildTimings, Identity, Source};
 use forkd_snapshot::unix_now;
 use forkd_vmm::{Hierarchy, Limits};
 use forkd_vmm::{Lifetime, Vm, VmDir};
@@ -41,6 +41,8 @@ pub struct SpawnRequest {
     pub network: Option<forkd_net::EgressPolicy>,
     /// Guest ports to publish on the host.
     pub ports: Vec<forkd_net::proxy::PortSpec>,
+    /// Host folders rebinding the snapshot's volumes (docs/volumes.md).
+    pub volumes: Vec<forkd_api::VolumeSpec>,
 }
 
 impl SpawnRequest {
@@ -150,7 +152,9 @@ pub async fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
 pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
+    let rebind = super::volumes::accept(&d.cfg.volume_roots, &req.volumes)?;
     let src = source(d, &req.tag).await?;
+    let volumes = child_volumes(d, &src, &rebind)?;
     let egress = req.egress(src.config.machine.net)?;
     if let Some(p) = &egress {
         // Names that do not resolve are the caller's error, before any VM.
@@ -161,7 +165,12 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     let _reserved = d.reserve(req.n)?;
     d.check_headroom("spawn")?;
     let sid = src.id.to_string();
-    let (hits, stale) = d.pools.take(&req.tag, &sid, req.n);
+    // Pooled children have the snapshot's folders: a rebind restores anew.
+    let (hits, stale) = if rebind.is_empty() {
+        d.pools.take(&req.tag, &sid, req.n)
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let n_hits = hits.len();
     d.metrics
         .pool_hits
@@ -180,7 +189,16 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
     // resumed); one that has run is destroyed (`adopt_all`). One durable
     // write per spawn instead of two: each costs an fsync.
     let hit_ids: Vec<String> = hits.iter().map(|h| h.record.vm_id.clone()).collect();
-    let result = spawn_hits_and_misses(d, &req, &src, hits, egress.as_ref(), &limits, t0).await;
+    let result = spawn_hits_and_misses(
+        d,
+        &req,
+        (&src, &volumes),
+        hits,
+        egress.as_ref(),
+        &limits,
+        t0,
+    )
+    .await;
     let (out, made) = match result {
         Ok(x) => x,
         Err(e) => {
@@ -235,15 +253,17 @@ async fn forget_pooled(d: &Arc<Daemon>, ids: Vec<String>) {
 /// Hands out the pool `hits` and restores the rest of `req.n` on demand;
 /// on success, the new sandboxes (not yet recorded or listed), else
 /// nothing is left of any of them.
+/// `child`: the snapshot and the folders its restored children get.
 async fn spawn_hits_and_misses(
     d: &Arc<Daemon>,
     req: &SpawnRequest,
-    src: &Source,
+    child: (&Source, &[forkd_vmm::Volume]),
     hits: Vec<PooledVm>,
     egress: Option<&forkd_net::EgressPolicy>,
     limits: &Limits,
     t0: Instant,
 ) -> ApiResult<(Vec<SandboxRecord>, Vec<Arc<Sandbox>>)> {
+    let (src, volumes) = child;
     let n_hits = hits.len();
     let sid = src.id.to_string();
     let limits = *limits;
@@ -275,7 +295,7 @@ async fn spawn_hits_and_misses(
                         "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
                     );
                     discard(d, vm, &limits).await;
-                    restore_one(d, &src, egress, t0, &limits)
+                    restore_one(d, &src, volumes, egress, t0, &limits)
                         .await
                         .map(|(vm, t)| (vm, t, false))
                 }
@@ -289,7 +309,7 @@ async fn spawn_hits_and_misses(
         .map(|_| {
             let src = src2.clone();
             async move {
-                restore_one(d, &src, egress, t0, &limits)
+                restore_one(d, &src, volumes, egress, t0, &limits)
                     .await
                     .map(|(vm, t)| (vm, t, false))
             }
@@ -370,17 +390,33 @@ async fn publish_ports(sb: &Sandbox, ports: &[forkd_net::proxy::PortSpec]) -> an
     Ok(())
 }
 
+/// The folders a spawn's children get: the snapshot's, with `rebind`
+/// applied, each (recorded ones too) confined to `volume_roots` again.
+fn child_volumes(
+    d: &Daemon,
+    src: &Source,
+    rebind: &[forkd_vmm::Volume],
+) -> ApiResult<Vec<forkd_vmm::Volume>> {
+    let vols = forkd_snapshot::restore::child_volumes(&src.config.volumes, rebind)
+        .map_err(ApiError::from_anyhow)?;
+    vols.iter()
+        .map(|v| super::volumes::confine(&d.cfg.volume_roots, v))
+        .collect()
+}
+
 /// Restores one child of `src` on demand, confines it and hands it out.
 async fn restore_one(
     d: &Arc<Daemon>,
     src: &Source,
+    volumes: &[forkd_vmm::Volume],
     egress: Option<&forkd_net::EgressPolicy>,
     t0: Instant,
     limits: &Limits,
 ) -> anyhow::Result<(Vm, ChildTimings)> {
     let id = new_id();
     let mut t = ChildTimings::default();
-    let mut vm = restore_paused(&d.paths, src, &id, Lifetime::Detached, &mut t).await?;
+    let mut vm =
+        restore_paused_with(&d.paths, src, &id, Lifetime::Detached, volumes, &mut t).await?;
     let handed = async {
         confine(d, &vm, limits)?;
         hand_out(&mut vm, &id, Identity::Bare, egress, t0, &mut t).await
@@ -582,9 +618,18 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     let src = source(d, &t.tag)
         .await
         .map_err(|e| anyhow::anyhow!(e.message))?;
+    let volumes = child_volumes(d, &src, &[]).map_err(|e| anyhow::anyhow!(e.message))?;
     let id = new_id();
     let mut timings = ChildTimings::default();
-    let mut vm = restore_paused(&d.paths, &src, &id, Lifetime::Detached, &mut timings).await?;
+    let mut vm = restore_paused_with(
+        &d.paths,
+        &src,
+        &id,
+        Lifetime::Detached,
+        &volumes,
+        &mut timings,
+    )
+    .await?;
     if t.warm {
         if let Err(e) = warm_once(&vm, &id).await {
             vm.destroy().await;

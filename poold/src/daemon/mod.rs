@@ -28,6 +28,7 @@ pub mod server;
 pub mod state;
 pub mod tls;
 pub mod transfers;
+pub mod volumes;
 
 use anyhow::{Context, Result};
 use config::Config;

@@ -24,6 +24,7 @@ pub mod private;
 mod process;
 mod qemu;
 mod qmp;
+pub mod volume;
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
@@ -38,9 +39,10 @@ pub use jail::{backing_chain, own as set_owner, JailConfig};
 pub use process::ProcId;
 pub use qemu::{
     check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_binary, qemu_version,
-    Boot, Device, Launch, Machine, Memory, Nic, MACHINE_TYPE,
+    volume_tag, Boot, Device, Launch, Machine, Memory, Nic, MACHINE_TYPE,
 };
 pub use qmp::{MigrationStatus, Qmp, RunState};
+pub use volume::Volume;
 
 /// Who is responsible for a VM's lifetime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,6 +75,14 @@ pub struct VmRecord {
     /// torn down with the VM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<forkd_net::ChildNet>,
+    /// The virtiofsd of each volume ([`volume`]); each exits with its
+    /// QEMU's connection, and is killed with the VM besides.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volume_daemons: Vec<ProcId>,
+    /// The host folders behind its volume devices (a branch's collector
+    /// serves the same ones).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<Volume>,
 }
 
 /// Files of one VM directory.
@@ -115,6 +125,14 @@ impl VmDir {
     /// The VM's private qcow2 disk overlay.
     pub fn disk(&self) -> PathBuf {
         self.path.join("disk.qcow2")
+    }
+    /// The vhost-user socket of volume `i`.
+    pub fn volume_socket(&self, i: usize) -> PathBuf {
+        self.sock_dir().join(format!("vol{i}.sock"))
+    }
+    /// The log of volume `i`'s virtiofsd.
+    pub fn volume_log(&self, i: usize) -> PathBuf {
+        self.path.join(format!("virtiofsd-{i}.log"))
     }
     /// The persistent record, `vm.json`.
     pub fn record(&self) -> PathBuf {
@@ -220,6 +238,8 @@ pub struct StartSpec {
     /// The guest NIC's namespace (and child network, which the VM then
     /// owns); None for a machine without a NIC or a parent's isolated one.
     pub nic: Option<qemu::Nic>,
+    /// The host folder behind each of `machine.volumes` devices, in order.
+    pub volumes: Vec<Volume>,
 }
 
 /// Removes a VM directory, and tears down the child network it was given,
@@ -294,8 +314,19 @@ impl Vm {
             agent_socket: dir.agent(),
             console_log: dir.console(),
             nic: spec.nic,
+            volume_sockets: (0..spec.volumes.len())
+                .map(|i| dir.volume_socket(i))
+                .collect(),
         };
-        let mut vm = Vm::spawn(&spec.id, dir.clone(), &launch, spec.lifetime).await?;
+        if spec.volumes.len() != launch.machine.volumes as usize {
+            bail!(
+                "the machine has {} volume devices but {} volumes were given",
+                launch.machine.volumes,
+                spec.volumes.len()
+            );
+        }
+        let mut vm =
+            Vm::spawn_with(&spec.id, dir.clone(), &launch, spec.lifetime, &spec.volumes).await?;
         guard.net = None;
         if let Err(e) = init(&mut vm).await {
             vm.destroy().await;
@@ -309,6 +340,18 @@ impl Vm {
     /// overlay) and connects QMP and the agent socket. The guest may still be
     /// booting (or paused, for an incoming restore) when this returns.
     pub async fn spawn(id: &str, dir: VmDir, launch: &Launch, lifetime: Lifetime) -> Result<Vm> {
+        Self::spawn_with(id, dir, launch, lifetime, &[]).await
+    }
+
+    /// [`Vm::spawn`] with the host folders behind `launch`'s volume
+    /// devices: a virtiofsd is started for each before QEMU.
+    pub async fn spawn_with(
+        id: &str,
+        dir: VmDir,
+        launch: &Launch,
+        lifetime: Lifetime,
+        volumes: &[Volume],
+    ) -> Result<Vm> {
         let jail_cfg = jail::JailConfig::get()?;
         let binary = jail::resolve_binary(&qemu::qemu_binary())?;
         crate::private::create_dir_all(&dir.sock_dir())?;
@@ -334,6 +377,21 @@ impl Vm {
             None
         };
         let ephemeral = lifetime == Lifetime::Ephemeral;
+        let mut backends = match start_backends(&dir, launch, volumes, &claim, ephemeral) {
+            Ok(b) => b,
+            Err(e) => {
+                if let Some(c) = &claim {
+                    c.release();
+                }
+                return Err(e);
+            }
+        };
+        let kill_backends = |backends: &mut Vec<volume::Backend>| {
+            for b in backends.iter_mut() {
+                let _ = b.child.kill();
+                let _ = b.child.wait();
+            }
+        };
         // SAFETY: setsid, prctl, close_range and fcntl are
         // async-signal-safe. This hook runs last, after the tap was put at
         // TAP_FD: QEMU keeps stdio and its tap and no other fd of poold's
@@ -353,6 +411,7 @@ impl Vm {
         let mut child = match process::spawn(cmd).await {
             Ok(c) => c,
             Err(e) => {
+                kill_backends(&mut backends);
                 if let Some(c) = &claim {
                     c.release();
                 }
@@ -374,6 +433,14 @@ impl Vm {
             created_at_unix: crate::unix_now(),
             jail_uid: claim.as_ref().map(|c| c.uid),
             net: launch.nic.as_ref().and_then(|n| n.child.clone()),
+            volume_daemons: backends
+                .iter()
+                .map(|b| {
+                    let pid = b.child.id();
+                    ProcId::of(pid).unwrap_or(ProcId { pid, start_time: 0 })
+                })
+                .collect(),
+            volumes: volumes.to_vec(),
         };
         let connect = async {
             dir.write_record(&record)?;
@@ -391,12 +458,29 @@ impl Vm {
                 // Killed and reaped (no zombie), its uid free again.
                 child.start_kill();
                 let _ = child.wait().await;
+                kill_backends(&mut backends);
                 if let Some(c) = &claim {
                     c.release();
                 }
-                return Err(e.context(format!("QEMU log:\n{}", tail(&dir.qemu_log(), 20))));
+                let vlog = (0..volumes.len())
+                    .map(|i| tail(&dir.volume_log(i), 5))
+                    .collect::<Vec<_>>()
+                    .join("\n");
+                return Err(e.context(format!(
+                    "QEMU log:\n{}{}",
+                    tail(&dir.qemu_log(), 20),
+                    if vlog.trim().is_empty() {
+                        String::new()
+                    } else {
+                        format!("\nvirtiofsd log:\n{vlog}")
+                    }
+                )));
             }
         };
+        for mut b in backends {
+            // Reaped when it exits (with QEMU's connection): no zombie.
+            std::thread::spawn(move || b.child.wait());
+        }
         Ok(Vm {
             id: id.to_string(),
             dir,
@@ -468,6 +552,9 @@ impl Vm {
     /// Stops QEMU at once (SIGKILL) and removes the VM directory.
     pub async fn destroy(mut self) {
         self.kill_now().await;
+        for d in &self.record.volume_daemons {
+            kill_proc(d).await;
+        }
         if let Some(n) = self.record.net.take() {
             net::teardown(n).await;
         }
@@ -603,6 +690,44 @@ fn jail_spec(
     })
 }
 
+/// Makes each volume's listening socket (owned by the VM's uid when
+/// jailed) and starts its virtiofsd on it.
+fn start_backends(
+    dir: &VmDir,
+    launch: &Launch,
+    volumes: &[Volume],
+    claim: &Option<jail::UidClaim>,
+    ephemeral: bool,
+) -> Result<Vec<volume::Backend>> {
+    let owner = match claim {
+        Some(c) => Some((c.uid, jail::JailConfig::get()?.gid)),
+        None => None,
+    };
+    let mut started: Vec<volume::Backend> = Vec::new();
+    let r = (|| {
+        for (i, v) in volumes.iter().enumerate() {
+            let sock = &launch.volume_sockets[i];
+            let l = volume::listen(sock, owner)?;
+            started.push(volume::start_backend(
+                v,
+                l,
+                &dir.volume_log(i),
+                &dir.path,
+                ephemeral,
+            )?);
+        }
+        Ok(())
+    })();
+    if let Err(e) = r {
+        for b in started.iter_mut() {
+            let _ = b.child.kill();
+            let _ = b.child.wait();
+        }
+        return Err(e);
+    }
+    Ok(started)
+}
+
 /// Puts the QEMU of `launch` in a network namespace between fork and exec:
 /// the child's namespace (holding the tap it gets as [`qemu::TAP_FD`]) for a
 /// networked child, an isolated one holding only a tap for any other VM
@@ -701,6 +826,9 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
         let gone = match (dir.read_record(), maker(&dir, &name)) {
             (Ok(r), _) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
                 kill_proc(&r.qemu).await;
+                for d in &r.volume_daemons {
+                    kill_proc(d).await;
+                }
                 if let Some(n) = r.net {
                     net::teardown(n).await;
                 }
@@ -740,7 +868,12 @@ async fn kill_qemus_naming(dir: &Path) {
             continue;
         };
         let cmd = String::from_utf8_lossy(&cmd);
-        if cmd.starts_with("qemu-system") && cmd.contains(&needle) {
+        let backend_of_dir = cmd.starts_with("virtiofsd")
+            && std::fs::read(e.path().join("environ")).is_ok_and(|env| {
+                env.split(|b| *b == 0)
+                    .any(|kv| kv == format!("FORKD_VM_DIR={}", dir.display()).as_bytes())
+            });
+        if (cmd.starts_with("qemu-system") && cmd.contains(&needle)) || backend_of_dir {
             if let Some(p) = ProcId::of(pid) {
                 tracing::warn!(
                     "killing QEMU pid {pid} of {}: it was never recorded",

@@ -68,6 +68,19 @@ pub struct Machine {
     /// Whether the guest has a virtio-net device.
     #[serde(default)]
     pub net: bool,
+    /// Number of virtio-fs devices (host folders, [`crate::volume`]),
+    /// tagged [`volume_tag`]`(0..volumes)`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub volumes: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// The virtio-fs tag of volume device `i`: what the guest mounts.
+pub fn volume_tag(i: u32) -> String {
+    format!("forkd-vol{i}")
 }
 
 impl Machine {
@@ -83,6 +96,7 @@ impl Machine {
             mem_mib,
             vcpus,
             net: false,
+            volumes: 0,
         }
     }
 
@@ -107,6 +121,7 @@ impl Machine {
         if self.net {
             d.push(Device::Net);
         }
+        d.extend((0..self.volumes).map(Device::Volume));
         d
     }
 }
@@ -125,6 +140,9 @@ pub enum Device {
     Rng,
     /// virtio-net on a tap device.
     Net,
+    /// A host folder: vhost-user-fs served by a virtiofsd over a unix
+    /// socket ([`crate::volume`]). Needs shared guest RAM.
+    Volume(u32),
 }
 
 impl Device {
@@ -139,6 +157,7 @@ impl Device {
             ),
             Device::Rng => "virtio-rng-device".into(),
             Device::Net => "virtio-net-device".into(),
+            Device::Volume(i) => format!("vhost-user-fs-device({})", volume_tag(i)),
         }
     }
 
@@ -190,6 +209,21 @@ impl Device {
                 "-device",
                 &format!("virtio-net-device,netdev=net0,mac={}", forkd_net::GUEST_MAC),
             ]),
+            // The socket is poold's listening socket, handed to virtiofsd;
+            // QEMU connects at start-up and the backend accepts it.
+            Device::Volume(i) => {
+                let sock = l
+                    .volume_sockets
+                    .get(i as usize)
+                    .map(|p| path_opt(p))
+                    .unwrap_or_default();
+                v(&[
+                    "-chardev",
+                    &format!("socket,id=vol{i},path={sock}"),
+                    "-device",
+                    &format!("vhost-user-fs-device,chardev=vol{i},tag={}", volume_tag(i)),
+                ])
+            }
         }
     }
 }
@@ -266,6 +300,9 @@ pub struct Launch {
     pub console_log: PathBuf,
     /// A tap-backed virtio-net NIC; None for no network device.
     pub nic: Option<Nic>,
+    /// The vhost-user socket of each volume device, in device order (as
+    /// many as `machine.volumes`).
+    pub volume_sockets: Vec<PathBuf>,
 }
 
 impl Launch {
@@ -419,6 +456,7 @@ mod tests {
             agent_socket: "/a".into(),
             console_log: "/c".into(),
             nic: None,
+            volume_sockets: Vec::new(),
         };
         let args: Vec<String> = l
             .args()
@@ -427,6 +465,42 @@ mod tests {
             .collect();
         assert!(args.iter().any(|a| a.contains("mem-path=/m,,x")));
         assert!(args.contains(&"defer".to_string()));
+    }
+
+    /// Each volume is a vhost-user-fs device on its socket, named in the
+    /// signature; a machine without volumes has neither.
+    #[test]
+    fn volumes_are_devices_in_args_and_signature() {
+        let mut machine = Machine::new(Accel::Tcg, 256, 1);
+        assert!(!machine.signature().contains("vhost-user-fs"));
+        machine.volumes = 2;
+        let l = Launch {
+            name: "t".into(),
+            machine: machine.clone(),
+            memory: Memory::Shared("/m".into()),
+            boot: Boot::Incoming,
+            disk: "/d".into(),
+            qmp_socket: "/q".into(),
+            agent_socket: "/a".into(),
+            console_log: "/c".into(),
+            nic: None,
+            volume_sockets: vec!["/s/vol0.sock".into(), "/s/vol1.sock".into()],
+        };
+        let args: Vec<String> = l
+            .args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect();
+        assert!(args.contains(&"socket,id=vol1,path=/s/vol1.sock".to_string()));
+        assert!(args.contains(&"vhost-user-fs-device,chardev=vol0,tag=forkd-vol0".to_string()));
+        let sig = machine.signature();
+        assert!(sig.ends_with("vhost-user-fs-device(forkd-vol0);vhost-user-fs-device(forkd-vol1)"));
+        // Old records (no `volumes` field) read as none.
+        let old: Machine = serde_json::from_str(
+            r#"{"accel":"tcg","cpu":"max","mem_mib":256,"vcpus":1,"net":false}"#,
+        )
+        .unwrap();
+        assert_eq!(old.volumes, 0);
     }
 
     /// The signature and the command line come from one device list: every
@@ -450,6 +524,7 @@ mod tests {
                     netns: "forkd-t".into(),
                     child: None,
                 }),
+                volume_sockets: Vec::new(),
             };
             let args: Vec<String> = l
                 .args()

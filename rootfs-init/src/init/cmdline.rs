@@ -15,6 +15,40 @@ pub struct BootParams {
     pub ip: Option<String>,
     /// Default gateway for eth0 (`forkd.gw=10.42.0.1`).
     pub gateway: Option<String>,
+    /// virtio-fs host folders to mount (`forkd.vol=TAG:/guest/path:ro|rw`,
+    /// repeated).
+    pub volumes: Vec<VolumeParam>,
+}
+
+/// One `forkd.vol=` word.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VolumeParam {
+    /// The virtio-fs tag.
+    pub tag: String,
+    /// Absolute guest path to mount it at.
+    pub path: String,
+    /// Mount read-only.
+    pub read_only: bool,
+}
+
+impl VolumeParam {
+    fn parse(v: &str) -> Option<VolumeParam> {
+        let mut it = v.splitn(3, ':');
+        let (tag, path, mode) = (it.next()?, it.next()?, it.next()?);
+        if tag.is_empty() || !path.starts_with('/') || path.split('/').any(|c| c == "..") {
+            return None;
+        }
+        let read_only = match mode {
+            "ro" => true,
+            "rw" => false,
+            _ => return None,
+        };
+        Some(VolumeParam {
+            tag: tag.into(),
+            path: path.into(),
+            read_only,
+        })
+    }
 }
 
 impl Default for BootParams {
@@ -26,6 +60,7 @@ impl Default for BootParams {
             hostname: "forkd".into(),
             ip: None,
             gateway: None,
+            volumes: Vec::new(),
         }
     }
 }
@@ -43,6 +78,10 @@ impl BootParams {
                 "forkd.hostname" => p.hostname = v.into(),
                 "forkd.ip" => p.ip = Some(v.into()),
                 "forkd.gw" => p.gateway = Some(v.into()),
+                "forkd.vol" => match VolumeParam::parse(v) {
+                    Some(vol) => p.volumes.push(vol),
+                    None => eprintln!("forkd-init: ignoring malformed forkd.vol={v}"),
+                },
                 _ => {}
             }
         }
@@ -64,5 +103,28 @@ mod tests {
         assert_eq!(p.hostname, "h1");
         assert_eq!(p.ip.as_deref(), Some("10.0.0.2/24"));
         assert_eq!(p.rootfstype, "ext4");
+        assert!(p.volumes.is_empty());
+    }
+
+    #[test]
+    fn parses_volumes() {
+        let p = BootParams::parse(
+            "forkd.vol=forkd-vol0:/data:ro forkd.vol=forkd-vol1:/out:rw forkd.vol=x:/a/../b:rw forkd.vol=y:/c:rx",
+        );
+        assert_eq!(
+            p.volumes,
+            vec![
+                VolumeParam {
+                    tag: "forkd-vol0".into(),
+                    path: "/data".into(),
+                    read_only: true
+                },
+                VolumeParam {
+                    tag: "forkd-vol1".into(),
+                    path: "/out".into(),
+                    read_only: false
+                },
+            ]
+        );
     }
 }

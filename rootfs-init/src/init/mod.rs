@@ -54,6 +54,7 @@ fn boot() -> Result<BootParams> {
     install_agent()?;
     mounts::switch_root()?;
     mounts::mount_late()?;
+    mounts::mount_volumes(&params.volumes);
     nix::unistd::sethostname(&params.hostname).context("sethostname")?;
     net::link_up("lo").context("loopback")?;
     if let Some(ip) = &params.ip {

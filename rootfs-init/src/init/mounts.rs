@@ -73,6 +73,35 @@ pub fn switch_root() -> Result<()> {
     Ok(())
 }
 
+/// Mounts each virtio-fs host folder at its guest path (nosuid, nodev;
+/// read-only when asked). A volume that fails to mount is reported on the
+/// console and skipped: the guest still boots, and the host side
+/// (virtiofsd) enforces read-only whatever the guest does.
+pub fn mount_volumes(vols: &[super::cmdline::VolumeParam]) {
+    for v in vols {
+        let mut flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+        if v.read_only {
+            flags |= MsFlags::MS_RDONLY;
+        }
+        let r = fs::create_dir_all(&v.path)
+            .context("creating the mount point")
+            .and_then(|()| {
+                mount(
+                    Some(v.tag.as_str()),
+                    v.path.as_str(),
+                    Some("virtiofs"),
+                    flags,
+                    None::<&str>,
+                )
+                .context("mount -t virtiofs")
+            });
+        match r {
+            Ok(()) => eprintln!("forkd-init: volume {} mounted at {}", v.tag, v.path),
+            Err(e) => eprintln!("forkd-init: volume {} at {}: {e:#}", v.tag, v.path),
+        }
+    }
+}
+
 /// The mounts every guest has after the switch.
 pub fn mount_late() -> Result<()> {
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV;

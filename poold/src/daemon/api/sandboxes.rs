@@ -53,6 +53,7 @@ pub async fn spawn(
         net: b.net,
         network: b.network,
         ports: b.ports,
+        volumes: b.volumes,
     };
     let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((

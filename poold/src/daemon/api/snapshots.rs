@@ -229,6 +229,7 @@ async fn create_work(
             ))
         }
     };
+    let volumes = super::super::volumes::accept(&d.cfg.volume_roots, &b.volumes)?;
     if tag_exists(&d, &b.tag).await? {
         return Err(ApiError::bad_request(format!(
             "snapshot {:?} already exists; DELETE first",
@@ -256,6 +257,7 @@ async fn create_work(
         replace_tag: false,
         lifetime: Lifetime::Ephemeral,
         verbose: false,
+        volumes,
     };
     // An image not built or a spec no VM can be is a 400 (typed errors,
     // mapped in `daemon::error`); anything else a 500.
