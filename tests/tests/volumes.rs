@@ -29,7 +29,7 @@ async fn spawn(p: &Poold, tag: &str, volumes: Value) -> String {
     let (st, v) = p
         .post(
             "/v1/sandboxes",
-            json!({"snapshot_tag": tag, "n": 1, "volumes": volumes}),
+            json!({"snapshot_tag": tag, "n": 1, "volumes": volumes, "pids_max": 512}),
         )
         .await;
     assert_eq!(st, 201, "spawn of {tag} with {volumes}: {v}");
@@ -40,9 +40,10 @@ fn vol(host: &Path, guest: &str, ro: bool) -> Value {
     json!({"host_path": host, "guest_path": guest, "read_only": ro})
 }
 
-/// virtiofsd processes serving VMs of this data dir.
-fn backends_of(home: &Path) -> usize {
-    let needle = format!("FORKD_VM_DIR={}/", home.display());
+/// virtiofsd processes (each with its sandboxed child) whose VM directory
+/// starts with `prefix`.
+fn backends_under(prefix: &str) -> Vec<u32> {
+    let needle = format!("FORKD_VM_DIR={prefix}");
     std::fs::read_dir("/proc")
         .unwrap()
         .flatten()
@@ -52,7 +53,18 @@ fn backends_of(home: &Path) -> usize {
                     .any(|kv| kv.starts_with(needle.as_bytes()))
             })
         })
-        .count()
+        .filter_map(|e| e.file_name().to_str()?.parse().ok())
+        .collect()
+}
+
+/// virtiofsd processes serving VMs of this data dir.
+fn backends_of(home: &Path) -> usize {
+    backends_under(&format!("{}/", home.display())).len()
+}
+
+/// A process's cgroup membership, as /proc shows it.
+fn cgroup_of(pid: u64) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }
 
 #[test]
@@ -152,6 +164,17 @@ fn folders_read_only_read_write_and_per_child() {
         // Each sees only its own folder (not the parent's, not its sibling's).
         assert_eq!(sh(&p, &ca, "ls /out").await.1, "a.txt\n");
         assert_eq!(sh(&p, &cb, "ls /out").await.1, "b.txt\n");
+
+        // A child's virtiofsd (one per folder, each with its sandboxed
+        // child) is in the child's cgroup with its QEMU.
+        let (_, info) = p.get(&format!("/v1/sandboxes/{ca}")).await;
+        let qemu_cg = cgroup_of(info["pid"].as_u64().expect("pid"));
+        assert!(qemu_cg.contains(&format!("forkd/{ca}")), "{qemu_cg}");
+        let served = backends_under(&format!("{}/run/vms/{ca}", home.dir.display()));
+        assert_eq!(served.len(), 4, "two folders, two processes each");
+        for pid in served {
+            assert_eq!(cgroup_of(pid.into()), qemu_cg, "virtiofsd {pid}");
+        }
 
         // poold killed -9 and restarted: the children and their virtiofsd
         // are adopted again and still serve; none was started or lost.

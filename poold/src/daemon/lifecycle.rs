@@ -434,7 +434,7 @@ async fn restore_one(
 /// guest instruction runs outside its limits.
 fn confine(d: &Daemon, vm: &Vm, l: &Limits) -> anyhow::Result<()> {
     match (&d.cgroups, l.is_empty()) {
-        (Some(h), false) => h.limit(&vm.id, vm.pid(), l),
+        (Some(h), false) => h.limit(&vm.id, &vm.pids(), l),
         _ => Ok(()),
     }
 }

@@ -209,8 +209,8 @@ impl Hierarchy {
     }
 
     /// Creates `forkd/<id>` in each hierarchy a limit needs, sets the
-    /// limits, then moves `pid` in.
-    pub fn limit(&self, id: &str, pid: u32, l: &Limits) -> Result<()> {
+    /// limits, then moves `pids` in (a VM's QEMU and its virtiofsd).
+    pub fn limit(&self, id: &str, pids: &[u32], l: &Limits) -> Result<()> {
         let mut joined: Vec<PathBuf> = Vec::new();
         for c in [Controller::Memory, Controller::Cpu, Controller::Pids] {
             let Some(values) = self.files_for(c, l)? else {
@@ -241,7 +241,9 @@ impl Hierarchy {
             }
         }
         for g in joined {
-            write(&g.join("cgroup.procs"), &pid.to_string())?;
+            for pid in pids {
+                write(&g.join("cgroup.procs"), &pid.to_string())?;
+            }
         }
         Ok(())
     }
@@ -391,7 +393,7 @@ mod tests {
             cpus: Some(1.5),
             pids_max: Some(64),
         };
-        h.limit("sb-x", 4242, &l).unwrap();
+        h.limit("sb-x", &[4242], &l).unwrap();
         let g = t.path().join("forkd/sb-x");
         assert_eq!(
             std::fs::read_to_string(g.join("cpu.max")).unwrap(),

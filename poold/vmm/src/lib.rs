@@ -525,6 +525,24 @@ impl Vm {
         self.record.qemu.pid
     }
 
+    /// Every host process serving this VM: its QEMU, then each volume's
+    /// virtiofsd and the sandboxed child virtiofsd forks for itself (what
+    /// a sandbox's cgroup must hold). Processes already gone are left out.
+    pub fn pids(&self) -> Vec<u32> {
+        let mut v = vec![self.record.qemu.pid];
+        for d in self.record.volume_daemons.iter().filter(|d| d.is_alive()) {
+            v.push(d.pid);
+            let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", d.pid))
+                .unwrap_or_default();
+            v.extend(
+                children
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<u32>().ok()),
+            );
+        }
+        v
+    }
+
     /// Waits until the agent answers, failing early if QEMU dies; errors carry
     /// the console tail.
     pub async fn wait_agent(
