@@ -282,6 +282,8 @@ pub struct Vm {
     /// adoption), so a hand-out with the same policy skips the write.
     pub egress: Option<forkd_net::EgressPolicy>,
     child: Option<process::Spawned>,
+    /// Threads waiting for the virtiofsd processes this process started.
+    reapers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl Vm {
@@ -477,10 +479,15 @@ impl Vm {
                 )));
             }
         };
-        for mut b in backends {
-            // Reaped when it exits (with QEMU's connection): no zombie.
-            std::thread::spawn(move || b.child.wait());
-        }
+        // Each is reaped when it exits (with QEMU's connection): no zombie.
+        let reapers = backends
+            .into_iter()
+            .map(|mut b| {
+                std::thread::spawn(move || {
+                    let _ = b.child.wait();
+                })
+            })
+            .collect();
         Ok(Vm {
             id: id.to_string(),
             dir,
@@ -489,6 +496,7 @@ impl Vm {
             agent,
             egress: None,
             child: Some(child),
+            reapers,
         })
     }
 
@@ -517,6 +525,7 @@ impl Vm {
             agent,
             egress: None,
             child: None,
+            reapers: Vec::new(),
         })
     }
 
@@ -571,8 +580,17 @@ impl Vm {
     pub async fn destroy(mut self) {
         self.kill_now().await;
         for d in &self.record.volume_daemons {
-            kill_proc(d).await;
+            kill_backend(d).await;
         }
+        // Reaped by their threads before this returns (a `forkd run` exits
+        // right after): nothing is left for init to collect.
+        let reapers = std::mem::take(&mut self.reapers);
+        let _ = tokio::task::spawn_blocking(move || {
+            for r in reapers {
+                let _ = r.join();
+            }
+        })
+        .await;
         if let Some(n) = self.record.net.take() {
             net::teardown(n).await;
         }
@@ -825,6 +843,33 @@ pub async fn kill_proc(p: &ProcId) {
     }
 }
 
+/// Kills a volume's virtiofsd: its sandboxed child first, which the
+/// virtiofsd process reaps before it exits itself, then that process
+/// (killing only the parent would leave the child to init).
+async fn kill_backend(p: &ProcId) {
+    if !p.is_alive() {
+        return;
+    }
+    let children =
+        std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", p.pid)).unwrap_or_default();
+    for c in children
+        .split_whitespace()
+        .filter_map(|c| c.parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(c),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+    for _ in 0..50 {
+        if !p.is_alive() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    kill_proc(p).await;
+}
+
 /// A VM directory being made: `.new-PID-START-ID` (see `VmDir::create`).
 const NEW_DIR_PREFIX: &str = ".new-";
 
@@ -845,7 +890,7 @@ pub async fn sweep(vms_dir: &Path) -> Vec<String> {
             (Ok(r), _) if r.lifetime == Lifetime::Ephemeral && !r.owner.is_alive() => {
                 kill_proc(&r.qemu).await;
                 for d in &r.volume_daemons {
-                    kill_proc(d).await;
+                    kill_backend(d).await;
                 }
                 if let Some(n) = r.net {
                     net::teardown(n).await;
