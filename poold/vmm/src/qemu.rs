@@ -435,6 +435,29 @@ pub fn kernel_cmdline(accel: Accel, hostname: &str, net: bool, extra: &str) -> S
 mod tests {
     use super::*;
 
+    /// A launch of `machine` with placeholder paths, no NIC, no volumes.
+    fn launch(machine: Machine, memory: Memory) -> Launch {
+        Launch {
+            name: "t".into(),
+            machine,
+            memory,
+            boot: Boot::Incoming,
+            disk: "/d".into(),
+            qmp_socket: "/q".into(),
+            agent_socket: "/a".into(),
+            console_log: "/c".into(),
+            nic: None,
+            volume_sockets: Vec::new(),
+        }
+    }
+
+    fn args_of(l: &Launch) -> Vec<String> {
+        l.args()
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+    }
+
     #[test]
     fn version_parse() {
         assert_eq!(
@@ -446,23 +469,11 @@ mod tests {
 
     #[test]
     fn parent_and_child_differ_only_in_memory_and_boot() {
-        let l = Launch {
-            name: "t".into(),
-            machine: Machine::new(Accel::Tcg, 256, 1),
-            memory: Memory::Shared("/m,x".into()),
-            boot: Boot::Incoming,
-            disk: "/d".into(),
-            qmp_socket: "/q".into(),
-            agent_socket: "/a".into(),
-            console_log: "/c".into(),
-            nic: None,
-            volume_sockets: Vec::new(),
-        };
-        let args: Vec<String> = l
-            .args()
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect();
+        let l = launch(
+            Machine::new(Accel::Tcg, 256, 1),
+            Memory::Shared("/m,x".into()),
+        );
+        let args = args_of(&l);
         assert!(args.iter().any(|a| a.contains("mem-path=/m,,x")));
         assert!(args.contains(&"defer".to_string()));
     }
@@ -475,22 +486,10 @@ mod tests {
         assert!(!machine.signature().contains("vhost-user-fs"));
         machine.volumes = 2;
         let l = Launch {
-            name: "t".into(),
-            machine: machine.clone(),
-            memory: Memory::Shared("/m".into()),
-            boot: Boot::Incoming,
-            disk: "/d".into(),
-            qmp_socket: "/q".into(),
-            agent_socket: "/a".into(),
-            console_log: "/c".into(),
-            nic: None,
             volume_sockets: vec!["/s/vol0.sock".into(), "/s/vol1.sock".into()],
+            ..launch(machine.clone(), Memory::Shared("/m".into()))
         };
-        let args: Vec<String> = l
-            .args()
-            .into_iter()
-            .map(|s| s.into_string().unwrap())
-            .collect();
+        let args = args_of(&l);
         assert!(args.contains(&"socket,id=vol1,path=/s/vol1.sock".to_string()));
         assert!(args.contains(&"vhost-user-fs-device,chardev=vol0,tag=forkd-vol0".to_string()));
         let sig = machine.signature();
@@ -512,25 +511,13 @@ mod tests {
             let mut machine = Machine::new(Accel::Tcg, 256, 1);
             machine.net = net;
             let l = Launch {
-                name: "t".into(),
-                machine: machine.clone(),
-                memory: Memory::Anonymous,
-                boot: Boot::Incoming,
-                disk: "/d".into(),
-                qmp_socket: "/q".into(),
-                agent_socket: "/a".into(),
-                console_log: "/c".into(),
                 nic: net.then(|| Nic {
                     netns: "forkd-t".into(),
                     child: None,
                 }),
-                volume_sockets: Vec::new(),
+                ..launch(machine.clone(), Memory::Anonymous)
             };
-            let args: Vec<String> = l
-                .args()
-                .into_iter()
-                .map(|s| s.into_string().unwrap())
-                .collect();
+            let args = args_of(&l);
             let created: Vec<&str> = args
                 .windows(2)
                 .filter(|w| w[0] == "-device" || w[0] == "-serial")
