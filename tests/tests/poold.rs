@@ -554,6 +554,29 @@ fn auth_tokens_are_checked_and_audited() {
     assert_eq!(of("ok", 200), 2);
 }
 
+/// The VM names (`-name`) of this home's QEMU processes, with their pids.
+fn vm_names(home: &Home) -> Vec<(u32, String)> {
+    home.qemu_pids()
+        .into_iter()
+        .filter_map(|pid| {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+            let args: Vec<String> = cmd
+                .split(|b| *b == 0)
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect();
+            let i = args.iter().position(|a| a == "-name")?;
+            Some((pid, args.get(i + 1)?.clone()))
+        })
+        .collect()
+}
+
+/// Whether `pid` is a member of VM `name`'s pids group.
+fn in_group(h: &forkd_vmm::Hierarchy, name: &str, pid: u32) -> bool {
+    h.group(forkd_vmm::Controller::Pids, name)
+        .and_then(|g| std::fs::read_to_string(g.join("cgroup.procs")).ok())
+        .is_some_and(|procs| procs.lines().any(|l| l == pid.to_string()))
+}
+
 #[test]
 fn pool_hits_refill_and_misses() {
     let home = Home::new();
@@ -578,8 +601,25 @@ fn pool_hits_refill_and_misses() {
         p.wait_pool("py", 4).await;
         assert_eq!(p.metric("forkd_pool_ready", "tag=\"py\"").await, 4.0);
 
+        // Parked children are in their cgroups already (default limits);
+        // a hand-out gives them the request's values.
+        let parked = vm_names(&home);
+        assert_eq!(parked.len(), 4, "{parked:?}");
+        // (Where the host has a pids controller: poold's default pids_max
+        // puts every child in a group.)
+        let cg = forkd_vmm::Hierarchy::detect()
+            .ok()
+            .filter(|h| h.supports(forkd_vmm::Controller::Pids));
+        if let Some(h) = &cg {
+            for (pid, name) in &parked {
+                assert!(in_group(h, name, *pid), "parked {name} is not in its group");
+            }
+        }
         let (st, four) = p
-            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "n": 4}))
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "py", "n": 4, "pids_max": 256}),
+            )
             .await;
         assert_eq!(st, 201, "{four}");
         assert!(four
@@ -587,6 +627,14 @@ fn pool_hits_refill_and_misses() {
             .unwrap()
             .iter()
             .all(|s| s["pool_hit"] == true));
+        if let Some(h) = &cg {
+            for s in four.as_array().unwrap() {
+                let id = s["id"].as_str().unwrap();
+                assert_eq!(h.read_limits(id).pids_max, Some(256), "{id}");
+                let pid = s["pid"].as_u64().unwrap() as u32;
+                assert!(in_group(h, id, pid), "{id} left its group");
+            }
+        }
         assert_eq!(p.metric("forkd_pool_hits_total", "tag=\"py\"").await, 4.0);
         assert_eq!(p.metric("forkd_pool_misses_total", "tag=\"py\"").await, 0.0);
         p.wait_pool("py", 4).await;
@@ -690,8 +738,16 @@ fn pool_hits_refill_and_misses() {
             assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
         }
         p.wait_pool("py", 4).await;
+        let parked = vm_names(&home);
         assert_eq!(p.delete("/v1/snapshots/py").await.0, 204);
         assert_eq!(p.get("/v1/pools/py").await.1["ready"], 0);
+        // The drained children's groups went with them.
+        if let Some(h) = &cg {
+            for (_, name) in &parked {
+                let g = h.group(forkd_vmm::Controller::Pids, name);
+                assert!(!g.as_ref().is_some_and(|g| g.exists()), "{g:?} left behind");
+            }
+        }
     });
     drop(p);
     std::thread::sleep(Duration::from_millis(500));
