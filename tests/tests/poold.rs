@@ -605,6 +605,15 @@ fn pool_hits_refill_and_misses() {
         // a hand-out gives them the request's values.
         let parked = vm_names(&home);
         assert_eq!(parked.len(), 4, "{parked:?}");
+        // Under TCG, QEMU runs without transparent huge pages (they only
+        // round up what a paused child holds).
+        for (pid, name) in &parked {
+            let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+            if String::from_utf8_lossy(&cmd).contains("\0tcg") {
+                let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+                assert!(st.contains("THP_enabled:\t0"), "{name}: THP still on");
+            }
+        }
         // (Where the host has a pids controller: poold's default pids_max
         // puts every child in a group.)
         let cg = forkd_vmm::Hierarchy::detect()
