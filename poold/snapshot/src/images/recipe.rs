@@ -17,6 +17,18 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "python-numpy",
         include_str!("../../../../rootfs-init/recipes/python-numpy.toml"),
     ),
+    (
+        "nodejs",
+        include_str!("../../../../rootfs-init/recipes/nodejs.toml"),
+    ),
+    (
+        "postgres-fixture",
+        include_str!("../../../../rootfs-init/recipes/postgres-fixture.toml"),
+    ),
+    (
+        "coding-agent",
+        include_str!("../../../../rootfs-init/recipes/coding-agent.toml"),
+    ),
 ];
 
 /// An image recipe (TOML): where the root's files come from, the disk size and the agent's settings.
