@@ -16,10 +16,7 @@ fn build_image(name: &str) {
         .status()
         .unwrap();
     assert!(st.success(), "forkd image build --recipe {name} failed");
-    eprintln!(
-        "image {name}: ready in {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    eprintln!("image {name}: ready in {:.1} s", t.elapsed().as_secs_f64());
 }
 
 /// Creates snapshot `tag` of `image` with `extra` fields and forks two
@@ -32,10 +29,7 @@ async fn warm_pair(p: &Poold, tag: &str, image: &str, extra: Value) -> Vec<Strin
     let t = std::time::Instant::now();
     let (st, v) = p.post("/v1/snapshots", body).await;
     assert_eq!(st, 201, "snapshot of {image}: {v}");
-    eprintln!(
-        "snapshot {tag}: {:.1} s",
-        t.elapsed().as_secs_f64()
-    );
+    eprintln!("snapshot {tag}: {:.1} s", t.elapsed().as_secs_f64());
     let (st, v) = p
         .post("/v1/sandboxes", json!({"snapshot_tag": tag, "n": 2}))
         .await;

@@ -174,7 +174,9 @@ impl Interpreter {
                 crate::unblock_all_signals()
             });
         }
-        let child = cmd.spawn().map_err(|e| format!("spawning {program}: {e}"))?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawning {program}: {e}"))?;
         drop((req_r, rep_w));
         let tx = pipe_sender(req_w)?;
         let mut rx = BufReader::new(pipe_receiver(rep_r)?);

@@ -168,12 +168,18 @@ impl Recipe {
             }
         }
         if self.files.len() > MAX_FILES {
-            bail!("{} files; a recipe carries at most {MAX_FILES}", self.files.len());
+            bail!(
+                "{} files; a recipe carries at most {MAX_FILES}",
+                self.files.len()
+            );
         }
         for (path, text) in &self.files {
             guest_file_path(path)?;
             if text.len() > MAX_FILE_BYTES {
-                bail!("file {path:?} is {} bytes; at most {MAX_FILE_BYTES}", text.len());
+                bail!(
+                    "file {path:?} is {} bytes; at most {MAX_FILE_BYTES}",
+                    text.len()
+                );
             }
         }
         for (k, v) in &self.agent.env {
@@ -212,7 +218,9 @@ pub fn guest_file_path(path: &str) -> Result<PathBuf> {
         .filter(|r| !r.is_empty() && path.len() <= 4096 && !path.contains('\0'))
         .ok_or_else(|| anyhow::anyhow!("file path {path:?} must be absolute (and not /)"))?;
     let p = Path::new(rel);
-    if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..")
+    if rel
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
         || !p.components().all(|c| matches!(c, Component::Normal(_)))
     {
         bail!("file path {path:?} may not contain empty, '.' or '..' components");

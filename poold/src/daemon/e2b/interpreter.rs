@@ -132,7 +132,11 @@ fn lines(r: &EvalResult, count: u64, ts: &str) -> Vec<Value> {
     } else if let Some(text) = &r.result {
         let mut res = json!({"type": "result", "text": text, "is_main_result": true, "extra": {}});
         // A Node-mode image's value has a JSON form: E2B's `Result.json`.
-        if let Some(j) = r.result_json.as_deref().and_then(|j| serde_json::from_str::<Value>(j).ok()) {
+        if let Some(j) = r
+            .result_json
+            .as_deref()
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+        {
             res["json"] = j;
         }
         v.push(res);
