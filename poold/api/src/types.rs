@@ -290,6 +290,10 @@ pub struct EvalReply {
     pub stdout: String,
     /// Ours: what the code printed to standard error.
     pub stderr: String,
+    /// The value as JSON text, from a Node-mode image's warm interpreter
+    /// (forkd's agent sends it; forkd's `/v1` drops it, ours keeps it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_json: Option<String>,
 }
 
 /// One pool's sizing.

@@ -312,9 +312,11 @@ async fn warm_up(
         }
     }
     if let Some(code) = &spec.eval_warmup {
-        if ping.python_version.is_none() {
+        // Python, or JavaScript in a Node-mode image: whatever the image's
+        // warm interpreter speaks.
+        if ping.warm_pid.is_none() {
             bail!(
-                "--eval-warmup needs Python in the image, but image {} has no warm interpreter ({})",
+                "--eval-warmup needs the image's warm interpreter (Python, or Node in a Node-mode image), but image {} has none ({})",
                 spec.image.name(),
                 ping.warm_error.as_deref().unwrap_or("no python3")
             );

@@ -40,6 +40,7 @@ impl Setup {
             root,
             disk: Default::default(),
             agent: Default::default(),
+            files: Default::default(),
         };
         build("hostile", &recipe, &self.dirs(), &|_| {})
     }

@@ -1,9 +1,10 @@
 //! forkd's one-JSON-line TCP protocol on :8888 (forkd v0.5.3 compatibility):
 //! one request line per connection, one reply line, then close.
 
+use super::config::Lang;
 use super::exec;
 use super::server::{Agent, Outbox};
-use crate::protocol::ExecSpec;
+use crate::protocol::{EvalResult, ExecSpec};
 use bytes::Bytes;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -66,7 +67,7 @@ pub async fn handle_line(agent: &Agent, line: &[u8]) -> Value {
                 "pong": true,
                 "numpy_version": p.numpy_version.unwrap_or_else(|| "not-installed".into()),
                 "pid": std::process::id(),
-                "agent_lang": "python",
+                "agent_lang": agent.interp.lang().as_str(),
                 "warmup_ready": p.warm_ready,
             })
         }
@@ -74,6 +75,7 @@ pub async fn handle_line(agent: &Agent, line: &[u8]) -> Value {
         Some("eval") => {
             let code = req.get("code").and_then(Value::as_str).unwrap_or_default();
             match agent.interp.eval(code, Some(Duration::from_secs(30))).await {
+                Ok(r) if agent.interp.lang() == Lang::Node => node_eval_reply(r),
                 Ok(r) => match r.error {
                     None => {
                         json!({"result": r.result.unwrap_or_else(|| "None".into()), "exit_code": 0})
@@ -109,6 +111,19 @@ async fn compat_exec(agent: &Agent, req: &Value) -> Value {
             "exit_code": f.result.status_code(),
         }),
         Err(e) => error_reply(e.to_string()),
+    }
+}
+
+/// forkd's Node-mode eval reply: the value as JSON text (`null` when it
+/// has no JSON form, as forkd's bridge gives for `undefined`), or the error
+/// with its `stack`.
+fn node_eval_reply(r: EvalResult) -> Value {
+    match r.error {
+        None => json!({
+            "result_json": r.result_json.unwrap_or_else(|| "null".into()),
+            "exit_code": 0,
+        }),
+        Some(e) => json!({"error": e, "stack": r.traceback, "exit_code": 1}),
     }
 }
 

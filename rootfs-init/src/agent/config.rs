@@ -20,6 +20,10 @@ pub struct AgentConfig {
     pub warmup_cmd: Option<Vec<String>>,
     /// Python interpreter for eval; `None` disables eval.
     pub python: Option<String>,
+    /// The warm interpreter's language (forkd's `FORKD_AGENT_LANG`).
+    pub lang: Lang,
+    /// Node for eval in Node mode (`FORKD_NODE`, else the usual paths).
+    pub node: Option<String>,
     /// TCP port for forkd's line protocol; 0 disables it.
     pub compat_port: u16,
 }
@@ -64,7 +68,25 @@ impl AgentConfig {
                 .find(|p| Path::new(p).exists())
                 .map(|p| p.to_string()),
         };
+        let node = match get("FORKD_NODE") {
+            Some(p) if p == "none" => None,
+            Some(p) => Some(p),
+            None => ["/usr/bin/node", "/usr/local/bin/node", "/usr/bin/nodejs"]
+                .iter()
+                .find(|p| Path::new(p).exists())
+                .map(|p| p.to_string()),
+        };
+        let lang = match get("FORKD_AGENT_LANG").as_deref() {
+            Some("node") => Lang::Node,
+            Some("python") | None => Lang::Python,
+            Some(other) => {
+                eprintln!("forkd-agent: unknown FORKD_AGENT_LANG {other:?} (python or node); using python");
+                Lang::Python
+            }
+        };
         AgentConfig {
+            lang,
+            node,
             warmup_imports,
             warmup_code: get("FORKD_WARMUP_CODE"),
             warmup_cmd: get("FORKD_WARMUP_CMD").and_then(|c| shlex::split(&c)),
@@ -72,6 +94,37 @@ impl AgentConfig {
             compat_port: get("FORKD_COMPAT_PORT")
                 .and_then(|p| p.parse().ok())
                 .unwrap_or(8888),
+        }
+    }
+}
+
+/// The warm interpreter's language.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Lang {
+    /// A Python process running `evald.py`; the default.
+    #[default]
+    Python,
+    /// A Node process running `evald.js` (forkd's Node mode): eval replies
+    /// carry `result_json`.
+    Node,
+}
+
+impl Lang {
+    /// forkd's `agent_lang` word.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lang::Python => "python",
+            Lang::Node => "node",
+        }
+    }
+}
+
+impl AgentConfig {
+    /// The program of the warm interpreter for the configured language.
+    pub fn interpreter(&self) -> Option<String> {
+        match self.lang {
+            Lang::Python => self.python.clone(),
+            Lang::Node => self.node.clone(),
         }
     }
 }
@@ -119,5 +172,12 @@ mod tests {
         let c = AgentConfig::from_vars(&v);
         assert_eq!(c.warmup_imports, vec!["numpy", "json"]);
         assert!(c.python.is_none());
+        assert_eq!(c.lang, Lang::Python);
+        assert_eq!(c.interpreter(), None);
+        v.insert("FORKD_AGENT_LANG".into(), "node".into());
+        v.insert("FORKD_NODE".into(), "/opt/node".into());
+        let c = AgentConfig::from_vars(&v);
+        assert_eq!(c.lang, Lang::Node);
+        assert_eq!(c.interpreter().as_deref(), Some("/opt/node"));
     }
 }

@@ -1,8 +1,11 @@
-//! The warm interpreter: one persistent Python process per guest that has
-//! already imported the warm-up modules, so a forked child evaluates code
-//! without paying the imports again. Requests are serialised (one
-//! interpreter, one thread of Python).
+//! The warm interpreter: one persistent Python process per guest (or, in
+//! forkd's Node mode, a Node process) that has already imported the warm-up
+//! modules, so a forked child evaluates code without paying the imports
+//! again. Requests are serialised (one interpreter, one thread of it). Both
+//! programs (`evald.py`, `evald.js`) speak the same line protocol on fds 3
+//! and 4: a ready line, then one reply per `eval`/`reseed` request.
 
+use super::config::Lang;
 use crate::protocol::{AgentError, ErrorKind, EvalResult};
 use serde::Deserialize;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,6 +18,7 @@ use tokio::process::{Child, Command};
 use tokio::sync::{watch, Mutex};
 
 const EVALD_PY: &str = include_str!("evald.py");
+const EVALD_JS: &str = include_str!("evald.js");
 /// Default bound on one eval; on expiry the interpreter is restarted.
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -31,6 +35,8 @@ pub struct Status {
     pub python_version: Option<String>,
     /// numpy's version, when numpy imports.
     pub numpy_version: Option<String>,
+    /// Node's version, for a Node interpreter.
+    pub node_version: Option<String>,
 }
 
 struct Proc {
@@ -42,7 +48,9 @@ struct Proc {
 /// Handle to the warm interpreter. Cheap to clone.
 #[derive(Clone)]
 pub struct Interpreter {
-    python: Option<String>,
+    /// The program (python3 or node); `None`: no eval in this image.
+    program: Option<String>,
+    lang: Lang,
     env: Vec<(String, String)>,
     proc_: Arc<Mutex<Option<Proc>>>,
     status: watch::Sender<Status>,
@@ -54,28 +62,45 @@ struct Ready {
     python: Option<String>,
     numpy: Option<String>,
     #[serde(default)]
+    node: Option<String>,
+    #[serde(default)]
     errors: Vec<String>,
 }
 
 impl Interpreter {
-    /// Creates the handle; `start` launches the process.
-    pub fn new(python: Option<String>, imports: &[String], warmup_code: Option<&str>) -> Self {
+    /// Creates the handle for a `lang` interpreter run by `program` (None:
+    /// the image has none, eval answers "not ready"); `start` launches it.
+    /// `warmup_code` is in the interpreter's language.
+    pub fn new(
+        lang: Lang,
+        program: Option<String>,
+        imports: &[String],
+        warmup_code: Option<&str>,
+    ) -> Self {
         let mut env = vec![("FORKD_WARMUP_IMPORTS".to_string(), imports.join(","))];
         if let Some(c) = warmup_code {
             env.push(("FORKD_WARMUP_CODE".into(), c.into()));
         }
+        let missing = match lang {
+            Lang::Python => "no python3 in this image",
+            Lang::Node => "no node in this image",
+        };
         let status = Status {
-            error: python
-                .is_none()
-                .then(|| "no python3 in this image".to_string()),
+            error: program.is_none().then(|| missing.to_string()),
             ..Default::default()
         };
         Interpreter {
-            python,
+            program,
+            lang,
             env,
             proc_: Arc::new(Mutex::new(None)),
             status: watch::channel(status).0,
         }
+    }
+
+    /// The interpreter's language.
+    pub fn lang(&self) -> Lang {
+        self.lang
     }
 
     /// The interpreter's state now, for `ping`.
@@ -94,11 +119,11 @@ impl Interpreter {
             let _ = old.child.start_kill();
             let _ = old.child.wait().await;
         }
-        let Some(python) = self.python.clone() else {
+        let Some(program) = self.program.clone() else {
             return;
         };
         self.status.send_modify(|s| *s = Status::default());
-        match self.spawn(&python).await {
+        match self.spawn(&program).await {
             Ok((p, ready)) => {
                 let err = (!ready.errors.is_empty()).then(|| ready.errors.join("; "));
                 self.status.send_replace(Status {
@@ -107,6 +132,7 @@ impl Interpreter {
                     pid: Some(ready.pid),
                     python_version: ready.python,
                     numpy_version: ready.numpy,
+                    node_version: ready.node,
                 });
                 *slot = Some(p);
             }
@@ -120,13 +146,16 @@ impl Interpreter {
         }
     }
 
-    async fn spawn(&self, python: &str) -> Result<(Proc, Ready), String> {
+    async fn spawn(&self, program: &str) -> Result<(Proc, Ready), String> {
         let (req_r, req_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
         let (rep_r, rep_w) =
             nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(|e| e.to_string())?;
-        let mut cmd = Command::new(python);
-        cmd.arg("-u").arg("-c").arg(EVALD_PY);
+        let mut cmd = Command::new(program);
+        match self.lang {
+            Lang::Python => cmd.arg("-u").arg("-c").arg(EVALD_PY),
+            Lang::Node => cmd.arg("-e").arg(EVALD_JS),
+        };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         cmd.stdin(Stdio::null())
@@ -145,7 +174,9 @@ impl Interpreter {
                 crate::unblock_all_signals()
             });
         }
-        let child = cmd.spawn().map_err(|e| format!("spawning {python}: {e}"))?;
+        let child = cmd
+            .spawn()
+            .map_err(|e| format!("spawning {program}: {e}"))?;
         drop((req_r, rep_w));
         let tx = pipe_sender(req_w)?;
         let mut rx = BufReader::new(pipe_receiver(rep_r)?);
@@ -153,7 +184,7 @@ impl Interpreter {
         let n = rx.read_line(&mut line).await.map_err(|e| e.to_string())?;
         if n == 0 {
             return Err(format!(
-                "{python} exited during warm-up (see the console log)"
+                "{program} exited during warm-up (see the console log)"
             ));
         }
         let ready: Ready =
@@ -179,7 +210,8 @@ impl Interpreter {
         })
     }
 
-    /// Reseeds `random` (and numpy's global RNG) from fresh entropy.
+    /// Reseeds `random` (and numpy's global RNG) from fresh entropy; in
+    /// Node, `Math.random`.
     pub async fn reseed(&self, seed: &[u8]) -> Result<(), AgentError> {
         let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
         self.call(

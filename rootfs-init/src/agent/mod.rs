@@ -29,7 +29,8 @@ pub fn main() -> anyhow::Result<()> {
 async fn run() -> anyhow::Result<()> {
     let cfg = config::AgentConfig::load();
     let interp = eval::Interpreter::new(
-        cfg.python.clone(),
+        cfg.lang,
+        cfg.interpreter(),
         &cfg.warmup_imports,
         cfg.warmup_code.as_deref(),
     );

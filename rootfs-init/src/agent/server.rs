@@ -74,7 +74,7 @@ pub struct Agent {
     pub started: Instant,
     /// Running execs, for `stdin`, `signal` and cleanup.
     pub exec: Arc<ExecRegistry>,
-    /// The warm Python interpreter behind `eval`.
+    /// The warm interpreter (Python, or Node in Node mode) behind `eval`.
     pub interp: Interpreter,
 }
 
@@ -180,6 +180,8 @@ impl Agent {
             warm_pid: st.pid,
             python_version: st.python_version,
             numpy_version: st.numpy_version,
+            agent_lang: Some(self.interp.lang().as_str().to_string()),
+            node_version: st.node_version,
         }
     }
 

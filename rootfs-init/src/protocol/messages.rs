@@ -327,6 +327,13 @@ pub struct PingResult {
     /// numpy version, when the image has numpy.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub numpy_version: Option<String>,
+    /// The warm interpreter's language, forkd's `agent_lang` (`"python"`
+    /// or `"node"`); absent from older agents, which are Python.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_lang: Option<String>,
+    /// Node's version, when the warm interpreter is Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_version: Option<String>,
 }
 
 /// Reply to `exec`: how the process ended and how much output there is.
@@ -367,8 +374,13 @@ impl ExecResult {
 /// Reply to `eval`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct EvalResult {
-    /// `repr()` of the value of the last expression, if the code ended in one.
+    /// `repr()` of the value of the last expression, if the code ended in one
+    /// (Node: `util.inspect()` of the completion value).
     pub result: Option<String>,
+    /// Node only: `JSON.stringify()` of the completion value, when it has a
+    /// JSON form (forkd's Node-mode `result_json`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result_json: Option<String>,
     /// `"<Type>: <message>"` when the code raised.
     pub error: Option<String>,
     /// Python's formatted traceback when the code raised.

@@ -226,6 +226,11 @@ fn fixups(root: &Path, recipe: &Recipe) -> Result<()> {
         write("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n")?;
         write("etc/group", b"root:x:0:\n")?;
     }
+    for (path, text) in &recipe.files {
+        let rel = super::recipe::guest_file_path(path)?;
+        write_file(root, &rel, text.as_bytes(), 0o644)
+            .with_context(|| format!("writing the recipe's file {path}"))?;
+    }
     if std::fs::symlink_metadata(root.join("etc/machine-id")).is_ok() {
         std::fs::remove_file(root.join("etc/machine-id"))?;
     }

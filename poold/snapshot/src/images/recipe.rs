@@ -17,6 +17,18 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "python-numpy",
         include_str!("../../../../rootfs-init/recipes/python-numpy.toml"),
     ),
+    (
+        "nodejs",
+        include_str!("../../../../rootfs-init/recipes/nodejs.toml"),
+    ),
+    (
+        "postgres-fixture",
+        include_str!("../../../../rootfs-init/recipes/postgres-fixture.toml"),
+    ),
+    (
+        "coding-agent",
+        include_str!("../../../../rootfs-init/recipes/coding-agent.toml"),
+    ),
 ];
 
 /// An image recipe (TOML): where the root's files come from, the disk size and the agent's settings.
@@ -34,7 +46,16 @@ pub struct Recipe {
     /// Settings for forkd-agent in the image.
     #[serde(default)]
     pub agent: AgentSpec,
+    /// Small files written into the image after its packages: absolute
+    /// guest path → contents (a helper module, a fixture, a config file).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
 }
+
+/// At most this many `files` per recipe, each at most [`MAX_FILE_BYTES`].
+pub const MAX_FILES: usize = 64;
+/// Largest `files` entry: recipes carry helpers, not data sets.
+pub const MAX_FILE_BYTES: usize = 1 << 20;
 
 /// Where the root filesystem's files come from.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -146,6 +167,21 @@ impl Recipe {
                 bail!("bad warm-up module name {m:?}");
             }
         }
+        if self.files.len() > MAX_FILES {
+            bail!(
+                "{} files; a recipe carries at most {MAX_FILES}",
+                self.files.len()
+            );
+        }
+        for (path, text) in &self.files {
+            guest_file_path(path)?;
+            if text.len() > MAX_FILE_BYTES {
+                bail!(
+                    "file {path:?} is {} bytes; at most {MAX_FILE_BYTES}",
+                    text.len()
+                );
+            }
+        }
         for (k, v) in &self.agent.env {
             if k.is_empty()
                 || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -171,6 +207,25 @@ impl Recipe {
         }
         s
     }
+}
+
+/// A `files` key as a path relative to the image's root: it must be
+/// absolute, with only plain components (no `.`, `..` or empty ones).
+pub fn guest_file_path(path: &str) -> Result<PathBuf> {
+    use std::path::Component;
+    let rel = path
+        .strip_prefix('/')
+        .filter(|r| !r.is_empty() && path.len() <= 4096 && !path.contains('\0'))
+        .ok_or_else(|| anyhow::anyhow!("file path {path:?} must be absolute (and not /)"))?;
+    let p = Path::new(rel);
+    if rel
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+        || !p.components().all(|c| matches!(c, Component::Normal(_)))
+    {
+        bail!("file path {path:?} may not contain empty, '.' or '..' components");
+    }
+    Ok(p.to_path_buf())
 }
 
 fn shell_quote(v: &str) -> String {
@@ -240,5 +295,10 @@ mod tests {
         assert!(Recipe::parse("[root]\nkind='nope'", "t").is_err());
         assert!(find("../etc", Path::new("/x")).is_err());
         assert!(find("nosuch", Path::new("/x")).is_err());
+        let file = |p: &str| format!("[root]\nkind='busybox'\n[files]\n{p:?} = 'x'\n");
+        assert!(Recipe::parse(&file("/etc/x.conf"), "t").is_ok());
+        for bad in ["etc/x", "/", "/etc/../x", "/etc//x", "/./x", "/etc/x/"] {
+            assert!(Recipe::parse(&file(bad), "t").is_err(), "{bad}");
+        }
     }
 }

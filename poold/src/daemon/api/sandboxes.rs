@@ -123,7 +123,8 @@ pub async fn ping(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Value>>
         "pong": true,
         "numpy_version": p.numpy_version.clone().unwrap_or_else(|| "not-installed".into()),
         "pid": 1,
-        "agent_lang": "python",
+        // Agents before Node mode are Python.
+        "agent_lang": p.agent_lang.as_deref().unwrap_or("python"),
         "warmup_ready": p.warm_ready,
     });
     if let (Some(o), Some(e)) = (v.as_object_mut(), extra.as_object()) {
@@ -304,6 +305,7 @@ pub async fn eval(
     Ok(Json(EvalReply {
         exit_code: if r.error.is_some() { 1 } else { 0 },
         result: r.result,
+        result_json: r.result_json,
         error: r.error,
         traceback: r.traceback,
         stdout: r.stdout,

@@ -130,7 +130,16 @@ fn lines(r: &EvalResult, count: u64, ts: &str) -> Vec<Value> {
             "traceback": r.traceback.clone().unwrap_or_default(),
         }));
     } else if let Some(text) = &r.result {
-        v.push(json!({"type": "result", "text": text, "is_main_result": true, "extra": {}}));
+        let mut res = json!({"type": "result", "text": text, "is_main_result": true, "extra": {}});
+        // A Node-mode image's value has a JSON form: E2B's `Result.json`.
+        if let Some(j) = r
+            .result_json
+            .as_deref()
+            .and_then(|j| serde_json::from_str::<Value>(j).ok())
+        {
+            res["json"] = j;
+        }
+        v.push(res);
     }
     v.push(json!({"type": "number_of_executions", "execution_count": count}));
     v.push(json!({"type": "end_of_execution"}));
@@ -158,6 +167,13 @@ mod tests {
         assert_eq!(l[1]["is_main_result"], true);
         assert_eq!(l[2]["execution_count"], 3);
         assert_eq!(l[3]["type"], "end_of_execution");
+        assert!(l[1].get("json").is_none());
+        let r = EvalResult {
+            result: Some("{ a: 1 }".into()),
+            result_json: Some(r#"{"a":1}"#.into()),
+            ..Default::default()
+        };
+        assert_eq!(lines(&r, 1, "t")[0]["json"], json!({"a": 1}));
     }
 
     #[test]
