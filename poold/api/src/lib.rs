@@ -10,6 +10,8 @@
 
 mod client;
 mod types;
+mod workspaces;
 
 pub use client::{Client, JsonLines, Method, StatusCode, DEFAULT_URL, MAX_LINE_BYTES};
 pub use types::*;
+pub use workspaces::*;

@@ -9,8 +9,10 @@ pub mod image;
 pub mod mcp;
 pub mod run;
 pub mod sandbox;
+pub mod shell;
 pub mod snapshot;
 pub mod store;
+pub mod workspace;
 
 use clap::{Parser, Subcommand};
 use forkd_snapshot::Paths;
@@ -73,6 +75,8 @@ pub enum Command {
     },
     /// Run a command in a sandbox; exits with its status.
     Exec(sandbox::ExecArgs),
+    /// An interactive terminal in a sandbox (a login shell, or CMD).
+    Shell(shell::ShellArgs),
     /// Evaluate Python in a sandbox's warm interpreter.
     Eval { id: String, code: String },
     /// Snapshot a running sandbox (live: a pause of milliseconds).
@@ -82,6 +86,9 @@ pub enum Command {
     Pool(sandbox::PoolCmd),
     /// Serve poold's sandboxes as MCP tools (stdio, or streamable HTTP with --http).
     Mcp(mcp::McpArgs),
+    /// Named sandboxes that suspend to a snapshot and resume (docs/workspaces.md).
+    #[command(subcommand)]
+    Workspace(workspace::WorkspaceCmd),
     /// Benchmarks (they print numbers; see docs/BENCHMARKS.md).
     #[command(subcommand)]
     Bench(bench::BenchCmd),
@@ -123,10 +130,12 @@ pub fn main() -> ExitCode {
             Command::Ls { json } => sandbox::ls(json).await,
             Command::Kill { ids, all } => sandbox::kill(ids, all).await,
             Command::Exec(a) => sandbox::exec(a).await,
+            Command::Shell(a) => shell::shell(a).await,
             Command::Eval { id, code } => sandbox::eval(id, code).await,
             Command::Pool(c) => sandbox::pool(c).await,
             Command::Branch(a) => sandbox::branch(a).await,
             Command::Mcp(a) => mcp::run(a).await,
+            Command::Workspace(c) => workspace::run(c).await,
             Command::Bench(c) => bench::run(&paths, c).await,
             Command::Doctor(a) => doctor::run(&paths, a).await,
         }

@@ -320,7 +320,7 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
 
 /// A tag or id as one URL path segment: refuses anything that is not
 /// `[A-Za-z0-9_-]`, so it cannot change the path.
-fn path_part(s: &str) -> Result<&str> {
+pub(crate) fn path_part(s: &str) -> Result<&str> {
     if s.is_empty()
         || s.len() > 64
         || !s

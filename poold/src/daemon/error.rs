@@ -6,7 +6,8 @@
 //! `snapshot::delete::DeleteError`) and become HTTP answers in one place,
 //! [`ApiError::from_anyhow`] via [`Domain::status`]. Nothing here or in the
 //! handlers classifies an error by its text: an error that is none of these
-//! is a 500 carrying its whole context chain.
+//! is a 500 carrying its whole context chain. Workspace refusals
+//! (`workspace::WorkspaceError`) become answers in `From` below.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -108,6 +109,18 @@ impl<'a> Domain<'a> {
                 StatusCode::CONFLICT
             }
         }
+    }
+}
+
+impl From<super::workspace::WorkspaceError> for ApiError {
+    fn from(e: super::workspace::WorkspaceError) -> ApiError {
+        use super::workspace::WorkspaceError as W;
+        let status = match &e {
+            W::BadName(_) | W::WrongStatus { .. } => StatusCode::BAD_REQUEST,
+            W::NotFound(_) => StatusCode::NOT_FOUND,
+            W::Exists(_) | W::Busy { .. } | W::StateInUse { .. } => StatusCode::CONFLICT,
+        };
+        ApiError::new(status, e.to_string())
     }
 }
 

@@ -43,6 +43,9 @@ pub struct SpawnRequest {
     pub ports: Vec<forkd_net::proxy::PortSpec>,
     /// Host folders rebinding the snapshot's volumes (docs/volumes.md).
     pub volumes: Vec<forkd_api::VolumeSpec>,
+    /// The workspace the sandbox is spawned for (recorded in it, so a
+    /// restart can tell whose it is).
+    pub workspace: Option<String>,
 }
 
 impl SpawnRequest {
@@ -372,6 +375,7 @@ async fn spawn_hits_and_misses(
             spawn_ms: t.ready_ms,
             net: vm.record.net.clone(),
             ports: Vec::new(),
+            workspace: req.workspace.clone(),
         };
         let source = if hit { "pool" } else { "restore" };
         d.metrics
@@ -1053,6 +1057,7 @@ pub async fn delete_snapshot(
             dependents.join(", ")
         )));
     }
+    super::workspace::refuse_deleting_states(d, &tags)?;
     // Pooled children map the snapshots: stop refilling their pools, wait
     // for restores in flight, and destroy every ready child of them.
     let id_strings: Vec<String> = ids.iter().map(|i| i.to_string()).collect();

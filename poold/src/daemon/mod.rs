@@ -10,7 +10,8 @@
 //!   [`tls`]: HTTPS on the TCP listener;
 //!   [`hosts`]: DNS-rebinding protection (the `Host` check);
 //! - [`cgroup`]: memory limits; [`metrics`]: Prometheus;
-//! - [`e2b`]: the E2B API on listeners of its own (docs/e2b.md).
+//! - [`e2b`]: the E2B API on listeners of its own (docs/e2b.md);
+//! - [`workspace`]: named sandboxes that suspend and resume.
 
 pub mod admission;
 pub mod api;
@@ -29,6 +30,7 @@ pub mod state;
 pub mod tls;
 pub mod transfers;
 pub mod volumes;
+pub mod workspace;
 
 use anyhow::{Context, Result};
 use config::Config;
@@ -302,6 +304,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         tracing::warn!("child networking is unavailable: {e:#}");
     }
     lifecycle::adopt_all(&d, saved).await?;
+    workspace::reconcile(&d).await?;
     Ok(d)
 }
 

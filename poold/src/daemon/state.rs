@@ -68,6 +68,9 @@ pub struct SandboxRecord {
     /// Published ports (with the host ports actually bound).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
+    /// Id of the workspace it belongs to, if any (docs/workspaces.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workspace: Option<String>,
 }
 
 /// A paused child waiting in a pool.
@@ -92,6 +95,9 @@ pub struct State {
     pub pooled: BTreeMap<String, PooledRecord>,
     /// Pool sizes set through the API (override the config file's).
     pub pools: BTreeMap<String, PoolSpec>,
+    /// Workspaces by name (`daemon::workspace`).
+    #[serde(default)]
+    pub workspaces: BTreeMap<String, super::workspace::WorkspaceRecord>,
 }
 
 impl State {
@@ -265,6 +271,7 @@ mod tests {
                     guest_addr: "10.201.0.30".parse().unwrap(),
                 }),
                 ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
+                workspace: Some("ws-0123456789abcdef".into()),
             },
         );
         f.save(&s, Sync::Durable).unwrap();

@@ -311,6 +311,17 @@ impl AgentClient {
             .map(|_| ())
     }
 
+    /// Changes the terminal size of the running PTY exec `target`.
+    pub async fn resize(
+        &self,
+        target: u64,
+        size: rootfs_init::protocol::PtySize,
+    ) -> Result<(), CallError> {
+        self.call(Op::Resize { target, size }, &[], Duration::from_secs(10))
+            .await
+            .map(|_| ())
+    }
+
     /// Sends `signal` to the process group of the running exec `target`.
     pub async fn signal(&self, target: u64, signal: i32) -> Result<(), CallError> {
         self.call(Op::Signal { target, signal }, &[], Duration::from_secs(10))

@@ -1,16 +1,22 @@
 //! Running processes for `exec`: argv or shell, env, cwd, stdin, timeout that
-//! kills the whole process group, per-stream output caps, and a streaming form.
+//! kills the whole process group, per-stream output caps, and a streaming form,
+//! optionally on a pseudo-terminal (`pty`: the process gets the terminal's
+//! slave side as its controlling terminal in a new session; the agent reads
+//! and writes the master side and can resize it).
 
 use super::server::Outbox;
-use crate::protocol::{AgentError, ErrorKind, ExecResult, ExecSpec, Reply, DEFAULT_OUTPUT_LIMIT};
+use crate::protocol::{
+    AgentError, ErrorKind, ExecResult, ExecSpec, PtySize, Reply, DEFAULT_OUTPUT_LIMIT,
+};
 use bytes::Bytes;
 use std::collections::HashMap;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::ExitStatusExt;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
-use tokio::process::{Child, ChildStdin, Command};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::process::{Child, Command};
 use tokio::sync::mpsc;
 
 /// How long output pipes may stay open after the main process exits (a
@@ -38,6 +44,8 @@ pub struct ExecRegistry {
 struct Running {
     pgid: i32,
     stdin: Option<mpsc::Sender<StdinChunk>>,
+    /// The terminal's master side, for a PTY exec.
+    pty: Option<Arc<OwnedFd>>,
 }
 
 enum StdinChunk {
@@ -100,6 +108,38 @@ impl ExecRegistry {
         Ok(())
     }
 
+    /// Changes the terminal size of PTY exec `target`.
+    pub fn resize(&self, target: u64, size: PtySize) -> Result<(), AgentError> {
+        size.validate()
+            .map_err(|m| AgentError::new(ErrorKind::BadRequest, m))?;
+        let (pgid, pty) = {
+            let running = self.running.lock().unwrap();
+            let r = running.get(&target).ok_or_else(|| {
+                AgentError::new(
+                    ErrorKind::NotFound,
+                    format!("no running exec with request id {target}"),
+                )
+            })?;
+            (r.pgid, r.pty.clone())
+        };
+        match pty {
+            Some(m) => set_size(&m, size).map_err(|e| {
+                AgentError::new(
+                    ErrorKind::Io,
+                    format!("resizing exec {target}'s terminal: {e}"),
+                )
+            }),
+            None if pgid <= 0 => Err(AgentError::new(
+                ErrorKind::NotReady,
+                format!("exec {target} has not started its process yet; retry"),
+            )),
+            None => Err(AgentError::new(
+                ErrorKind::BadRequest,
+                format!("exec {target} has no terminal (start it with pty)"),
+            )),
+        }
+    }
+
     fn lookup(&self, target: u64) -> Result<(i32, Option<mpsc::Sender<StdinChunk>>), AgentError> {
         let running = self.running.lock().unwrap();
         let r = running.get(&target).ok_or_else(|| {
@@ -122,16 +162,21 @@ impl ExecRegistry {
         } else {
             (None, None)
         };
-        self.running
-            .lock()
-            .unwrap()
-            .insert(id, Running { pgid: 0, stdin: tx });
+        self.running.lock().unwrap().insert(
+            id,
+            Running {
+                pgid: 0,
+                stdin: tx,
+                pty: None,
+            },
+        );
         rx.map(StdinQueue)
     }
 
-    fn started(&self, id: u64, pgid: i32) {
+    fn started(&self, id: u64, pgid: i32, pty: Option<Arc<OwnedFd>>) {
         if let Some(r) = self.running.lock().unwrap().get_mut(&id) {
             r.pgid = pgid;
+            r.pty = pty;
         }
     }
 
@@ -172,8 +217,15 @@ pub async fn run(
     outbox: Outbox,
     registry: Arc<ExecRegistry>,
 ) -> Result<Finished, AgentError> {
-    let limit = spec.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-    let mut child = match spawn(&spec) {
+    // A terminal session is interactive: its output is not capped unless
+    // asked (the outbox's bounded queue holds the process back instead).
+    let default_limit = if spec.pty.is_some() {
+        u64::MAX
+    } else {
+        DEFAULT_OUTPUT_LIMIT
+    };
+    let limit = spec.output_limit.unwrap_or(default_limit);
+    let (mut child, pty) = match spawn(&spec) {
         Ok(c) => c,
         Err(e) => {
             registry.remove(id);
@@ -183,23 +235,53 @@ pub async fn run(
     let pid = child.id().unwrap_or(0);
     let started = Instant::now();
 
-    feed_stdin(child.stdin.take(), stdin, queue);
-    registry.started(id, pid as i32);
+    // A terminal's master side, as two files (one reads, one writes, so
+    // neither waits for the other).
+    let term = match &pty {
+        Some(master) => match (pty_file(master), pty_file(master)) {
+            (Ok(rd), Ok(wr)) => Some((rd, wr)),
+            (Err(e), _) | (_, Err(e)) => {
+                kill_group(pid);
+                let _ = child.wait().await;
+                registry.remove(id);
+                return Err(AgentError::io("the terminal", &e));
+            }
+        },
+        None => None,
+    };
+    let (term_rd, term_wr) = term.unzip();
+    match term_wr {
+        Some(wr) => feed_stdin(Some(wr), stdin, queue),
+        None => feed_stdin(child.stdin.take(), stdin, queue),
+    }
+    registry.started(id, pid as i32, pty.clone());
+    // `started` goes out before any output (the readers start after it).
     if spec.stream {
         outbox.send(id, Reply::Started { pid }, Bytes::new()).await;
     }
 
     let stream_to = spec.stream.then(|| outbox.clone());
-    let out = spawn_reader(
-        child.stdout.take(),
-        limit,
-        stream_to.clone().map(|o| (o, id, true)),
-    );
-    let err = spawn_reader(
-        child.stderr.take(),
-        limit,
-        stream_to.map(|o| (o, id, false)),
-    );
+    let (out, err) = match term_rd {
+        // A terminal has one output: stdout and stderr alike.
+        Some(rd) => {
+            let out = spawn_reader(Some(rd), limit, stream_to.map(|o| (o, id, true)));
+            let none: Option<tokio::fs::File> = None;
+            (out, spawn_reader(none, limit, None))
+        }
+        None => {
+            let out = spawn_reader(
+                child.stdout.take(),
+                limit,
+                stream_to.clone().map(|o| (o, id, true)),
+            );
+            let err = spawn_reader(
+                child.stderr.take(),
+                limit,
+                stream_to.map(|o| (o, id, false)),
+            );
+            (out, err)
+        }
+    };
 
     let (status, timed_out) = wait_with_timeout(&mut child, pid, spec.timeout_ms).await;
     registry.remove(id);
@@ -234,8 +316,19 @@ pub async fn run(
 }
 
 /// Builds and starts the process in its own session (so its process group
-/// can be killed as a whole).
-fn spawn(spec: &ExecSpec) -> Result<Child, AgentError> {
+/// can be killed as a whole); with `pty`, on a new terminal whose master
+/// side is returned.
+fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
+    if let Some(size) = &spec.pty {
+        if !spec.stream {
+            return Err(AgentError::new(
+                ErrorKind::BadRequest,
+                "pty needs a streaming exec (stream: true)",
+            ));
+        }
+        size.validate()
+            .map_err(|m| AgentError::new(ErrorKind::BadRequest, m))?;
+    }
     let argv = match (&spec.argv, &spec.shell) {
         (Some(argv), None) if !argv.is_empty() => argv.clone(),
         (None, Some(sh)) => vec!["/bin/sh".into(), "-c".into(), sh.clone()],
@@ -266,31 +359,110 @@ fn spawn(spec: &ExecSpec) -> Result<Child, AgentError> {
         cmd.env_clear().envs(BASE_ENV.iter().copied());
     }
     cmd.envs(&spec.env);
-    cmd.stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    // SAFETY: setsid and sigprocmask are async-signal-safe.
+    let master = match spec.pty {
+        Some(size) => {
+            let (master, slave) =
+                open_pty(size).map_err(|e| AgentError::io("opening a pseudo-terminal", &e))?;
+            let io = |f: &OwnedFd| {
+                f.try_clone()
+                    .map(Stdio::from)
+                    .map_err(|e| AgentError::io("the terminal", &e))
+            };
+            cmd.stdin(io(&slave)?)
+                .stdout(io(&slave)?)
+                .stderr(io(&slave)?);
+            Some(Arc::new(master))
+        }
+        None => {
+            cmd.stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+    };
+    let tty = master.is_some();
+    // SAFETY: setsid, ioctl and sigprocmask are async-signal-safe.
     unsafe {
-        cmd.pre_exec(|| {
+        cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
+            // The terminal on stdin becomes the new session's controlling one.
+            if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
             crate::unblock_all_signals()
         });
     }
-    cmd.spawn().map_err(|e| match e.kind() {
+    let child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => AgentError::new(
             ErrorKind::NotFound,
             format!("command not found: {}", argv[0]),
         ),
         _ => AgentError::io(&argv[0], &e),
-    })
+    })?;
+    // The slave side's copies went with `cmd`: once the process and its
+    // children close theirs, reading the master ends (EIO).
+    drop(cmd);
+    Ok((child, master))
+}
+
+/// A new pseudo-terminal of `size`: (master, slave), both close-on-exec (so
+/// no other exec inherits one and keeps the terminal open).
+fn open_pty(size: PtySize) -> std::io::Result<(OwnedFd, OwnedFd)> {
+    use nix::fcntl::OFlag;
+    use std::os::fd::{FromRawFd, IntoRawFd};
+    use std::os::unix::fs::OpenOptionsExt;
+    let master = nix::pty::posix_openpt(OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC)?;
+    nix::pty::grantpt(&master)?;
+    nix::pty::unlockpt(&master)?;
+    let name = nix::pty::ptsname_r(&master)?;
+    // SAFETY: into_raw_fd hands over sole ownership of an open descriptor.
+    let master = unsafe { OwnedFd::from_raw_fd(master.into_raw_fd()) };
+    let slave = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NOCTTY)
+        .open(&name)?;
+    set_size(&master, size)?;
+    Ok((master, slave.into()))
+}
+
+/// Sets a terminal's size (TIOCSWINSZ on its master side); the kernel
+/// sends SIGWINCH to its foreground process group.
+fn set_size(master: &OwnedFd, size: PtySize) -> std::io::Result<()> {
+    let ws = libc::winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    };
+    // SAFETY: TIOCSWINSZ reads one winsize from the pointer, which outlives the call.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ as _, &ws) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// An async file on a copy of the terminal's master side (one for reading,
+/// one for writing, so neither waits for the other).
+fn pty_file(master: &OwnedFd) -> std::io::Result<tokio::fs::File> {
+    Ok(tokio::fs::File::from_std(std::fs::File::from(
+        master.try_clone()?,
+    )))
 }
 
 /// Writes the initial stdin, then either closes it or keeps a channel open
 /// for later `stdin` ops.
-fn feed_stdin(pipe: Option<ChildStdin>, initial: Bytes, queue: Option<StdinQueue>) {
+fn feed_stdin<W: AsyncWrite + Unpin + Send + 'static>(
+    pipe: Option<W>,
+    initial: Bytes,
+    queue: Option<StdinQueue>,
+) {
     let Some(mut pipe) = pipe else { return };
     tokio::spawn(async move {
-        if !initial.is_empty() && pipe.write_all(&initial).await.is_err() {
+        if !initial.is_empty()
+            && (pipe.write_all(&initial).await.is_err() || pipe.flush().await.is_err())
+        {
             return;
         }
         let Some(StdinQueue(mut rx)) = queue else {
@@ -299,7 +471,7 @@ fn feed_stdin(pipe: Option<ChildStdin>, initial: Bytes, queue: Option<StdinQueue
         while let Some(chunk) = rx.recv().await {
             match chunk {
                 StdinChunk::Data(d) => {
-                    if pipe.write_all(&d).await.is_err() {
+                    if pipe.write_all(&d).await.is_err() || pipe.flush().await.is_err() {
                         return;
                     }
                 }

@@ -128,7 +128,10 @@ impl Agent {
             }
         };
         let queue = match &req.op {
-            Op::Exec(spec) => self.exec.reserve(req.id, spec.stream && spec.stdin_open),
+            Op::Exec(spec) => self.exec.reserve(
+                req.id,
+                spec.stream && (spec.stdin_open || spec.pty.is_some()),
+            ),
             _ => None,
         };
         tokio::spawn(async move { agent.handle(req, frame.payload, queue, outbox).await });
@@ -146,6 +149,10 @@ impl Agent {
             Op::Ping => outbox.ok(id, &self.ping(), Bytes::new()).await,
             Op::Exec(spec) => self.exec(id, spec, payload, queue, &outbox).await,
             Op::Stdin { target, eof } => match self.exec.stdin(target, payload, eof).await {
+                Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
+                Err(e) => outbox.err(id, e).await,
+            },
+            Op::Resize { target, size } => match self.exec.resize(target, size) {
                 Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
                 Err(e) => outbox.err(id, e).await,
             },

@@ -43,6 +43,15 @@ pub enum Op {
         #[serde(default)]
         eof: bool,
     },
+    /// Change the terminal size of running PTY exec `target` (its
+    /// foreground process group gets SIGWINCH).
+    Resize {
+        /// Request id of the PTY exec.
+        target: u64,
+        /// The new size.
+        #[serde(flatten)]
+        size: PtySize,
+    },
     /// Send `signal` to the process group of running exec `target`.
     Signal {
         /// Request id of the running exec.
@@ -149,6 +158,37 @@ pub struct ExecSpec {
     /// Streaming only: keep stdin open for later `stdin` ops.
     #[serde(default)]
     pub stdin_open: bool,
+    /// Streaming only: run the process on a new pseudo-terminal of this
+    /// size, its controlling terminal in a new session. Its output (stdout
+    /// and stderr alike) arrives as `stdout` events; `stdin` ops are typed
+    /// into it (stdin stays open); `resize` changes its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+}
+
+/// A terminal's size in character cells.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+pub struct PtySize {
+    /// Rows, 1..=[`MAX_PTY_CELLS`].
+    pub rows: u16,
+    /// Columns, 1..=[`MAX_PTY_CELLS`].
+    pub cols: u16,
+}
+
+/// Largest number of rows or columns a pseudo-terminal may have.
+pub const MAX_PTY_CELLS: u16 = 4096;
+
+impl PtySize {
+    /// Refuses a zero or absurd size.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_PTY_CELLS).contains(&self.rows) || !(1..=MAX_PTY_CELLS).contains(&self.cols) {
+            return Err(format!(
+                "terminal size {}x{} (rows x cols): each must be in 1..={MAX_PTY_CELLS}",
+                self.rows, self.cols
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Default per-stream output cap for exec.

@@ -43,6 +43,10 @@ pub struct BranchBody {
     /// The sandbox's snapshot, in diff mode (forkd's check).
     #[serde(default)]
     parent_tag: Option<String>,
+    /// Set by a workspace suspend (never by a request): the workspace id,
+    /// kept in the snapshot's lineage so leftovers can be told apart.
+    #[serde(skip)]
+    workspace: Option<String>,
 }
 
 /// forkd's default tag: `branch-<id>-<unix>-<suffix 04x>`.
@@ -113,6 +117,26 @@ pub async fn branch(
 pub async fn branch_to(d: Arc<Daemon>, id: String, tag: String) -> ApiResult<SnapshotInfo> {
     let b = BranchBody {
         tag: Some(tag),
+        ..Default::default()
+    };
+    let (_, Json(info)) = branch_work(d, id, b).await?;
+    Ok(info)
+}
+
+/// Branches workspace `workspace`'s sandbox `id` into its next state
+/// snapshot `tag`, stop-and-copy (the sandbox is destroyed next, so
+/// nothing gains from it running meanwhile, and nothing it does after the
+/// capture is lost); the workspace's id goes in the snapshot's lineage.
+pub(crate) async fn branch_for_workspace(
+    d: Arc<Daemon>,
+    id: String,
+    tag: String,
+    workspace: String,
+) -> ApiResult<SnapshotInfo> {
+    let b = BranchBody {
+        tag: Some(tag),
+        mode: Some("full".into()),
+        workspace: Some(workspace),
         ..Default::default()
     };
     let (_, Json(info)) = branch_work(d, id, b).await?;
@@ -202,6 +226,9 @@ async fn branch_work(
     let mut lineage = BTreeMap::new();
     lineage.insert("branched_from".into(), json!(id));
     lineage.insert("source_snapshot".into(), json!(rec.snapshot_id));
+    if let Some(w) = &b.workspace {
+        lineage.insert("workspace".into(), json!(w));
+    }
 
     let commit = {
         let d = d.clone();

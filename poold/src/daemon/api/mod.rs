@@ -27,8 +27,10 @@
 pub mod branch;
 pub mod files;
 pub mod pools;
+pub mod pty;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod workspaces;
 
 use super::Daemon;
 use axum::extract::{DefaultBodyLimit, State};
@@ -70,6 +72,7 @@ pub fn table() -> Table {
         .routes(routes!(sandboxes::exec))
         .routes(routes!(sandboxes::exec_stream))
         .routes(routes!(sandboxes::eval))
+        .routes(routes!(pty::pty))
         .routes(routes!(branch::branch))
         .routes(routes!(sandboxes::logs))
         .routes(routes!(sandboxes::set_ttl))
@@ -77,6 +80,10 @@ pub fn table() -> Table {
         .routes(routes!(files::list))
         .routes(routes!(files::stat))
         .routes(routes!(files::mkdir))
+        .routes(routes!(workspaces::list, workspaces::create))
+        .routes(routes!(workspaces::get, workspaces::delete))
+        .routes(routes!(workspaces::suspend))
+        .routes(routes!(workspaces::resume))
         .routes(routes!(pools::list))
         .routes(routes!(pools::get, pools::put, pools::delete));
     Table { public, authed }
@@ -96,6 +103,7 @@ pub fn table() -> Table {
         (name = "sandboxes", description = "Running sandboxes and what runs in them"),
         (name = "files", description = "Files in a sandbox (ours)"),
         (name = "pools", description = "Warm pools of paused children (ours)"),
+        (name = "workspaces", description = "Named sandboxes that suspend to a snapshot and resume"),
     )
 )]
 struct ApiDoc;

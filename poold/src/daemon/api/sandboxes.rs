@@ -54,6 +54,7 @@ pub async fn spawn(
         network: b.network,
         ports: b.ports,
         volumes: b.volumes,
+        workspace: None,
     };
     let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((
