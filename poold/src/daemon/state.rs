@@ -144,11 +144,15 @@ impl StateFile {
     /// does not parse (torn by a power loss) falls back to the last
     /// durable copy, with a warning.
     pub fn load(&self) -> Result<State> {
-        match read_state(&self.path) {
-            Ok(Some(s)) => Ok(s),
-            Ok(None) => Ok(read_state(&self.durable)?.unwrap_or_else(empty)),
-            Err(e) => match read_state(&self.durable) {
-                Ok(Some(s)) if !is_version_error(&e) => {
+        match read_state(&self.path)? {
+            Read::Found(s) => Ok(s),
+            Read::Missing => match read_state(&self.durable)? {
+                Read::Found(s) => Ok(s),
+                Read::Missing => Ok(empty()),
+                Read::Torn(e) => Err(e),
+            },
+            Read::Torn(e) => match read_state(&self.durable)? {
+                Read::Found(s) => {
                     tracing::warn!(
                         "{e:#}; using the last durable copy, {}",
                         self.durable.display()
@@ -185,28 +189,21 @@ fn empty() -> State {
     }
 }
 
-/// Marks a state file this poold cannot read because of its format
-/// version: no fallback may paper over that.
-#[derive(Debug)]
-struct VersionError;
-
-impl std::fmt::Display for VersionError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "unsupported state format version")
-    }
+/// What a state file held.
+enum Read {
+    Missing,
+    /// Not JSON of the state's shape: torn by a power loss after an
+    /// unsynced save.
+    Torn(anyhow::Error),
+    Found(State),
 }
 
-impl std::error::Error for VersionError {}
-
-fn is_version_error(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.is::<VersionError>())
-}
-
-/// The state in `path`; None when there is no such file.
-fn read_state(path: &Path) -> Result<Option<State>> {
+/// Reads the state in `path`. A file of another format version is an
+/// error, never [`Read::Torn`]: no fallback may paper over it.
+fn read_state(path: &Path) -> Result<Read> {
     let b = match std::fs::read(path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Read::Missing),
         Err(e) => return Err(e).with_context(|| format!("reading {}", path.display())),
     };
     // The version first: a newer poold's file may not parse as ours.
@@ -215,15 +212,21 @@ fn read_state(path: &Path) -> Result<Option<State>> {
         version: u32,
     }
     let parsing = || format!("parsing {}", path.display());
-    let v: Version = serde_json::from_slice(&b).with_context(parsing)?;
+    let v: Version = match serde_json::from_slice(&b) {
+        Ok(v) => v,
+        Err(e) => return Ok(Read::Torn(anyhow::Error::new(e).context(parsing()))),
+    };
     if v.version != STATE_VERSION {
-        return Err(anyhow::Error::new(VersionError).context(format!(
+        anyhow::bail!(
             "{} has format version {}, this poold understands {STATE_VERSION}",
             path.display(),
             v.version
-        )));
+        );
     }
-    Ok(Some(serde_json::from_slice(&b).with_context(parsing)?))
+    Ok(match serde_json::from_slice(&b) {
+        Ok(s) => Read::Found(s),
+        Err(e) => Read::Torn(anyhow::Error::new(e).context(parsing())),
+    })
 }
 
 /// Writes `bytes` to a temp file beside `path` and renames it over `path`.
@@ -460,9 +463,10 @@ mod sync_tests {
     }
 
     fn durable_copy(dir: &Path) -> State {
-        read_state(&dir.join("state.durable.json"))
-            .unwrap()
-            .unwrap()
+        match read_state(&dir.join("state.durable.json")).unwrap() {
+            Read::Found(s) => s,
+            _ => panic!("no durable copy"),
+        }
     }
 
     #[tokio::test]
