@@ -92,8 +92,11 @@ fn nodejs_children_eval_in_the_warm_node_process() {
     let home = Home::new();
     let p = Poold::start(&home.dir, &[], None);
     block_on(async {
+        // The warm-up draws from OpenSSL and fills Node's caches of its
+        // output, so children would repeat them unless reseeded.
         let warmup = "globalThis.warm = {pid: process.pid, squares: [1, 2, 3].map((x) => x * x), \
-                      gz: zlib.gzipSync('warm').length}; 'ok'";
+                      gz: zlib.gzipSync('warm').length, bytes: crypto.randomBytes(8).toString('hex'), \
+                      uuid: crypto.randomUUID(), int: crypto.randomInt(2 ** 40)}; 'ok'";
         let kids = warm_pair(&p, "node", "nodejs", json!({"eval_warmup": warmup})).await;
         let mut pids = Vec::new();
         for k in &kids {
@@ -127,12 +130,26 @@ fn nodejs_children_eval_in_the_warm_node_process() {
         let err = v["error"].as_str().unwrap();
         assert!(err.starts_with("TypeError: "), "{v}");
         assert!(v["traceback"].as_str().unwrap().contains("<eval-"), "{v}");
-        // Each child's Math.random is reseeded at hand-out. (OpenSSL's
-        // generator behind crypto.randomBytes is not: a known limitation,
-        // docs/recipes.md.)
-        let a = eval_json(&p, &kids[0], "Math.random()").await;
-        let b = eval_json(&p, &kids[1], "Math.random()").await;
-        assert_ne!(a, b, "Math.random is shared by siblings");
+        // Each child's generators are reseeded at hand-out: Math.random,
+        // OpenSSL (randomBytes, webcrypto, a TLS-grade key) and the UUID and
+        // randomInt caches Node fills from it.
+        let draws = "[Math.random(), crypto.randomBytes(16).toString('hex'), \
+                     crypto.webcrypto.getRandomValues(new Uint32Array(4)).join(), crypto.randomUUID(), \
+                     crypto.randomInt(2 ** 40), \
+                     crypto.generateKeyPairSync('x25519').publicKey.export({type: 'spki', format: 'der'}).toString('hex')]";
+        let a = eval_json(&p, &kids[0], draws).await;
+        let b = eval_json(&p, &kids[1], draws).await;
+        let names = [
+            "Math.random",
+            "randomBytes",
+            "getRandomValues",
+            "randomUUID",
+            "randomInt",
+            "x25519 key",
+        ];
+        for (i, name) in names.iter().enumerate() {
+            assert_ne!(a[i], b[i], "{name} repeats across siblings: {a} {b}");
+        }
     });
 }
 

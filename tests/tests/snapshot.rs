@@ -9,7 +9,10 @@ use rootfs_init::protocol::ExecSpec;
 use std::collections::HashSet;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-const NUMPY_WARMUP: &str = "import numpy\nnumpy._forkd_marker = 'warm'";
+/// The warm-up also draws from OpenSSL (through `ssl`), whose generator a VM
+/// fork would otherwise hand every child alike.
+const NUMPY_WARMUP: &str =
+    "import numpy\nnumpy._forkd_marker = 'warm'\nimport ssl\nssl.RAND_bytes(16)";
 
 fn numpy_snapshot() -> String {
     shared_snapshot("python-numpy", 512, Some(NUMPY_WARMUP))
@@ -57,6 +60,8 @@ fn numpy_children_are_warm_isolated_and_distinct() {
         let kids = fork(&tag, 4).await;
         let mut urandom = HashSet::new();
         let mut randoms = HashSet::new();
+        let mut nprandoms = HashSet::new();
+        let mut openssl = HashSet::new();
         let mut hostnames = HashSet::new();
         for (i, c) in kids.iter().enumerate() {
             let vm = &c.vm;
@@ -71,6 +76,8 @@ fn numpy_children_are_warm_isolated_and_distinct() {
             // Identity: fresh entropy, reseeded interpreter, own hostname, host clock.
             urandom.insert(sh(vm, "head -c 16 /dev/urandom | od -An -tx1").await);
             randoms.insert(eval(vm, "import random; random.random()").await);
+            nprandoms.insert(eval(vm, "numpy.random.random()").await);
+            openssl.insert(eval(vm, "ssl.RAND_bytes(16).hex()").await);
             hostnames.insert(sh(vm, "hostname").await);
             let guest: f64 = eval(vm, "import time; time.time()").await.parse().unwrap();
             let host = SystemTime::now()
@@ -93,6 +100,12 @@ fn numpy_children_are_warm_isolated_and_distinct() {
         }
         assert_eq!(urandom.len(), 4, "/dev/urandom repeats across children");
         assert_eq!(randoms.len(), 4, "random.random() repeats across children");
+        assert_eq!(nprandoms.len(), 4, "numpy.random repeats across children");
+        assert_eq!(
+            openssl.len(),
+            4,
+            "OpenSSL's generator repeats across children"
+        );
         assert_eq!(hostnames.len(), 4);
         for (i, c) in kids.iter().enumerate() {
             let seen = sh(&c.vm, "ls / /tmp | grep marker- | sort | tr '\\n' ' '").await;

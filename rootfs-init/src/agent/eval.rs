@@ -19,6 +19,11 @@ use tokio::sync::{watch, Mutex};
 
 const EVALD_PY: &str = include_str!("evald.py");
 const EVALD_JS: &str = include_str!("evald.js");
+/// The Node addon that reseeds OpenSSL at hand-out (build.rs builds it from
+/// native/openssl_reseed.c, which says why Node needs it).
+const OPENSSL_RESEED_NODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/openssl_reseed.node"));
+/// Where the agent puts that addon: its own tmpfs in the guest.
+const NATIVE_DIR: &str = "/run/forkd";
 /// Default bound on one eval; on expiry the interpreter is restarted.
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
 
@@ -154,7 +159,11 @@ impl Interpreter {
         let mut cmd = Command::new(program);
         match self.lang {
             Lang::Python => cmd.arg("-u").arg("-c").arg(EVALD_PY),
-            Lang::Node => cmd.arg("-e").arg(EVALD_JS),
+            Lang::Node => {
+                let addon = install_openssl_reseed(std::path::Path::new(NATIVE_DIR))?;
+                cmd.env("FORKD_OPENSSL_RESEED", addon);
+                cmd.arg("-e").arg(EVALD_JS)
+            }
         };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
@@ -210,16 +219,26 @@ impl Interpreter {
         })
     }
 
-    /// Reseeds `random` (and numpy's global RNG) from fresh entropy; in
-    /// Node, `Math.random`.
+    /// Reseeds the interpreter's generators from fresh entropy: `random`,
+    /// numpy's global RNG and the `ssl` module's OpenSSL in Python; OpenSSL
+    /// (through native/openssl_reseed.c) and `Math.random` in Node. Fails
+    /// when the interpreter could not reseed one of them, so a hand-out never
+    /// yields a child that draws its siblings' numbers.
     pub async fn reseed(&self, seed: &[u8]) -> Result<(), AgentError> {
         let hex: String = seed.iter().map(|b| format!("{b:02x}")).collect();
-        self.call(
-            serde_json::json!({"op": "reseed", "seed": hex}),
-            Duration::from_secs(10),
-        )
-        .await
-        .map(|_| ())
+        let reply = self
+            .call(
+                serde_json::json!({"op": "reseed", "seed": hex}),
+                Duration::from_secs(10),
+            )
+            .await?;
+        match reply.get("error").and_then(|e| e.as_str()) {
+            Some(e) => Err(AgentError::new(
+                ErrorKind::Internal,
+                format!("reseeding the warm interpreter: {e}"),
+            )),
+            None => Ok(()),
+        }
     }
 
     async fn call(
@@ -265,6 +284,22 @@ impl Interpreter {
     }
 }
 
+/// Writes the OpenSSL reseed addon into `dir` (or the temporary directory
+/// when `dir` does not exist, as outside a guest) and returns its path.
+fn install_openssl_reseed(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {
+    let dir = if dir.is_dir() {
+        dir.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let path = dir.join("openssl_reseed.node");
+    let tmp = dir.join(".openssl_reseed.node.tmp");
+    std::fs::write(&tmp, OPENSSL_RESEED_NODE)
+        .and_then(|()| std::fs::rename(&tmp, &path))
+        .map_err(|e| format!("writing {}: {e}", path.display()))?;
+    Ok(path)
+}
+
 fn pipe_sender(fd: OwnedFd) -> Result<pipe::Sender, String> {
     set_nonblocking(&fd)?;
     pipe::Sender::from_owned_fd(fd).map_err(|e| e.to_string())
@@ -284,4 +319,36 @@ fn set_nonblocking(fd: &OwnedFd) -> Result<(), String> {
     )
     .map_err(|e| e.to_string())?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The addon loads into a real Node and reseeds its OpenSSL (the fork
+    /// property itself needs a cloned VM: tests/tests/recipes.rs).
+    #[test]
+    fn openssl_reseed_addon_loads_and_reseeds_in_node() {
+        let dir = tempfile::tempdir().unwrap();
+        let addon = install_openssl_reseed(dir.path()).unwrap();
+        assert!(addon.starts_with(dir.path()));
+        let script = "const m = {exports: {}}; process.dlopen(m, process.env.ADDON); \
+            console.log(m.exports.reseed(require('crypto').randomBytes(32))); \
+            try { m.exports.reseed('x') } catch (e) { console.log(e.name) }";
+        let out = match std::process::Command::new("node")
+            .args(["-e", script])
+            .env("ADDON", &addon)
+            .output()
+        {
+            Ok(out) => out,
+            Err(e) => {
+                eprintln!("no node to load the addon into ({e}): skipped");
+                return;
+            }
+        };
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{stdout}{stderr}");
+        assert_eq!(stdout, "true\nTypeError\n");
+    }
 }

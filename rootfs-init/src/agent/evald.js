@@ -75,12 +75,65 @@ async function run(code) {
   return reply;
 }
 
-// V8 cannot reseed Math.random, so at hand-out each forked child replaces it
-// with xoshiro128** seeded from fresh kernel entropy (the agent has reseeded
-// the kernel's CRNG by then) and the agent's seed. OpenSSL's DRBG (behind
-// the crypto module) is not reseeded: Node instantiates it at start and
-// OpenSSL 3 gives Node no way to force a reseed, so forked siblings draw the
-// same crypto.randomBytes until OpenSSL reseeds on its own (docs/recipes.md).
+// OpenSSL's generators (behind crypto.randomBytes, randomUUID, randomInt,
+// webcrypto and TLS) were instantiated when Node started, so every child of
+// a warm process holds the parent's state, and OpenSSL cannot see a VM fork.
+// native/openssl_reseed.c is an addon that reseeds them from the kernel; the
+// agent writes it and names it in FORKD_OPENSSL_RESEED. Loaded at start, so
+// a Node that cannot load it fails its warm-up rather than fork alike.
+let opensslReseed = null;
+
+function loadOpensslReseed() {
+  const path = process.env.FORKD_OPENSSL_RESEED;
+  delete process.env.FORKD_OPENSSL_RESEED;
+  if (!path) return 'FORKD_OPENSSL_RESEED is not set';
+  try {
+    const m = { exports: {} };
+    process.dlopen(m, path);
+    opensslReseed = m.exports.reseed;
+    return null;
+  } catch (e) {
+    return `loading ${path}: ${describe(e)} (a Node with OpenSSL linked statically does not export RAND_add)`;
+  }
+}
+
+// Node keeps OpenSSL output in two caches, filled on first use: 128 UUIDs'
+// worth for randomUUID (webcrypto's too) and 1024 draws for randomInt. A
+// full cycle through one refills it from the reseeded state. Cycling costs
+// ~15 ms under TCG, so the wrappers below note whether the process (its
+// warm-up, say) ever filled them; until then there is nothing to cycle.
+const cacheUse = { uuid: false, int: false };
+const rawRandomUUID = require('crypto').randomUUID;
+const rawRandomInt = require('crypto').randomInt;
+
+function watchCaches() {
+  const crypto = require('crypto');
+  crypto.randomUUID = function randomUUID(options) {
+    cacheUse.uuid = true;
+    return rawRandomUUID(options);
+  };
+  crypto.randomInt = function randomInt(min, max, callback) {
+    cacheUse.int = true;
+    return rawRandomInt.apply(this, arguments);
+  };
+  const proto = Object.getPrototypeOf(crypto.webcrypto);
+  const webRandomUUID = proto.randomUUID;
+  proto.randomUUID = function randomUUID() {
+    cacheUse.uuid = true;
+    return webRandomUUID.call(this);
+  };
+}
+
+function cycleCaches() {
+  if (cacheUse.uuid) for (let i = 0; i < 128; i++) rawRandomUUID();
+  if (cacheUse.int) for (let i = 0; i < 1024; i++) rawRandomInt(0, 2 ** 48 - 1);
+}
+
+// At hand-out each forked child reseeds OpenSSL and cycles Node's caches of
+// its output, then replaces Math.random (V8 cannot reseed its own) with
+// xoshiro128** seeded from fresh kernel entropy (the agent has reseeded the
+// kernel's CRNG by then) and the agent's seed. Throws when OpenSSL cannot be
+// reseeded: the agent fails the hand-out rather than hand out a twin.
 function reseed(seedHex) {
   const crypto = require('crypto');
   const fresh = Buffer.alloc(16);
@@ -90,7 +143,11 @@ function reseed(seedHex) {
   } finally {
     fs.closeSync(fd);
   }
-  const h = crypto.createHash('sha256').update(fresh).update(Buffer.from(seedHex || '', 'hex')).digest();
+  const seed = Buffer.concat([fresh, Buffer.from(seedHex || '', 'hex')]);
+  if (opensslReseed === null) throw new Error('cannot reseed OpenSSL: its addon did not load (see the warm-up errors)');
+  if (opensslReseed(seed) !== true) throw new Error("OpenSSL refused to reseed (RAND_add failed)");
+  cycleCaches();
+  const h = crypto.createHash('sha256').update(seed).digest();
   const s = new Uint32Array([h.readUInt32LE(0), h.readUInt32LE(4), h.readUInt32LE(8), h.readUInt32LE(12)]);
   if (!(s[0] | s[1] | s[2] | s[3])) s[0] = 1;
   const rotl = (x, k) => ((x << k) | (x >>> (32 - k))) >>> 0;
@@ -105,11 +162,14 @@ function reseed(seedHex) {
     s[3] = rotl(s[3], 11);
     return r / 4294967296;
   };
-  return { reseeded: true };
+  return { reseeded: true, openssl: true };
 }
 
 async function warm() {
   const errors = [];
+  const opensslError = loadOpensslReseed();
+  if (opensslError) errors.push(opensslError);
+  watchCaches();
   const names = (process.env.FORKD_WARMUP_IMPORTS || '').split(',').map((m) => m.trim()).filter(Boolean);
   for (const name of names) {
     try {

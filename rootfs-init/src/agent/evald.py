@@ -61,12 +61,19 @@ def run(code):
 
 
 def reseed(seed_hex):
+    """At hand-out: the generators this process seeded before the snapshot
+    draw fresh kernel entropy (the agent has reseeded the kernel's CRNG).
+    OpenSSL's DRBG exists once `ssl` has run, and a VM fork keeps the pid
+    OpenSSL's fork check looks at: RAND_add reseeds it from the kernel."""
     seed = os.urandom(32) + bytes.fromhex(seed_hex)
     random.seed(seed)
     np = sys.modules.get("numpy")
     if np is not None:
-        np.random.seed(int.from_bytes(seed[:4], "little"))
-    return {"reseeded": True}
+        np.random.seed(np.frombuffer(seed[:32], dtype=np.uint32))
+    ssl = sys.modules.get("ssl")
+    if ssl is not None:
+        ssl.RAND_add(seed, 0.0)
+    return {"reseeded": True, "openssl": ssl is not None}
 
 
 def warm():
