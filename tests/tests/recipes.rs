@@ -180,6 +180,12 @@ fn postgres_fixture_children_answer_sql_at_once() {
         assert_eq!(out.trim(), "1001");
         let (_, out, _) = run(&p, &kids[1], &[&psql[..], &[count]].concat()).await;
         assert_eq!(out.trim(), "1000", "the sibling's insert leaked");
+        // Backends fork from the warm postmaster after hand-out, and
+        // OpenSSL reseeds from the (reseeded) kernel in a new process.
+        let uuid = "select gen_random_uuid()";
+        let (_, a, _) = run(&p, &kids[0], &[&psql[..], &[uuid]].concat()).await;
+        let (_, b, _) = run(&p, &kids[1], &[&psql[..], &[uuid]].concat()).await;
+        assert_ne!(a, b, "gen_random_uuid repeats across siblings");
     });
 }
 
