@@ -16,6 +16,21 @@ pub struct SpawnArgs {
     pub tag: String,
     #[arg(short = 'n', long, default_value_t = 1)]
     pub n: usize,
+    /// Kill the sandboxes after this many seconds.
+    #[arg(long)]
+    pub ttl: Option<u64>,
+    #[command(flatten)]
+    pub settings: SandboxSettings,
+    /// Print the JSON answer.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// What a sandbox is given besides its snapshot: limits, network, published
+/// ports, host folders. Shared by `forkd spawn` and `forkd workspace create`,
+/// whose API bodies take the same fields.
+#[derive(Args, Debug)]
+pub struct SandboxSettings {
     /// Memory limit per sandbox (cgroup), MiB.
     #[arg(long)]
     pub memory_limit_mib: Option<u64>,
@@ -25,13 +40,10 @@ pub struct SpawnArgs {
     /// Most tasks a sandbox's VM process may hold (cgroup pids).
     #[arg(long)]
     pub pids_max: Option<u64>,
-    /// Kill the sandboxes after this many seconds.
-    #[arg(long)]
-    pub ttl: Option<u64>,
     /// Require a network (the snapshot must have a NIC).
     #[arg(long, conflicts_with = "no_net")]
     pub net: bool,
-    /// No way out for a networked snapshot's children (deny all egress).
+    /// No way out for a networked snapshot's sandboxes (deny all egress).
     #[arg(long)]
     pub no_net: bool,
     /// Allow egress to an address, CIDR or domain name (repeatable);
@@ -46,13 +58,47 @@ pub struct SpawnArgs {
     /// HOST_ADDR:HOST_PORT:GUEST_PORT (repeatable; default address 127.0.0.1).
     #[arg(long = "publish", short = 'p', value_name = "PORTS")]
     pub publish: Vec<String>,
-    /// Give these children another host folder at one of the snapshot's
+    /// Give the sandboxes another host folder at one of the snapshot's
     /// volume guest paths: HOST:GUEST[:ro|rw] (repeatable; docs/volumes.md).
     #[arg(long = "volume", short = 'v', value_name = "HOST:GUEST[:ro|rw]")]
     pub volumes: Vec<String>,
-    /// Print the JSON answer.
-    #[arg(long)]
-    pub json: bool,
+}
+
+impl SandboxSettings {
+    /// Sets the request fields these flags name in `body`; checks network
+    /// targets and ports here, so a typo fails before any request.
+    pub fn apply(&self, body: &mut serde_json::Value) -> Result<()> {
+        if !self.volumes.is_empty() {
+            body["volumes"] = json!(volume_specs(&self.volumes)?);
+        }
+        if let Some(m) = self.memory_limit_mib {
+            body["memory_limit_mib"] = json!(m);
+        }
+        if let Some(c) = self.cpus {
+            body["cpus"] = json!(c);
+        }
+        if let Some(p) = self.pids_max {
+            body["pids_max"] = json!(p);
+        }
+        if self.net || self.no_net {
+            body["net"] = json!(self.net);
+        }
+        if !self.allow_out.is_empty() || !self.deny_out.is_empty() {
+            for t in self.allow_out.iter().chain(&self.deny_out) {
+                forkd_net::Target::parse(t)?;
+            }
+            body["network"] = json!({"allow_out": self.allow_out, "deny_out": self.deny_out});
+        }
+        if !self.publish.is_empty() {
+            let ports = self
+                .publish
+                .iter()
+                .map(|p| forkd_net::proxy::PortSpec::parse(p))
+                .collect::<Result<Vec<_>, _>>()?;
+            body["ports"] = json!(ports);
+        }
+        Ok(())
+    }
 }
 
 #[derive(Args, Debug)]
@@ -105,38 +151,9 @@ pub enum PoolCmd {
 pub async fn spawn(a: SpawnArgs) -> Result<i32> {
     let c = Client::from_env()?;
     let mut body = json!({"snapshot_tag": a.tag, "n": a.n});
-    if !a.volumes.is_empty() {
-        body["volumes"] = json!(volume_specs(&a.volumes)?);
-    }
-    if let Some(m) = a.memory_limit_mib {
-        body["memory_limit_mib"] = json!(m);
-    }
+    a.settings.apply(&mut body)?;
     if let Some(t) = a.ttl {
         body["ttl_secs"] = json!(t);
-    }
-    if let Some(c) = a.cpus {
-        body["cpus"] = json!(c);
-    }
-    if let Some(p) = a.pids_max {
-        body["pids_max"] = json!(p);
-    }
-    if a.net || a.no_net {
-        body["net"] = json!(a.net);
-    }
-    if !a.allow_out.is_empty() || !a.deny_out.is_empty() {
-        // Checked here too, so a typo fails before any request.
-        for t in a.allow_out.iter().chain(&a.deny_out) {
-            forkd_net::Target::parse(t)?;
-        }
-        body["network"] = json!({"allow_out": a.allow_out, "deny_out": a.deny_out});
-    }
-    if !a.publish.is_empty() {
-        let ports = a
-            .publish
-            .iter()
-            .map(|p| forkd_net::proxy::PortSpec::parse(p))
-            .collect::<Result<Vec<_>, _>>()?;
-        body["ports"] = json!(ports);
     }
     let t0 = std::time::Instant::now();
     let made: Vec<SandboxInfo> = c.post("/v1/sandboxes", body).await?;

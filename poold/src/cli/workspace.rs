@@ -2,7 +2,7 @@
 //! that suspend to a snapshot and resume from it (docs/workspaces.md),
 //! through a running poold (`$FORKD_URL`, `$FORKD_TOKEN`).
 
-use super::sandbox::path_part;
+use super::sandbox::{path_part, SandboxSettings};
 use anyhow::Result;
 use clap::{Args, Subcommand};
 use forkd_api::{Client, CreateWorkspaceBody, WorkspaceInfo};
@@ -36,21 +36,8 @@ pub struct CreateArgs {
     /// Tag of the snapshot to start from.
     #[arg(long)]
     pub tag: String,
-    /// Memory limit of its sandbox (cgroup), MiB.
-    #[arg(long)]
-    pub memory_limit_mib: Option<u64>,
-    /// CPU quota of its sandbox, in CPUs.
-    #[arg(long)]
-    pub cpus: Option<f64>,
-    /// Most tasks its VM process may hold.
-    #[arg(long)]
-    pub pids_max: Option<u64>,
-    /// Require a network (the snapshot must have a NIC).
-    #[arg(long, conflicts_with = "no_net")]
-    pub net: bool,
-    /// No way out for a networked snapshot's sandbox.
-    #[arg(long)]
-    pub no_net: bool,
+    #[command(flatten)]
+    pub settings: SandboxSettings,
     /// Print the JSON answer.
     #[arg(long)]
     pub json: bool,
@@ -62,15 +49,10 @@ pub async fn run(cmd: WorkspaceCmd) -> Result<i32> {
         |name: &str| -> Result<String> { Ok(format!("/v1/workspaces/{}", path_part(name)?)) };
     match cmd {
         WorkspaceCmd::Create(a) => {
-            let body = CreateWorkspaceBody {
-                name: a.name,
-                snapshot_tag: a.tag,
-                memory_limit_mib: a.memory_limit_mib,
-                cpus: a.cpus,
-                pids_max: a.pids_max,
-                net: (a.net || a.no_net).then_some(a.net),
-                ..Default::default()
-            };
+            let mut body = json!({"name": a.name, "snapshot_tag": a.tag});
+            a.settings.apply(&mut body)?;
+            // The API's own type checks the body's shape before it is sent.
+            let body: CreateWorkspaceBody = serde_json::from_value(body)?;
             let w: WorkspaceInfo = c
                 .post("/v1/workspaces", serde_json::to_value(body)?)
                 .await?;
