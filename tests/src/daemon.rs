@@ -88,6 +88,14 @@ impl Drop for Home {
         for pid in self.qemu_pids() {
             let _ = nix_kill(pid);
         }
+        // poold leaves its sandboxes' cgroups for a restart to adopt; no
+        // poold will restart on this home.
+        if let Ok(h) = forkd_vmm::Hierarchy::detect() {
+            let vms = forkd_snapshot::Paths::new(&self.dir).vms_dir();
+            for e in std::fs::read_dir(vms).into_iter().flatten().flatten() {
+                h.remove(&e.file_name().to_string_lossy());
+            }
+        }
         self.teardown_networks();
         let _ = forkd_fs_unmount(&self.dir.join("mnt"));
         // FORKD_TEST_KEEP=1 keeps the data dir (logs, store, audit) for a

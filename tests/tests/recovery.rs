@@ -385,3 +385,51 @@ fn sandboxes_and_pools_survive_a_forkd_fs_crash_and_an_upgrade() {
         );
     });
 }
+
+/// A sandbox's and a pooled child's cgroups outlived them when their QEMU
+/// died while poold was down: the restart forgot the records but left the
+/// groups, and every such restart leaked more (found ~170 empty
+/// `forkd/sb-*` groups on the test host). Now forgetting a VM removes them.
+#[test]
+fn children_dead_while_poold_was_down_leave_no_cgroups() {
+    let h = forkd_vmm::Hierarchy::detect().expect("this test needs cgroups");
+    let home = Home::new();
+    let paths = forkd_snapshot::Paths::new(&home.dir);
+    let p = Poold::start(&home.dir, &["--pool", "c=1"], None);
+    block_on(async {
+        p.snapshot("c", "minimal", MINIMAL_MIB).await;
+        p.wait_pool("c", 1).await;
+        let (st, v) = p
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "c", "pids_max": 64}),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        p.wait_pool("c", 1).await;
+    });
+    // The sandbox, the pooled child that replaced it: both limited (the
+    // request's pids_max, poold's default one), so both have groups.
+    let vms = entries(paths.vms_dir());
+    assert_eq!(vms.len(), 2, "{vms:?}");
+    let group = |id: &str| h.group(forkd_vmm::Controller::Pids, id).unwrap();
+    for id in &vms {
+        assert!(group(id).is_dir(), "{id} has no pids group");
+    }
+    p.kill9();
+    for pid in home.qemu_pids() {
+        // SAFETY: kill(2) on a test QEMU's pid.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty());
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(async {
+        let (_, list) = p.get("/v1/sandboxes").await;
+        assert_eq!(ids(&list), Vec::<String>::new(), "a dead sandbox is listed");
+    });
+    for id in &vms {
+        assert!(!group(id).exists(), "the cgroup of dead VM {id} stays");
+    }
+    drop(p);
+}

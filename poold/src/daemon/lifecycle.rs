@@ -987,7 +987,15 @@ async fn forget_vm(d: &Daemon, id: &str) {
             forkd_vmm::net::teardown(n).await;
         }
     }
+    remove_cgroups(d, id);
     let _ = std::fs::remove_dir_all(&dir.path);
+}
+
+/// Removes VM `id`'s cgroups, if it has any (its processes are gone).
+fn remove_cgroups(d: &Daemon, id: &str) {
+    if let Some(h) = &d.cgroups {
+        h.remove(id);
+    }
 }
 
 /// Kills detached VMs whose owner is gone and that the state does not name.
@@ -1008,6 +1016,7 @@ async fn kill_unrecorded(d: &Daemon, known: &std::collections::HashSet<String>) 
             if let Some(n) = r.net {
                 forkd_vmm::net::teardown(n).await;
             }
+            remove_cgroups(d, &name);
             let _ = std::fs::remove_dir_all(ent.path());
         }
     }
