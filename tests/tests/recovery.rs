@@ -433,3 +433,52 @@ fn children_dead_while_poold_was_down_leave_no_cgroups() {
     }
     drop(p);
 }
+
+/// CPU time `pid` used (all its threads), in seconds.
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let f: Vec<&str> = stat
+        .rsplit(')')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .collect();
+    // utime and stime: fields 14 and 15, the 12th and 13th after the name.
+    (f[11].parse::<f64>().unwrap() + f[12].parse::<f64>().unwrap()) / 100.0
+}
+
+/// A poold restart disconnects every agent's port for a moment; the
+/// guest's epoll then reports a hang-up that tokio never clears, so the
+/// agent spun on EAGAIN reads forever after (a whole host core per adopted
+/// sandbox, measured). Now the agent re-registers the port and idles.
+#[test]
+fn an_adopted_sandbox_idles_after_poold_restarts() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    let id = block_on(async {
+        p.snapshot("idle", "minimal", MINIMAL_MIB).await;
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "idle"}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        ids(&v).remove(0)
+    });
+    p.kill9();
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(async {
+        let (st, v) = exec_echo(&p, &id).await;
+        assert_eq!((st, v["stdout"].as_str()), (200, Some("running\n")), "{v}");
+    });
+    let qemu = home.qemu_pids()[0];
+    std::thread::sleep(Duration::from_secs(1));
+    let (c0, t0) = (cpu_secs(qemu), std::time::Instant::now());
+    std::thread::sleep(Duration::from_secs(4));
+    let used = (cpu_secs(qemu) - c0) / t0.elapsed().as_secs_f64();
+    // Idle is ~1% of a core under TCG; the spin was ~100%.
+    assert!(
+        used < 0.3,
+        "the adopted sandbox's QEMU uses {used:.2} CPUs idle"
+    );
+    let (st, _) = block_on(p.delete(&format!("/v1/sandboxes/{id}")));
+    assert_eq!(st, 204);
+}
