@@ -43,7 +43,13 @@ pub fn run() -> Ending {
             next_start = Instant::now() + backoff;
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
-        match wait_signal(&set, Duration::from_millis(500)) {
+        // Signals wake PID 1 (SIGCHLD for every exit); a timeout is needed
+        // only while an agent restart waits out its backoff. Polling would
+        // wake an idle guest's vCPU for nothing (twice a second, before).
+        let timeout = agent
+            .is_none()
+            .then(|| next_start.saturating_duration_since(Instant::now()));
+        match wait_signal(&set, timeout) {
             Some(Signal::SIGUSR2) => return Ending::PowerOff,
             Some(Signal::SIGTERM) | Some(Signal::SIGINT) => return Ending::Reboot,
             _ => {}
@@ -76,13 +82,16 @@ fn start_agent() -> Option<Pid> {
     }
 }
 
-fn wait_signal(set: &SigSet, timeout: Duration) -> Option<Signal> {
-    let ts = libc::timespec {
-        tv_sec: timeout.as_secs() as libc::time_t,
-        tv_nsec: timeout.subsec_nanos() as libc::c_long,
-    };
-    // SAFETY: `set` is a valid sigset and `ts` a valid timespec.
-    let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+/// Waits for a signal of `set`, at most `timeout` (None: until one comes).
+fn wait_signal(set: &SigSet, timeout: Option<Duration>) -> Option<Signal> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: t.as_secs() as libc::time_t,
+        tv_nsec: t.subsec_nanos() as libc::c_long,
+    });
+    let ts_ptr = ts.as_ref().map_or(std::ptr::null(), |t| t as *const _);
+    // SAFETY: `set` is a valid sigset; `ts_ptr` is null or points to `ts`,
+    // which outlives the call.
+    let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), ts_ptr) };
     Signal::try_from(sig).ok()
 }
 
