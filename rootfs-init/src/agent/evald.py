@@ -80,12 +80,20 @@ def reseed(seed_hex):
     ssl = sys.modules.get("ssl")
     if ssl is not None:
         ssl.RAND_add(seed, 0.0)
-    hooked = []
+    hooked, errors = [], []
     for name in warmup_imports():
         hook = getattr(sys.modules.get(name), "forkd_reseed", None)
-        if callable(hook):
+        if not callable(hook):
+            continue
+        try:
             hook(seed)
             hooked.append(name)
+        except BaseException as e:  # noqa: B902 - one bad hook must not skip the rest
+            errors.append("%s.forkd_reseed: %s: %s" % (name, type(e).__name__, e))
+    if errors:
+        # The reply's error fails the identity call: a child must not be
+        # handed out with generators it shares with its siblings.
+        raise RuntimeError("; ".join(errors))
     return {"reseeded": True, "openssl": ssl is not None, "hooks": hooked}
 
 
