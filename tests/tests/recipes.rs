@@ -221,3 +221,76 @@ fn coding_agent_children_commit_and_compile_apart() {
         assert_eq!(v["result"], "'git'", "{v}");
     });
 }
+
+/// Runs `code` in the kernel with run_cell in sandbox `id`; returns the
+/// cell (stdout, outputs, error, status...) as JSON.
+async fn cell(p: &Poold, id: &str, code: &str) -> Value {
+    let call = format!("import json; print(json.dumps(run_cell({code:?})))");
+    let v = eval(p, id, &call).await;
+    assert_eq!(v["exit_code"], 0, "run_cell({code:?}): {v}");
+    serde_json::from_str(v["stdout"].as_str().unwrap())
+        .unwrap_or_else(|e| panic!("run_cell({code:?}): {e}: {v}"))
+}
+
+/// The text/plain of a cell's only output (its execute_result).
+fn plain(cell: &Value) -> &str {
+    assert_eq!(cell["status"], "ok", "{cell}");
+    cell["outputs"][0]["text/plain"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text/plain output: {cell}"))
+}
+
+/// jupyter-kernel: the parent's warm interpreter started an IPython kernel
+/// and connected to it; the warm-up defined a variable in the kernel. Each
+/// child runs cells at once over the same (cloned) ZeroMQ connections, sees
+/// the variable, keeps its own, and draws its own random numbers in the
+/// kernel (reseeded at hand-out through forkd_kernel.forkd_reseed).
+#[test]
+fn jupyter_kernel_children_run_cells_in_the_warm_kernel() {
+    build_image("jupyter-kernel");
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(async {
+        let warmup = "c = run_cell('import os, random; warm = {\"kernel_pid\": os.getpid(), \
+                      \"squares\": [i * i for i in range(4)]}'); \
+                      assert c['status'] == 'ok', c; 'ok'";
+        let kids = warm_pair(&p, "jup", "jupyter-kernel", json!({"eval_warmup": warmup})).await;
+        let mut pids = Vec::new();
+        for k in &kids {
+            // The first cell after hand-out: the kernel the parent started.
+            let t = std::time::Instant::now();
+            let c = cell(&p, k, "warm['squares']").await;
+            assert_eq!(plain(&c), "[0, 1, 4, 9]");
+            eprintln!(
+                "{k}: first cell (kernel reseed included) {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            pids.push(plain(&cell(&p, k, "warm['kernel_pid']").await).to_string());
+        }
+        assert_eq!(pids[0], pids[1], "not the parent's kernel");
+        // A cell's streams and its execute_result.
+        let c = cell(&p, &kids[0], "print('out'); mine = 'a'; mine + 'b'").await;
+        assert_eq!(c["stdout"], "out\n", "{c}");
+        assert_eq!(plain(&c), "'ab'");
+        // The child continues the parent's count (the warm-up ran cell 1,
+        // this child two cells since); the hand-out reseed added none.
+        assert_eq!(c["execution_count"], 4, "{c}");
+        // An exception comes back as the cell's error.
+        let c = cell(&p, &kids[0], "1 / 0").await;
+        assert_eq!(c["status"], "error", "{c}");
+        assert_eq!(c["error"]["ename"], "ZeroDivisionError", "{c}");
+        assert!(
+            !c["error"]["traceback"].as_array().unwrap().is_empty(),
+            "{c}"
+        );
+        // Isolation: the first child's variable is not in its sibling.
+        let c = cell(&p, &kids[1], "mine").await;
+        assert_eq!(c["error"]["ename"], "NameError", "{c}");
+        assert_eq!(plain(&cell(&p, &kids[0], "mine").await), "'a'");
+        // Randomness in the kernel differs between siblings (the parent's
+        // kernel imported `random` before the snapshot).
+        let a = plain(&cell(&p, &kids[0], "random.getrandbits(64)").await).to_string();
+        let b = plain(&cell(&p, &kids[1], "random.getrandbits(64)").await).to_string();
+        assert_ne!(a, b, "the kernel's random is shared by siblings");
+    });
+}

@@ -60,11 +60,18 @@ def run(code):
     return reply
 
 
+def warmup_imports():
+    return [m for m in (m.strip() for m in os.environ.get("FORKD_WARMUP_IMPORTS", "").split(",")) if m]
+
+
 def reseed(seed_hex):
     """At hand-out: the generators this process seeded before the snapshot
     draw fresh kernel entropy (the agent has reseeded the kernel's CRNG).
     OpenSSL's DRBG exists once `ssl` has run, and a VM fork keeps the pid
-    OpenSSL's fork check looks at: RAND_add reseeds it from the kernel."""
+    OpenSSL's fork check looks at: RAND_add reseeds it from the kernel.
+    A warm-up module that keeps random state outside this process (a
+    kernel it started, say) gets the same seed: it defines
+    `forkd_reseed(seed: bytes)`."""
     seed = os.urandom(32) + bytes.fromhex(seed_hex)
     random.seed(seed)
     np = sys.modules.get("numpy")
@@ -73,12 +80,26 @@ def reseed(seed_hex):
     ssl = sys.modules.get("ssl")
     if ssl is not None:
         ssl.RAND_add(seed, 0.0)
-    return {"reseeded": True, "openssl": ssl is not None}
+    hooked, errors = [], []
+    for name in warmup_imports():
+        hook = getattr(sys.modules.get(name), "forkd_reseed", None)
+        if not callable(hook):
+            continue
+        try:
+            hook(seed)
+            hooked.append(name)
+        except BaseException as e:  # noqa: B902 - one bad hook must not skip the rest
+            errors.append("%s.forkd_reseed: %s: %s" % (name, type(e).__name__, e))
+    if errors:
+        # The reply's error fails the identity call: a child must not be
+        # handed out with generators it shares with its siblings.
+        raise RuntimeError("; ".join(errors))
+    return {"reseeded": True, "openssl": ssl is not None, "hooks": hooked}
 
 
 def warm():
     errors = []
-    for name in filter(None, (m.strip() for m in os.environ.get("FORKD_WARMUP_IMPORTS", "").split(","))):
+    for name in warmup_imports():
         try:
             __import__(name)
             top = name.split(".")[0]

@@ -96,7 +96,8 @@ fn populate(
                 cmd,
                 &staging.join("debootstrap.log"),
                 "debootstrap (install it: scripts/setup.sh)",
-            )?;
+            )
+            .map_err(|e| explain_debootstrap(e, root))?;
             slim_debian(root)
         }
         RootSource::Busybox => {
@@ -126,6 +127,79 @@ fn populate(
             super::rootfs::unpack_tar(path, root)
         }
     }
+}
+
+/// The staging root (and debootstrap's own log inside it,
+/// `debootstrap/debootstrap.log`) is removed when the build fails, and
+/// debootstrap's output only says "see the log": so the error carries what
+/// the log says went wrong.
+fn explain_debootstrap(e: anyhow::Error, root: &Path) -> anyhow::Error {
+    let Ok(log) = std::fs::read_to_string(root.join("debootstrap/debootstrap.log")) else {
+        return e;
+    };
+    let missing = unresolved_dependencies(&log);
+    if !missing.is_empty() {
+        let list: Vec<String> = missing
+            .iter()
+            .map(|(pkg, dep)| format!("  {pkg} depends on {dep}"))
+            .collect();
+        return anyhow::anyhow!(
+            "debootstrap could not configure the recipe's packages: these dependencies were \
+             never installed:\n{}\ndebootstrap's resolver does not follow virtual packages \
+             (Provides) or alternatives (a | b); add a real package that provides each name to \
+             the recipe's `packages` (`apt-cache showpkg NAME` lists them under Reverse \
+             Provides), then build again",
+            list.join("\n")
+        );
+    }
+    let errors: Vec<&str> = log
+        .lines()
+        .filter(|l| l.starts_with("dpkg: error") || l.starts_with("E: "))
+        .collect();
+    if errors.is_empty() {
+        return e;
+    }
+    let shown = &errors[errors.len().saturating_sub(10)..];
+    e.context(format!(
+        "debootstrap/debootstrap.log in the build root reports:\n{}",
+        shown.join("\n")
+    ))
+}
+
+/// The (package, dependency) pairs dpkg left unconfigured because the
+/// dependency is not installed at all, from a debootstrap log's
+/// "dependency problems prevent configuration" blocks. (debootstrap's
+/// early base phase configures with dependencies missing on purpose and
+/// logs them as "configuring anyway": those are not blocks of this kind.)
+fn unresolved_dependencies(log: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    let mut in_block = false;
+    let mut pending: Option<(String, String)> = None;
+    for line in log.lines() {
+        if line.starts_with("dpkg: dependency problems prevent configuration of ") {
+            in_block = true;
+            continue;
+        }
+        if !in_block {
+            continue;
+        }
+        if line.trim().is_empty() || line.starts_with("dpkg:") {
+            in_block = false;
+            pending = None;
+        } else if let Some(rest) = line.trim().strip_suffix("; however:") {
+            pending = rest
+                .split_once(" depends on ")
+                .or_else(|| rest.split_once(" pre-depends on "))
+                .map(|(p, d)| (p.to_string(), d.to_string()));
+        } else if line.trim().ends_with(" is not installed.") {
+            if let Some(pair) = pending.take() {
+                if !out.contains(&pair) {
+                    out.push(pair);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// Drops what a sandbox never needs from a debootstrapped tree: downloaded
@@ -322,4 +396,47 @@ fn run_logged(mut cmd: Command, log: &Path, what: &str) -> Result<()> {
         bail!("{what} failed ({status}):\n{}", tail.join("\n"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn debootstrap_log_names_the_missing_virtual_packages() {
+        let log = "\
+dpkg: base-passwd: dependency problems, but configuring anyway as you requested:
+ base-passwd depends on libc6 (>= 2.34); however:
+  Package libc6 is not installed.
+Setting up libipt2 (2.0.5-1) ...
+dpkg: dependency problems prevent configuration of python3-zmq:
+ python3-zmq depends on python3-cffi-backend-api-min (<= 9729); however:
+  Package python3-cffi-backend-api-min is not installed.
+ python3-zmq depends on python3-cffi-backend-api-max (>= 9729); however:
+  Package python3-cffi-backend-api-max is not installed.
+
+dpkg: error processing package python3-zmq (--configure):
+ dependency problems - leaving unconfigured
+dpkg: dependency problems prevent configuration of python3-ipykernel:
+ python3-ipykernel depends on python3-zmq; however:
+  Package python3-zmq is not configured yet.
+
+dpkg: dependency problems prevent configuration of python3-zmq:
+ python3-zmq depends on python3-cffi-backend-api-min (<= 9729); however:
+  Package python3-cffi-backend-api-min is not installed.
+";
+        assert_eq!(
+            unresolved_dependencies(log),
+            vec![
+                (
+                    "python3-zmq".to_string(),
+                    "python3-cffi-backend-api-min (<= 9729)".to_string()
+                ),
+                (
+                    "python3-zmq".to_string(),
+                    "python3-cffi-backend-api-max (>= 9729)".to_string()
+                ),
+            ]
+        );
+    }
 }

@@ -29,6 +29,10 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "coding-agent",
         include_str!("../../../../rootfs-init/recipes/coding-agent.toml"),
     ),
+    (
+        "jupyter-kernel",
+        include_str!("../../../../rootfs-init/recipes/jupyter-kernel.toml"),
+    ),
 ];
 
 /// An image recipe (TOML): where the root's files come from, the disk size and the agent's settings.
