@@ -742,6 +742,54 @@ fn pool_hits_refill_and_misses() {
             .await;
         assert_eq!((st, v["result"].as_str()), (200, Some("4")), "{v}");
 
+        // warm_eval: the warm-up runs it in every child parked from now
+        // on, in the child's own interpreter, so a pool hit finds what it
+        // defined. Refused without warm, or empty.
+        for (body, why) in [
+            (
+                json!({"min_ready": 4, "warm": false, "warm_eval": "1"}),
+                "needs warm",
+            ),
+            (
+                json!({"min_ready": 4, "warm_eval": " "}),
+                "warm_eval must be",
+            ),
+        ] {
+            let (st, v) = p.put("/v1/pools/py", body).await;
+            assert_eq!(st, 400, "{v}");
+            assert!(v["error"].as_str().unwrap().contains(why), "{v}");
+        }
+        let (st, v) = p
+            .put(
+                "/v1/pools/py",
+                json!({"min_ready": 4, "warm_eval": "parked_marker = 7"}),
+            )
+            .await;
+        assert_eq!(
+            (st, v["warm_eval"].as_str()),
+            (200, Some("parked_marker = 7")),
+            "{v}"
+        );
+        p.wait_pool("py", 4).await;
+        // The four parked before the change go first.
+        let (_, older) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "n": 4}))
+            .await;
+        p.wait_pool("py", 4).await;
+        let (_, newer) = p.post("/v1/sandboxes", json!({"snapshot_tag": "py"})).await;
+        assert_eq!(newer[0]["pool_hit"], true, "{newer}");
+        let marked = newer[0]["id"].as_str().unwrap();
+        let (st, v) = p
+            .post(
+                &format!("/v1/sandboxes/{marked}/eval"),
+                json!({"code": "parked_marker"}),
+            )
+            .await;
+        assert_eq!((st, v["result"].as_str()), (200, Some("7")), "{v}");
+        for id in ids(&older).iter().chain(ids(&newer).iter()) {
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+
         // Deleting the snapshot drains its pool first.
         for id in ids(&four).iter().chain(ids(&ten).iter()) {
             assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);

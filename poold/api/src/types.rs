@@ -297,7 +297,7 @@ pub struct EvalReply {
 }
 
 /// One pool's sizing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PoolSpec {
     /// Paused children kept ready.
@@ -310,11 +310,22 @@ pub struct PoolSpec {
     /// (TCG) translation of the agent's hot paths.
     #[serde(default = "yes")]
     pub warm: bool,
+    /// Code the warm-up evaluates in each new child's warm interpreter
+    /// instead of a no-op, before parking it: a child's first request then
+    /// runs as fast as its later ones, since under TCG its QEMU has
+    /// translated that code already (KVM translates nothing). It runs in
+    /// the child's own interpreter, so what it defines stays defined; an
+    /// error is logged and the child parked anyway. Needs `warm`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_eval: Option<String>,
 }
 
 fn yes() -> bool {
     true
 }
+
+/// Longest `warm_eval`: a representative request, not a program.
+pub const MAX_WARM_EVAL_BYTES: usize = 64 << 10;
 
 impl PoolSpec {
     /// The effective upper bound.
@@ -335,6 +346,17 @@ impl PoolSpec {
                 anyhow::bail!("max_ready {m} is over the cap of 1000");
             }
         }
+        if let Some(code) = &self.warm_eval {
+            if !self.warm {
+                anyhow::bail!("warm_eval needs warm: true (it runs in the warm-up before parking)");
+            }
+            if code.trim().is_empty() || code.len() > MAX_WARM_EVAL_BYTES {
+                anyhow::bail!(
+                    "warm_eval must be 1 to {MAX_WARM_EVAL_BYTES} bytes of code (got {}); give a representative request, e.g. \"numpy.zeros(5).tolist()\"",
+                    code.len()
+                );
+            }
+        }
         Ok(())
     }
 }
@@ -350,6 +372,9 @@ pub struct PoolStatus {
     pub max_ready: usize,
     /// Whether children are warmed (resumed once, paused again) before parking.
     pub warm: bool,
+    /// The code that warm-up evaluates (absent: a no-op).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warm_eval: Option<String>,
     /// Children ready to hand out now.
     pub ready: usize,
     /// Children being restored for the pool now.

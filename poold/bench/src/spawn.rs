@@ -39,6 +39,8 @@ pub struct SpawnBench {
     pub cold_samples: usize,
     /// Python each child evaluates to count as ready.
     pub probe: String,
+    /// The pools' `warm_eval` (None: the default no-op warm-up).
+    pub warm_eval: Option<String>,
     /// A networked snapshot of the same image: adds a sequential pool-hit
     /// row with per-child networking.
     pub net_tag: Option<String>,
@@ -111,6 +113,9 @@ pub struct Report {
     pub version: String,
     /// The probe each child evaluates.
     pub probe: String,
+    /// The pools' `warm_eval`, if set.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub warm_eval: Option<String>,
     /// Sequential single spawns per source.
     pub sequential: Vec<SeqRow>,
     /// Fan-out, per N.
@@ -159,18 +164,19 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
         host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         version: env!("CARGO_PKG_VERSION").into(),
         probe: b.probe.clone(),
+        warm_eval: b.warm_eval.clone(),
         sequential: Vec::new(),
         fanout: Vec::new(),
     };
 
     if b.seq > 0 {
-        fill_and_hold(&c, &b.tag, b.seq).await?;
+        fill_and_hold(&c, &b.tag, b.seq, b.warm_eval.as_deref()).await?;
         report
             .sequential
             .push(sequential(&c, &b, &b.tag, "pool hit").await?);
         drain(&c, &b.tag).await?;
         if let Some(net_tag) = &b.net_tag {
-            fill_and_hold(&c, net_tag, b.seq).await?;
+            fill_and_hold(&c, net_tag, b.seq, b.warm_eval.as_deref()).await?;
             report
                 .sequential
                 .push(sequential(&c, &b, net_tag, "pool hit + net").await?);
@@ -197,7 +203,7 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
 
     for &n in &b.fanout {
         let fill = Instant::now();
-        fill_and_hold(&c, &b.tag, n).await?;
+        fill_and_hold(&c, &b.tag, n, b.warm_eval.as_deref()).await?;
         let fill_s = fill.elapsed().as_secs_f64();
         let row = fan_out(&c, &b, paths, &memory, n, fill_s).await?;
         drain(&c, &b.tag).await?;
@@ -324,18 +330,19 @@ fn pooled_pids(paths: &Paths) -> Result<Vec<u32>> {
 
 /// Fills `tag`'s pool with `n` paused children, then stops it refilling,
 /// so what is measured next runs without restores competing for the CPU.
-async fn fill_and_hold(c: &Client, tag: &str, n: usize) -> Result<()> {
-    c.put::<PoolStatus>(
-        &format!("/v1/pools/{tag}"),
-        json!({"min_ready": n, "max_ready": n, "warm": true}),
-    )
-    .await?;
+async fn fill_and_hold(c: &Client, tag: &str, n: usize, warm_eval: Option<&str>) -> Result<()> {
+    let spec = |min: usize| {
+        let mut s = json!({"min_ready": min, "max_ready": n, "warm": true});
+        if let Some(code) = warm_eval {
+            s["warm_eval"] = json!(code);
+        }
+        s
+    };
+    c.put::<PoolStatus>(&format!("/v1/pools/{tag}"), spec(n))
+        .await?;
     wait_pool(c, tag, |p| p.ready >= n).await?;
-    c.put::<PoolStatus>(
-        &format!("/v1/pools/{tag}"),
-        json!({"min_ready": 0, "max_ready": n, "warm": true}),
-    )
-    .await?;
+    c.put::<PoolStatus>(&format!("/v1/pools/{tag}"), spec(0))
+        .await?;
     Ok(())
 }
 

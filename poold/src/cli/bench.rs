@@ -80,6 +80,10 @@ pub enum BenchCmd {
         cold_samples: usize,
         #[arg(long, default_value = PROBE)]
         probe: String,
+        /// Set the pools' `warm_eval` to this code (e.g. the probe): each
+        /// child runs it before it is parked (docs/poold.md).
+        #[arg(long, value_name = "CODE")]
+        warm_eval: Option<String>,
         /// A networked snapshot of the same image: adds a pool-hit row
         /// with per-child networking (docs/network.md).
         #[arg(long)]
@@ -179,6 +183,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             json,
             cold_samples,
             probe,
+            warm_eval,
             net_tag,
         } => {
             let fanout = if fanout.trim().is_empty() {
@@ -197,6 +202,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     fanout,
                     cold_samples,
                     probe,
+                    warm_eval,
                     net_tag,
                     json,
                 },

@@ -141,8 +141,13 @@ pub enum PoolCmd {
         #[arg(long)]
         max: Option<usize>,
         /// Park children without the warm-up round trip.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "warm_eval")]
         no_warm: bool,
+        /// Code the warm-up evaluates in each child before parking it (your
+        /// typical first request): under TCG the child's first request is
+        /// then as fast as later ones. What it defines stays defined.
+        #[arg(long, value_name = "CODE")]
+        warm_eval: Option<String>,
     },
     /// Remove a pool and destroy its children.
     Rm { tag: String },
@@ -318,12 +323,14 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
             min,
             max,
             no_warm,
+            warm_eval,
         } => {
+            let mut body = json!({"min_ready": min, "max_ready": max, "warm": !no_warm});
+            if let Some(code) = warm_eval {
+                body["warm_eval"] = json!(code);
+            }
             let p: PoolStatus = c
-                .put(
-                    &format!("/v1/pools/{}", path_part(&tag)?),
-                    json!({"min_ready": min, "max_ready": max, "warm": !no_warm}),
-                )
+                .put(&format!("/v1/pools/{}", path_part(&tag)?), body)
                 .await?;
             show(&p);
         }

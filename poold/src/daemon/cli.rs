@@ -167,6 +167,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
             min_ready: min,
             max_ready: max,
             warm,
+            warm_eval: None,
         },
     ))
 }

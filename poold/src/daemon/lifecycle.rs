@@ -672,7 +672,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         return Err(e);
     }
     if t.warm {
-        if let Err(e) = warm_once(&vm, &id).await {
+        if let Err(e) = warm_once(&vm, &id, t.warm_eval.as_deref()).await {
             discard(d, vm, &defaults).await;
             return Err(e);
         }
@@ -710,14 +710,21 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
 /// Runs the child briefly and pauses it again: it gets its identity (all
 /// but the clock, which the hand-out sets), and the code paths of its first
 /// real request are translated, so neither costs the spawn.
-async fn warm_once(vm: &Vm, hostname: &str) -> anyhow::Result<()> {
+async fn warm_once(vm: &Vm, hostname: &str, warm_eval: Option<&str>) -> anyhow::Result<()> {
     vm.resume().await?;
     forkd_snapshot::restore::give_identity(vm, hostname).await?;
     let p = vm.agent.ping(Duration::from_secs(30)).await?;
     if p.warm_ready {
         // The eval path too (the pipe to the warm interpreter and its loop):
-        // a no-op expression, so nothing of the child's state changes.
-        vm.agent.eval("None", Some(30_000)).await?;
+        // by default a no-op expression, so nothing of the child's state
+        // changes; the pool's `warm_eval` when it names a first request.
+        let r = vm
+            .agent
+            .eval(warm_eval.unwrap_or("None"), Some(30_000))
+            .await?;
+        if let Some(e) = r.error {
+            tracing::warn!("pool warm_eval failed in {hostname} (the child is parked anyway): {e}");
+        }
     }
     vm.pause().await
 }

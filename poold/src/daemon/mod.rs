@@ -295,7 +295,7 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
     });
     // Pools set through the API override the config file's.
     for (tag, spec) in d.cfg.pools.iter().chain(saved.pools.iter()) {
-        d.pools.set(tag, (spec.max() > 0).then_some(*spec));
+        d.pools.set(tag, (spec.max() > 0).then_some(spec.clone()));
     }
     forkd_vmm::net::configure(d.cfg.net.range, d.cfg.net.egress.clone());
     if let Err(e) = forkd_vmm::net::ensure_host().await {

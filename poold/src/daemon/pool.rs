@@ -73,6 +73,8 @@ pub struct RefillTicket {
     pub tag: String,
     pub generation: u64,
     pub warm: bool,
+    /// What the warm-up evaluates (None: a no-op).
+    pub warm_eval: Option<String>,
 }
 
 /// All pools.
@@ -97,13 +99,14 @@ impl<V: Parked> Pools<V> {
     pub fn set(&self, tag: &str, spec: Option<PoolSpec>) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(tag.to_string()).or_default();
+        let keep = spec.as_ref().map_or(0, |s| s.max());
+        let gone = spec.is_none();
         p.spec = spec;
-        let keep = spec.map_or(0, |s| s.max());
         let mut extra = Vec::new();
         while p.ready.len() > keep {
             extra.extend(p.ready.pop_back());
         }
-        if spec.is_none() || !extra.is_empty() {
+        if gone || !extra.is_empty() {
             p.generation += 1;
         }
         extra
@@ -111,7 +114,11 @@ impl<V: Parked> Pools<V> {
 
     /// The sizing of `tag`'s pool, if it has one.
     pub fn spec(&self, tag: &str) -> Option<PoolSpec> {
-        self.inner.lock().unwrap().get(tag).and_then(|p| p.spec)
+        self.inner
+            .lock()
+            .unwrap()
+            .get(tag)
+            .and_then(|p| p.spec.clone())
     }
 
     /// Takes up to `n` ready children of snapshot `snapshot_id` for `tag`;
@@ -216,7 +223,7 @@ impl<V: Parked> Pools<V> {
         let mut tags: Vec<(usize, String)> = g
             .iter()
             .filter_map(|(t, p)| {
-                let s = p.spec?;
+                let s = p.spec.as_ref()?;
                 let have = p.ready.len() + p.in_flight;
                 (have < s.min_ready.min(s.max())).then(|| (have, t.clone()))
             })
@@ -230,13 +237,15 @@ impl<V: Parked> Pools<V> {
                     break;
                 }
                 let p = g.get_mut(t).expect("listed above");
-                let s = p.spec.expect("listed above");
+                let s = p.spec.as_ref().expect("listed above");
                 if p.ready.len() + p.in_flight < s.min_ready.min(s.max()) {
+                    let (warm, warm_eval) = (s.warm, s.warm_eval.clone());
                     p.in_flight += 1;
                     out.push(RefillTicket {
                         tag: t.clone(),
                         generation: p.generation,
-                        warm: s.warm,
+                        warm,
+                        warm_eval,
                     });
                     progress = true;
                 }
@@ -254,7 +263,7 @@ impl<V: Parked> Pools<V> {
         p.in_flight = p.in_flight.saturating_sub(1);
         self.refill_done.notify_waiters();
         let vm = vm?;
-        let room = p.spec.is_some_and(|s| p.ready.len() < s.max());
+        let room = p.spec.as_ref().is_some_and(|s| p.ready.len() < s.max());
         if p.generation == t.generation && room {
             p.ready.push_back(vm);
             None
@@ -271,7 +280,7 @@ impl<V: Parked> Pools<V> {
     pub fn adopt(&self, vm: V) -> Option<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(vm.record().tag.clone()).or_default();
-        if p.spec.is_none_or(|s| p.ready.len() >= s.max()) {
+        if p.spec.as_ref().is_none_or(|s| p.ready.len() >= s.max()) {
             return Some(vm);
         }
         p.ready.push_back(vm);
@@ -300,9 +309,10 @@ impl<V: Parked> Pools<V> {
 fn status_of<V>(tag: &str, p: &Pool<V>) -> PoolStatus {
     PoolStatus {
         tag: tag.to_string(),
-        min_ready: p.spec.map_or(0, |s| s.min_ready),
-        max_ready: p.spec.map_or(0, |s| s.max()),
-        warm: p.spec.is_some_and(|s| s.warm),
+        min_ready: p.spec.as_ref().map_or(0, |s| s.min_ready),
+        max_ready: p.spec.as_ref().map_or(0, |s| s.max()),
+        warm: p.spec.as_ref().is_some_and(|s| s.warm),
+        warm_eval: p.spec.as_ref().and_then(|s| s.warm_eval.clone()),
         ready: p.ready.len(),
         in_flight: p.in_flight,
         hits: p.hits,
@@ -349,6 +359,7 @@ mod tests {
             min_ready: min,
             max_ready: max,
             warm: false,
+            warm_eval: None,
         })
     }
 
@@ -541,6 +552,7 @@ mod tests {
                 min_ready: 0,
                 max_ready: Some(0),
                 warm: false,
+                warm_eval: None,
             }),
         );
         assert!(p.adopt(fake("gone", "s", 0)).is_some());

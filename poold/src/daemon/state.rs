@@ -425,6 +425,7 @@ mod persisted_tests {
                                 min_ready: i,
                                 max_ready: None,
                                 warm: true,
+                                warm_eval: None,
                             },
                         );
                     })
@@ -449,6 +450,7 @@ mod sync_tests {
             min_ready,
             max_ready: None,
             warm: true,
+            warm_eval: None,
         }
     }
 

@@ -66,10 +66,10 @@ pub async fn put(
             d.cfg.max_sandboxes
         )));
     }
-    let t = tag.clone();
+    let (t, saved) = (tag.clone(), spec.clone());
     d.state
         .commit(move |s| {
-            s.pools.insert(t, spec);
+            s.pools.insert(t, saved);
         })
         .await
         .map_err(ApiError::from_anyhow)?;
@@ -92,6 +92,7 @@ pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCod
         min_ready: 0,
         max_ready: Some(0),
         warm: false,
+        warm_eval: None,
     };
     let t = tag.clone();
     d.state
