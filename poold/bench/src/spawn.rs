@@ -185,19 +185,24 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
         report
             .sequential
             .push(sequential(&c, &b, &b.tag, "on demand").await?);
-        let mem = info["config"]["machine"]["mem_mib"].as_u64().unwrap_or(512);
-        let (cold, _) =
-            super::fork::cold_samples(paths, &image, mem, accel, b.cold_samples, &b.probe).await?;
-        report.sequential.push(SeqRow {
-            source: "cold boot".into(),
-            samples: cold.len(),
-            spawn_p50_ms: median(&cold),
-            spawn_p99_ms: pct(&cold, 99.0),
-            poold_p50_ms: f64::NAN,
-            first_eval_p50_ms: f64::NAN,
-            later_eval_p50_ms: f64::NAN,
-            hits: 0,
-        });
+        // 0 cold samples: no cold-boot row (the fork bench's helper boots
+        // at least once, for its memory figure).
+        if b.cold_samples > 0 {
+            let mem = info["config"]["machine"]["mem_mib"].as_u64().unwrap_or(512);
+            let (cold, _) =
+                super::fork::cold_samples(paths, &image, mem, accel, b.cold_samples, &b.probe)
+                    .await?;
+            report.sequential.push(SeqRow {
+                source: "cold boot".into(),
+                samples: cold.len(),
+                spawn_p50_ms: median(&cold),
+                spawn_p99_ms: pct(&cold, 99.0),
+                poold_p50_ms: f64::NAN,
+                first_eval_p50_ms: f64::NAN,
+                later_eval_p50_ms: f64::NAN,
+                hits: 0,
+            });
+        }
         print_sequential(&report.sequential);
     }
 

@@ -76,6 +76,7 @@ pub enum BenchCmd {
         /// Write the report as JSON here (for scripts/plot-benchmarks.py).
         #[arg(long)]
         json: Option<std::path::PathBuf>,
+        /// Cold boots measured for comparison (0: none).
         #[arg(long, default_value_t = 3)]
         cold_samples: usize,
         #[arg(long, default_value = PROBE)]
