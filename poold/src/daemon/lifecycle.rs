@@ -315,7 +315,7 @@ async fn spawn_hits_and_misses(
                     tracing::warn!(
                         "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
                     );
-                    discard(d, vm, &limits).await;
+                    discard(d, vm).await;
                     restore_one(d, &src, volumes, egress, t0, &limits)
                         .await
                         .map(|(vm, t)| (vm, t, false))
@@ -350,7 +350,7 @@ async fn spawn_hits_and_misses(
         }
     }
     if let Some(e) = first_err {
-        futures::future::join_all(vms.into_iter().map(|(vm, _, _)| discard(d, vm, &limits))).await;
+        futures::future::join_all(vms.into_iter().map(|(vm, _, _)| discard(d, vm))).await;
         return Err(ApiError::from_anyhow(e.context("spawning sandboxes")));
     }
 
@@ -446,7 +446,7 @@ async fn restore_one(
     match handed.await {
         Ok(()) => Ok((vm, t)),
         Err(e) => {
-            discard(d, vm, limits).await;
+            discard(d, vm).await;
             Err(e)
         }
     }
@@ -465,20 +465,16 @@ fn confine(d: &Daemon, vm: &Vm, l: &Limits) -> anyhow::Result<()> {
 }
 
 /// Destroys a child that never became a sandbox, with its cgroups.
-async fn discard(d: &Daemon, vm: Vm, l: &Limits) {
+async fn discard(d: &Daemon, vm: Vm) {
     let id = vm.id.clone();
     vm.destroy().await;
-    if let (Some(h), false) = (&d.cgroups, l.is_empty()) {
-        h.remove(&id);
-    }
+    remove_cgroups(d, &id);
 }
 
 /// Destroys a pooled child, with the cgroups it joined when parked.
 async fn destroy_pooled(d: &Daemon, v: PooledVm) {
     v.vm.destroy().await;
-    if let Some(h) = &d.cgroups {
-        h.remove(&v.record.vm_id);
-    }
+    remove_cgroups(d, &v.record.vm_id);
 }
 
 /// The limits a sandbox record carries.
@@ -524,11 +520,7 @@ pub async fn destroy(d: &Arc<Daemon>, id: &str) -> bool {
         return false;
     };
     sb.destroy().await;
-    if let Some(h) = &d.cgroups {
-        if !limits_of(&sb.record()).is_empty() {
-            h.remove(id);
-        }
-    }
+    remove_cgroups(d, id);
     let id = id.to_string();
     if let Err(e) = d
         .state
@@ -668,12 +660,12 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     // charged to the child.
     let defaults = d.default_limits();
     if let Err(e) = confine(d, &vm, &defaults) {
-        discard(d, vm, &defaults).await;
+        discard(d, vm).await;
         return Err(e);
     }
     if t.warm {
         if let Err(e) = warm_once(&vm, &id, t.warm_eval.as_deref()).await {
-            discard(d, vm, &defaults).await;
+            discard(d, vm).await;
             return Err(e);
         }
     }
@@ -683,7 +675,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     if let Err(e) =
         forkd_snapshot::restore::set_egress(&mut vm, &forkd_vmm::net::default_egress()).await
     {
-        discard(d, vm, &defaults).await;
+        discard(d, vm).await;
         return Err(e);
     }
     let record = PooledRecord {
@@ -701,7 +693,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         })
         .await
     {
-        discard(d, vm, &defaults).await;
+        discard(d, vm).await;
         return Err(e);
     }
     Ok(PooledVm { vm, record })
@@ -998,7 +990,8 @@ async fn forget_vm(d: &Daemon, id: &str) {
     let _ = std::fs::remove_dir_all(&dir.path);
 }
 
-/// Removes VM `id`'s cgroups, if it has any (its processes are gone).
+/// Removes VM `id`'s cgroups, if it has any (its processes are gone):
+/// every way a VM ends goes through here, whatever its limits were.
 fn remove_cgroups(d: &Daemon, id: &str) {
     if let Some(h) = &d.cgroups {
         h.remove(id);
