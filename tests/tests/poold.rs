@@ -811,6 +811,111 @@ fn pool_hits_refill_and_misses() {
     assert!(home.qemu_pids().is_empty(), "QEMU left running");
 }
 
+/// A swap file this test adds while it runs, when the host has no swap:
+/// swapped off and deleted on drop.
+struct SwapFile(Option<std::path::PathBuf>);
+
+impl SwapFile {
+    fn ensure(dir: &std::path::Path) -> SwapFile {
+        if forkd_vmm::swap_total_kib() > 0 {
+            return SwapFile(None);
+        }
+        let f = dir.join("test.swap");
+        let run = |cmd: &str, args: &[&str]| {
+            let out = std::process::Command::new(cmd).args(args).output().unwrap();
+            assert!(out.status.success(), "{cmd} {args:?}: {out:?}");
+        };
+        let path = f.to_str().unwrap();
+        run("fallocate", &["-l", "256M", path]);
+        std::fs::set_permissions(&f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+        run("mkswap", &[path]);
+        run("swapon", &[path]);
+        SwapFile(Some(f))
+    }
+}
+
+impl Drop for SwapFile {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            let _ = std::process::Command::new("swapoff").arg(&f).status();
+            let _ = std::fs::remove_file(f);
+        }
+    }
+}
+
+#[test]
+fn parked_children_page_out_to_swap() {
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    block_on(async {
+        p.snapshot("py", "python-numpy", 256).await;
+        let spec = json!({"min_ready": 2, "page_out": true});
+        // Without swap the pool is refused, with what to do.
+        if forkd_vmm::swap_total_kib() == 0 {
+            let (st, v) = p.put("/v1/pools/py", spec.clone()).await;
+            assert_eq!(st, 400, "{v}");
+            assert!(v["error"].as_str().unwrap().contains("needs swap"), "{v}");
+        }
+        let _swap = SwapFile::ensure(&home.dir);
+        let (st, v) = p.put("/v1/pools/py", spec).await;
+        assert_eq!((st, &v["page_out"]), (200, &json!(true)), "{v}");
+        p.wait_pool("py", 2).await;
+        // Each parked child's own memory (TCG code, QEMU's heap, the guest
+        // pages it wrote) is in swap, not resident.
+        let parked = vm_names(&home);
+        assert_eq!(parked.len(), 2, "{parked:?}");
+        for (pid, name) in &parked {
+            let m = forkd_vmm::mem_use(*pid).unwrap();
+            assert!(
+                m.swap_pss_kib >= 4 << 10 && m.pss_anon_kib < m.swap_pss_kib / 2,
+                "{name} was not paged out: {m:?}"
+            );
+        }
+        // A hand-out reads back what it touches and works as any other;
+        // a memory limit turns swapping off again (cgroup v2).
+        let (st, two) = p
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "py", "n": 2, "memory_limit_mib": 2048}),
+            )
+            .await;
+        assert_eq!(st, 201, "{two}");
+        let cg = forkd_vmm::Hierarchy::detect().ok();
+        for s in two.as_array().unwrap() {
+            assert_eq!(s["pool_hit"], true, "{s}");
+            let id = s["id"].as_str().unwrap();
+            let (st, v) = p
+                .post(
+                    &format!("/v1/sandboxes/{id}/eval"),
+                    json!({"code": "numpy.arange(4).sum().item()"}),
+                )
+                .await;
+            assert_eq!((st, v["result"].as_str()), (200, Some("6")), "{v}");
+            if let Some(g) = cg
+                .as_ref()
+                .and_then(|h| h.group(forkd_vmm::Controller::Memory, id))
+                .map(|g| g.join("memory.swap.max"))
+                .filter(|f| f.exists())
+            {
+                assert_eq!(std::fs::read_to_string(&g).unwrap().trim(), "0", "{id}");
+            }
+            assert_eq!(p.delete(&format!("/v1/sandboxes/{id}")).await.0, 204);
+        }
+        // Drained, refills in flight included (parked children outlive poold).
+        assert_eq!(p.delete("/v1/pools/py").await.0, 204);
+        for _ in 0..600 {
+            let v = p.get("/v1/pools/py").await.1;
+            if v["ready"] == 0 && v["in_flight"] == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    drop(p);
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(home.qemu_pids().is_empty(), "QEMU left running");
+}
+
 #[test]
 fn kill_9_and_restart_loses_no_sandbox() {
     let home = Home::new();

@@ -17,6 +17,8 @@ pub struct ProcMem {
     pub file_pss_kib: u64,
     /// RSS of the mappings of the chosen file, KiB (counts shared pages once per process).
     pub file_rss_kib: u64,
+    /// Pages in swap, this process's share (SwapPss), KiB.
+    pub swap_pss_kib: u64,
 }
 
 /// One line of `/proc/<pid>/smaps`.
@@ -70,6 +72,7 @@ pub fn proc_mem(pid: u32, file: &Path) -> Option<ProcMem> {
                 }
             }
             "Rss" if inside => m.file_rss_kib += n,
+            "SwapPss" => m.swap_pss_kib += n,
             _ => {}
         }
     }
@@ -121,6 +124,9 @@ pub struct ChildrenMem {
     pub shared_cache_mib: f64,
     /// What naive per-process accounting would say: Σ RSS of memory.bin.
     pub mapped_mib: f64,
+    /// Σ each QEMU's pages in swap (SwapPss): not resident, so outside
+    /// `private_mib`; what it costs depends on the swap (see [`zram_ratio`]).
+    pub swapped_mib: f64,
 }
 
 impl ChildrenMem {
@@ -134,6 +140,7 @@ impl ChildrenMem {
             if let Some(m) = proc_mem(pid, memory) {
                 c.private_mib += (m.pss_kib - m.file_pss_kib) as f64 / 1024.0;
                 c.mapped_mib += m.file_rss_kib as f64 / 1024.0;
+                c.swapped_mib += m.swap_pss_kib as f64 / 1024.0;
             }
         }
         c.shared_cache_mib = resident_bytes(memory).unwrap_or(0) as f64 / (1u64 << 20) as f64;
@@ -144,6 +151,32 @@ impl ChildrenMem {
     pub fn per_child_mib(&self) -> f64 {
         (self.private_mib + self.shared_cache_mib) / self.children.max(1) as f64
     }
+}
+
+/// RAM per byte swapped when every active swap device is zram (compressed
+/// RAM): Σ `mem_used_total` / Σ `orig_data_size` of their `mm_stat`. None
+/// with no swap in use, or with swap on disk (costs no RAM, reads slower).
+pub fn zram_ratio() -> Option<f64> {
+    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
+    let (mut used, mut orig) = (0u64, 0u64);
+    for dev in swaps
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+    {
+        let name = dev
+            .strip_prefix("/dev/")
+            .filter(|n| n.starts_with("zram"))?;
+        let stat = std::fs::read_to_string(format!("/sys/block/{name}/mm_stat")).ok()?;
+        let f: Vec<u64> = stat
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // mm_stat: orig_data_size compr_data_size mem_used_total ...
+        orig += *f.first()?;
+        used += *f.get(2)?;
+    }
+    (orig > 0).then(|| used as f64 / orig as f64)
 }
 
 /// Where one process's memory goes, by PSS, MiB: a QEMU child split into

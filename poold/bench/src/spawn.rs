@@ -14,7 +14,7 @@
 //! restores of replacements never compete with the hand-outs. Figures are
 //! printed and, with `--json`, written for `scripts/plot-benchmarks.py`.
 
-use super::mem::{breakdown, ChildrenMem, MemBreakdown};
+use super::mem::{breakdown, zram_ratio, ChildrenMem, MemBreakdown};
 use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
 use forkd_api::Client;
@@ -41,6 +41,8 @@ pub struct SpawnBench {
     pub probe: String,
     /// The pools' `warm_eval` (None: the default no-op warm-up).
     pub warm_eval: Option<String>,
+    /// The pools' `page_out`: parked children paged out to swap.
+    pub page_out: bool,
     /// A networked snapshot of the same image: adds a sequential pool-hit
     /// row with per-child networking.
     pub net_tag: Option<String>,
@@ -94,6 +96,13 @@ pub struct FanRow {
     pub pooled_private_mib_per_child: f64,
     /// memory.bin's page cache, shared by all N.
     pub shared_cache_mib: f64,
+    /// Per pooled child, its pages in swap (SwapPss): not in the figures
+    /// above. 0 unless the pool pages children out (or the host is short of RAM).
+    pub swapped_mib_per_child: f64,
+    /// What those swapped pages hold of RAM when the swap is zram
+    /// (compressed), per child; None for swap on disk or no swap in use.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub zram_mib_per_child: Option<f64>,
     /// Where one pooled child's memory goes (the first one's).
     pub one_child: Option<MemBreakdown>,
 }
@@ -116,6 +125,9 @@ pub struct Report {
     /// The pools' `warm_eval`, if set.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub warm_eval: Option<String>,
+    /// Whether the pools paged their children out to swap.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub page_out: bool,
     /// Sequential single spawns per source.
     pub sequential: Vec<SeqRow>,
     /// Fan-out, per N.
@@ -165,18 +177,19 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
         version: env!("CARGO_PKG_VERSION").into(),
         probe: b.probe.clone(),
         warm_eval: b.warm_eval.clone(),
+        page_out: b.page_out,
         sequential: Vec::new(),
         fanout: Vec::new(),
     };
 
     if b.seq > 0 {
-        fill_and_hold(&c, &b.tag, b.seq, b.warm_eval.as_deref()).await?;
+        fill_and_hold(&c, &b, &b.tag, b.seq).await?;
         report
             .sequential
             .push(sequential(&c, &b, &b.tag, "pool hit").await?);
         drain(&c, &b.tag).await?;
         if let Some(net_tag) = &b.net_tag {
-            fill_and_hold(&c, net_tag, b.seq, b.warm_eval.as_deref()).await?;
+            fill_and_hold(&c, &b, net_tag, b.seq).await?;
             report
                 .sequential
                 .push(sequential(&c, &b, net_tag, "pool hit + net").await?);
@@ -208,7 +221,7 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
 
     for &n in &b.fanout {
         let fill = Instant::now();
-        fill_and_hold(&c, &b.tag, n, b.warm_eval.as_deref()).await?;
+        fill_and_hold(&c, &b, &b.tag, n).await?;
         let fill_s = fill.elapsed().as_secs_f64();
         let row = fan_out(&c, &b, paths, &memory, n, fill_s).await?;
         drain(&c, &b.tag).await?;
@@ -302,6 +315,8 @@ async fn fan_out(
         pooled_mib_per_child: mem.per_child_mib(),
         pooled_private_mib_per_child: mem.private_mib / k,
         shared_cache_mib: mem.shared_cache_mib,
+        swapped_mib_per_child: mem.swapped_mib / k,
+        zram_mib_per_child: zram_ratio().map(|r| r * mem.swapped_mib / k),
         one_child,
     })
 }
@@ -335,10 +350,10 @@ fn pooled_pids(paths: &Paths) -> Result<Vec<u32>> {
 
 /// Fills `tag`'s pool with `n` paused children, then stops it refilling,
 /// so what is measured next runs without restores competing for the CPU.
-async fn fill_and_hold(c: &Client, tag: &str, n: usize, warm_eval: Option<&str>) -> Result<()> {
+async fn fill_and_hold(c: &Client, b: &SpawnBench, tag: &str, n: usize) -> Result<()> {
     let spec = |min: usize| {
-        let mut s = json!({"min_ready": min, "max_ready": n, "warm": true});
-        if let Some(code) = warm_eval {
+        let mut s = json!({"min_ready": min, "max_ready": n, "warm": true, "page_out": b.page_out});
+        if let Some(code) = &b.warm_eval {
             s["warm_eval"] = json!(code);
         }
         s
@@ -413,6 +428,20 @@ fn print_fanout(rows: &[FanRow]) {
             r.pooled_mib_per_child,
             r.pooled_private_mib_per_child
         );
+    }
+    if rows.iter().any(|r| r.swapped_mib_per_child > 0.0) {
+        println!();
+        println!("in swap, not resident (not in the columns above):");
+        println!(
+            "{:>5} {:>15} {:>19}",
+            "N", "swapped MiB/ch", "in zram RAM MiB/ch"
+        );
+        for r in rows {
+            let z = r
+                .zram_mib_per_child
+                .map_or("-".into(), |z| format!("{z:.1}"));
+            println!("{:>5} {:>15.1} {:>19}", r.n, r.swapped_mib_per_child, z);
+        }
     }
     if let Some(b) = rows.last().and_then(|r| r.one_child.as_ref()) {
         println!();

@@ -85,6 +85,10 @@ pub enum BenchCmd {
         /// child runs it before it is parked (docs/poold.md).
         #[arg(long, value_name = "CODE")]
         warm_eval: Option<String>,
+        /// Set the pools' `page_out`: parked children are paged out to
+        /// swap, and their memory is reported resident and swapped apart.
+        #[arg(long)]
+        page_out: bool,
         /// A networked snapshot of the same image: adds a pool-hit row
         /// with per-child networking (docs/network.md).
         #[arg(long)]
@@ -185,6 +189,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             cold_samples,
             probe,
             warm_eval,
+            page_out,
             net_tag,
         } => {
             let fanout = if fanout.trim().is_empty() {
@@ -204,6 +209,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     cold_samples,
                     probe,
                     warm_eval,
+                    page_out,
                     net_tag,
                     json,
                 },

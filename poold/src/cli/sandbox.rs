@@ -148,6 +148,11 @@ pub enum PoolCmd {
         /// then as fast as later ones. What it defines stays defined.
         #[arg(long, value_name = "CODE")]
         warm_eval: Option<String>,
+        /// Page each parked child out to swap: a few MiB resident instead
+        /// of ~30 (TCG), a slower hand-out. Needs swap on the host
+        /// (docs/poold.md, "Parking children in swap").
+        #[arg(long)]
+        page_out: bool,
     },
     /// Remove a pool and destroy its children.
     Rm { tag: String },
@@ -299,7 +304,7 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
     let c = Client::from_env()?;
     let show = |p: &PoolStatus| {
         println!(
-            "{:<24} ready {:>3}/{:<3} (max {:>3}) in flight {:>2}  hits {:>5} misses {:>5}{}",
+            "{:<24} ready {:>3}/{:<3} (max {:>3}) in flight {:>2}  hits {:>5} misses {:>5}{}{}",
             p.tag,
             p.ready,
             p.min_ready,
@@ -307,7 +312,8 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
             p.in_flight,
             p.hits,
             p.misses,
-            if p.warm { "" } else { "  (no warm-up)" }
+            if p.warm { "" } else { "  (no warm-up)" },
+            if p.page_out { "  (paged out)" } else { "" }
         )
     };
     match cmd {
@@ -324,8 +330,10 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
             max,
             no_warm,
             warm_eval,
+            page_out,
         } => {
-            let mut body = json!({"min_ready": min, "max_ready": max, "warm": !no_warm});
+            let mut body =
+                json!({"min_ready": min, "max_ready": max, "warm": !no_warm, "page_out": page_out});
             if let Some(code) = warm_eval {
                 body["warm_eval"] = json!(code);
             }

@@ -168,6 +168,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
             max_ready: max,
             warm,
             warm_eval: None,
+            page_out: false,
         },
     ))
 }

@@ -678,6 +678,9 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         discard(d, vm).await;
         return Err(e);
     }
+    if t.page_out {
+        page_out_parked(d, &vm, &t.tag).await;
+    }
     let record = PooledRecord {
         vm_id: id.clone(),
         tag: t.tag.clone(),
@@ -697,6 +700,38 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         return Err(e);
     }
     Ok(PooledVm { vm, record })
+}
+
+/// Moves a paused child's memory to swap (its pool's `page_out`). A child
+/// that stays resident is still a good child, so failures are logged.
+async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if forkd_vmm::swap_total_kib() == 0 {
+        if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!(
+                "pool {tag} has page_out set but this host has no swap: its children stay resident (add swap, e.g. zram; docs/poold.md)"
+            );
+        }
+        return;
+    }
+    if let Some(h) = &d.cgroups {
+        if let Err(e) = h.allow_swap(&vm.id) {
+            tracing::warn!("pool {tag}: letting {} swap: {e:#}", vm.id);
+        }
+    }
+    match vm.page_out().await {
+        Ok(_) => {
+            if let Ok(m) = forkd_vmm::mem_use(vm.pid()) {
+                tracing::debug!(
+                    "pool {tag}: parked {} paged out, {} KiB resident, {} KiB in swap",
+                    vm.id,
+                    m.pss_kib,
+                    m.swap_pss_kib
+                );
+            }
+        }
+        Err(e) => tracing::warn!("pool {tag}: paging out {}: {e:#}", vm.id),
+    }
 }
 
 /// Runs the child briefly and pauses it again: it gets its identity (all

@@ -75,6 +75,8 @@ pub struct RefillTicket {
     pub warm: bool,
     /// What the warm-up evaluates (None: a no-op).
     pub warm_eval: Option<String>,
+    /// Page the child out to swap once parked.
+    pub page_out: bool,
 }
 
 /// All pools.
@@ -239,13 +241,14 @@ impl<V: Parked> Pools<V> {
                 let p = g.get_mut(t).expect("listed above");
                 let s = p.spec.as_ref().expect("listed above");
                 if p.ready.len() + p.in_flight < s.min_ready.min(s.max()) {
-                    let (warm, warm_eval) = (s.warm, s.warm_eval.clone());
+                    let (warm, warm_eval, page_out) = (s.warm, s.warm_eval.clone(), s.page_out);
                     p.in_flight += 1;
                     out.push(RefillTicket {
                         tag: t.clone(),
                         generation: p.generation,
                         warm,
                         warm_eval,
+                        page_out,
                     });
                     progress = true;
                 }
@@ -313,6 +316,7 @@ fn status_of<V>(tag: &str, p: &Pool<V>) -> PoolStatus {
         max_ready: p.spec.as_ref().map_or(0, |s| s.max()),
         warm: p.spec.as_ref().is_some_and(|s| s.warm),
         warm_eval: p.spec.as_ref().and_then(|s| s.warm_eval.clone()),
+        page_out: p.spec.as_ref().is_some_and(|s| s.page_out),
         ready: p.ready.len(),
         in_flight: p.in_flight,
         hits: p.hits,
@@ -360,6 +364,7 @@ mod tests {
             max_ready: max,
             warm: false,
             warm_eval: None,
+            page_out: false,
         })
     }
 
@@ -553,6 +558,7 @@ mod tests {
                 max_ready: Some(0),
                 warm: false,
                 warm_eval: None,
+                page_out: false,
             }),
         );
         assert!(p.adopt(fake("gone", "s", 0)).is_some());

@@ -426,6 +426,7 @@ mod persisted_tests {
                                 max_ready: None,
                                 warm: true,
                                 warm_eval: None,
+                                page_out: false,
                             },
                         );
                     })
@@ -451,6 +452,7 @@ mod sync_tests {
             max_ready: None,
             warm: true,
             warm_eval: None,
+            page_out: false,
         }
     }
 

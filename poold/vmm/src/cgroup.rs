@@ -289,6 +289,23 @@ impl Hierarchy {
         })
     }
 
+    /// Lets sandbox `id` swap despite its memory limit (cgroup v2 sets
+    /// `memory.swap.max` 0 with every limit): for a parked child paged out
+    /// on purpose. The hand-out's [`Hierarchy::limit`] turns swapping off
+    /// again; what is in swap then stays there until the child touches it.
+    /// A no-op under v1 (forkd sets no memsw limit) or without a group.
+    pub fn allow_swap(&self, id: &str) -> Result<()> {
+        if !matches!(self, Hierarchy::V2 { .. }) {
+            return Ok(());
+        }
+        match self.group(Controller::Memory, id) {
+            Some(g) if g.join("memory.swap.max").exists() => {
+                write(&g.join("memory.swap.max"), "max")
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Reads back the limits of sandbox `id` (unset when its group is absent).
     pub fn read_limits(&self, id: &str) -> Limits {
         let read = |c: Controller, f: &str| {

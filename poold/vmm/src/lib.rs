@@ -20,6 +20,7 @@ mod disk;
 mod jail;
 mod migrate;
 pub mod net;
+mod pageout;
 pub mod private;
 mod process;
 mod qemu;
@@ -36,6 +37,7 @@ pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRA
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};
+pub use pageout::{mem_use, swap_total_kib, MemUse};
 pub use process::ProcId;
 pub use qemu::{
     check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_binary, qemu_version,
@@ -541,6 +543,14 @@ impl Vm {
     /// Pid of its QEMU process.
     pub fn pid(&self) -> u32 {
         self.record.qemu.pid
+    }
+
+    /// Asks the kernel to move the memory this VM's QEMU alone holds to
+    /// swap (a paused, parked child's: pools with `page_out`). Returns the
+    /// bytes of address space advised.
+    pub async fn page_out(&self) -> Result<u64> {
+        let qemu = self.record.qemu;
+        tokio::task::spawn_blocking(move || pageout::page_out(&qemu)).await?
     }
 
     /// Every host process serving this VM: its QEMU, then each volume's

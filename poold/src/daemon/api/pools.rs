@@ -2,7 +2,7 @@
 //!
 //! - `GET /v1/pools` → every pool's status
 //! - `GET /v1/pools/:tag` → one pool's status (zeros if it has none)
-//! - `PUT /v1/pools/:tag {min_ready, max_ready?, warm?}` → status; persisted
+//! - `PUT /v1/pools/:tag {min_ready, max_ready?, warm?, warm_eval?, page_out?}` → status; persisted
 //! - `DELETE /v1/pools/:tag` → the pool's children are destroyed (persisted)
 
 use crate::daemon::config::PoolSpec;
@@ -37,7 +37,7 @@ pub async fn get(State(d): D, Path(tag): Path<String>) -> ApiResult<Json<PoolSta
     request_body = forkd_api::PoolSpec,
     responses(
         (status = 200, description = "The pool; persisted", body = PoolStatus),
-        (status = 400, description = "max_ready below min_ready or over 1000, or pools over max_sandboxes", body = forkd_api::ErrorBody),
+        (status = 400, description = "max_ready below min_ready or over 1000, pools over max_sandboxes, or page_out on a host without swap", body = forkd_api::ErrorBody),
         (status = 404, description = "No such snapshot", body = forkd_api::ErrorBody),
     ))]
 pub async fn put(
@@ -48,6 +48,11 @@ pub async fn put(
     check_tag(&tag)?;
     spec.validate()
         .map_err(|e| ApiError::bad_request(format!("{e:#}")))?;
+    if spec.page_out && forkd_vmm::swap_total_kib() == 0 {
+        return Err(ApiError::bad_request(
+            "page_out needs swap on this host and it has none (SwapTotal is 0): add a swap device (zram keeps it in compressed RAM; docs/poold.md, \"Parking children in swap\") or leave page_out off",
+        ));
+    }
     // A pool for a snapshot that does not exist would only log refill errors.
     super::snapshots::resolve(&d, &tag).await?;
     // Paused children cost memory too: all pools together stay within
@@ -93,6 +98,7 @@ pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCod
         max_ready: Some(0),
         warm: false,
         warm_eval: None,
+        page_out: false,
     };
     let t = tag.clone();
     d.state
