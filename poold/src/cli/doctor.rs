@@ -426,16 +426,23 @@ fn disk_verdict(at: &Path, free_mib: u64) -> Check {
 }
 
 /// `MemAvailable` against poold's default floor.
+/// The swap it reports is not needed, only noted: pools with `page_out`
+/// park their children in it.
 pub fn check_memory(h: &Host) -> Check {
-    let avail = h.read(&h.proc_root, "meminfo").and_then(|t| {
-        let l = t.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let meminfo = h.read(&h.proc_root, "meminfo").unwrap_or_default();
+    let field = |name: &str| {
+        let l = meminfo.lines().find(|l| l.starts_with(name))?;
         l.split_whitespace().nth(1)?.parse::<u64>().ok()
-    });
-    match avail.map(|kib| kib / 1024) {
+    };
+    let swap = match field("SwapTotal:").unwrap_or(0) / 1024 {
+        0 => "no swap (pools' page_out needs some: docs/poold.md)".to_string(),
+        s => format!("{s} MiB of swap"),
+    };
+    match field("MemAvailable:").map(|kib| kib / 1024) {
         None => Check::warn("memory", "no MemAvailable in /proc/meminfo", "a kernel >= 3.14"),
-        Some(m) if m < 256 => Check::fail("memory", format!("{m} MiB available"), "free memory: poold refuses new work under 256 MiB (min_free_memory_mib)"),
-        Some(m) if m < 2048 => Check::warn("memory", format!("{m} MiB available"), "each sandbox needs its guest's RAM (512 MiB by default) less what it shares with its snapshot"),
-        Some(m) => Check::pass("memory", format!("{m} MiB available")),
+        Some(m) if m < 256 => Check::fail("memory", format!("{m} MiB available, {swap}"), "free memory: poold refuses new work under 256 MiB (min_free_memory_mib)"),
+        Some(m) if m < 2048 => Check::warn("memory", format!("{m} MiB available, {swap}"), "each sandbox needs its guest's RAM (512 MiB by default) less what it shares with its snapshot"),
+        Some(m) => Check::pass("memory", format!("{m} MiB available, {swap}")),
     }
 }
 
@@ -969,6 +976,14 @@ mod tests {
         assert_eq!(check_memory(&f.h).verdict, Verdict::Fail);
         write(&f.h.proc_root.join("meminfo"), "MemAvailable: 1048576 kB\n");
         assert_eq!(check_memory(&f.h).verdict, Verdict::Warn);
+        assert!(check_memory(&f.h).detail.contains("no swap"));
+        write(
+            &f.h.proc_root.join("meminfo"),
+            "MemAvailable: 4194304 kB\nSwapTotal: 2097152 kB\n",
+        );
+        let c = check_memory(&f.h);
+        assert_eq!(c.verdict, Verdict::Pass);
+        assert_eq!(c.detail, "4096 MiB available, 2048 MiB of swap");
     }
 
     #[test]
