@@ -127,6 +127,9 @@ pub struct ChildrenMem {
     /// Σ each QEMU's pages in swap (SwapPss): not resident, so outside
     /// `private_mib`; what it costs depends on the swap (see [`zram_ratio`]).
     pub swapped_mib: f64,
+    /// The RAM those swapped pages hold when all swap is zram, by the
+    /// ratio at the time of measuring; None otherwise.
+    pub zram_mib: Option<f64>,
 }
 
 impl ChildrenMem {
@@ -144,6 +147,7 @@ impl ChildrenMem {
             }
         }
         c.shared_cache_mib = resident_bytes(memory).unwrap_or(0) as f64 / (1u64 << 20) as f64;
+        c.zram_mib = zram_ratio().map(|r| r * c.swapped_mib);
         c
     }
 

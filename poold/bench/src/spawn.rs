@@ -14,7 +14,7 @@
 //! restores of replacements never compete with the hand-outs. Figures are
 //! printed and, with `--json`, written for `scripts/plot-benchmarks.py`.
 
-use super::mem::{breakdown, zram_ratio, ChildrenMem, MemBreakdown};
+use super::mem::{breakdown, ChildrenMem, MemBreakdown};
 use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
 use forkd_api::Client;
@@ -316,7 +316,7 @@ async fn fan_out(
         pooled_private_mib_per_child: mem.private_mib / k,
         shared_cache_mib: mem.shared_cache_mib,
         swapped_mib_per_child: mem.swapped_mib / k,
-        zram_mib_per_child: zram_ratio().map(|r| r * mem.swapped_mib / k),
+        zram_mib_per_child: mem.zram_mib.map(|z| z / k),
         one_child,
     })
 }
