@@ -125,11 +125,11 @@ pub struct ChildrenMem {
     /// What naive per-process accounting would say: Σ RSS of memory.bin.
     pub mapped_mib: f64,
     /// Σ each QEMU's pages in swap (SwapPss): not resident, so outside
-    /// `private_mib`; what it costs depends on the swap (see [`zram_ratio`]).
+    /// `private_mib`; what it costs depends on the swap (see [`compressed_ratio`]).
     pub swapped_mib: f64,
-    /// The RAM those swapped pages hold when all swap is zram, by the
-    /// ratio at the time of measuring; None otherwise.
-    pub zram_mib: Option<f64>,
+    /// The RAM those swapped pages hold when swap is compressed RAM (zram,
+    /// zswap), by the ratio at the time of measuring; None otherwise.
+    pub compressed_mib: Option<f64>,
 }
 
 impl ChildrenMem {
@@ -147,7 +147,7 @@ impl ChildrenMem {
             }
         }
         c.shared_cache_mib = resident_bytes(memory).unwrap_or(0) as f64 / (1u64 << 20) as f64;
-        c.zram_mib = zram_ratio().map(|r| r * c.swapped_mib);
+        c.compressed_mib = compressed_ratio().map(|r| r * c.swapped_mib);
         c
     }
 
@@ -157,10 +157,72 @@ impl ChildrenMem {
     }
 }
 
-/// RAM per byte swapped when every active swap device is zram (compressed
-/// RAM): Σ `mem_used_total` / Σ `orig_data_size` of their `mm_stat`. None
-/// with no swap in use, or with swap on disk (costs no RAM, reads slower).
-pub fn zram_ratio() -> Option<f64> {
+/// RAM per byte swapped, when swapped pages are kept compressed in RAM:
+/// - zram as the only swap: Σ `mem_used_total` / Σ `orig_data_size` of the
+///   devices' `mm_stat`;
+/// - zswap (in front of any swap): `Zswap` / `Zswapped` of /proc/meminfo,
+///   when every swapped page is in its pool.
+///
+/// None with no swap in use, or with swap on disk (no RAM, slower reads).
+/// Zero-filled pages cost zram nothing and count in neither figure, so this
+/// errs high.
+pub fn compressed_ratio() -> Option<f64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib = |name: &str| -> Option<u64> {
+        let l = meminfo
+            .lines()
+            .find(|l| l.split(':').next() == Some(name))?;
+        l.split_whitespace().nth(1)?.parse().ok()
+    };
+    let swapped = kib("SwapTotal")?.saturating_sub(kib("SwapFree")?);
+    if let (Some(pool), Some(stored)) = (kib("Zswap"), kib("Zswapped")) {
+        // zswap holds them all (nothing written back to the device yet).
+        if stored > 0 && stored >= swapped {
+            return Some(pool as f64 / stored as f64);
+        }
+    }
+    zram_ratio()
+}
+
+/// The host's swap in a few words (`zram0 (lzo-rle)`, `zswap (deflate) over
+/// /var/swap`), for a report; None without swap.
+pub fn swap_kind() -> Option<String> {
+    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
+    let devs: Vec<String> = swaps
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .map(
+            |d| match d.strip_prefix("/dev/").filter(|n| n.starts_with("zram")) {
+                Some(n) => {
+                    let algo = std::fs::read_to_string(format!("/sys/block/{n}/comp_algorithm"))
+                        .unwrap_or_default();
+                    let chosen = algo
+                        .split_whitespace()
+                        .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
+                        .unwrap_or("?");
+                    format!("{n} ({chosen})")
+                }
+                None => d.to_string(),
+            },
+        )
+        .collect();
+    if devs.is_empty() {
+        return None;
+    }
+    let param = |f: &str| {
+        std::fs::read_to_string(format!("/sys/module/zswap/parameters/{f}"))
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default()
+    };
+    Some(if param("enabled") == "Y" {
+        format!("zswap ({}) over {}", param("compressor"), devs.join(", "))
+    } else {
+        devs.join(", ")
+    })
+}
+
+fn zram_ratio() -> Option<f64> {
     let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
     let (mut used, mut orig) = (0u64, 0u64);
     for dev in swaps

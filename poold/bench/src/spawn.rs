@@ -14,7 +14,7 @@
 //! restores of replacements never compete with the hand-outs. Figures are
 //! printed and, with `--json`, written for `scripts/plot-benchmarks.py`.
 
-use super::mem::{breakdown, ChildrenMem, MemBreakdown};
+use super::mem::{breakdown, swap_kind, ChildrenMem, MemBreakdown};
 use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
 use forkd_api::Client;
@@ -99,10 +99,10 @@ pub struct FanRow {
     /// Per pooled child, its pages in swap (SwapPss): not in the figures
     /// above. 0 unless the pool pages children out (or the host is short of RAM).
     pub swapped_mib_per_child: f64,
-    /// What those swapped pages hold of RAM when the swap is zram
-    /// (compressed), per child; None for swap on disk or no swap in use.
+    /// What those swapped pages hold of RAM when swap is compressed RAM
+    /// (zram, zswap), per child; None for swap on disk or no swap in use.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub zram_mib_per_child: Option<f64>,
+    pub compressed_mib_per_child: Option<f64>,
     /// Where one pooled child's memory goes (the first one's).
     pub one_child: Option<MemBreakdown>,
 }
@@ -128,6 +128,9 @@ pub struct Report {
     /// Whether the pools paged their children out to swap.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub page_out: bool,
+    /// The host's swap, when it has some (`zram0 (lzo-rle)`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub swap: Option<String>,
     /// Sequential single spawns per source.
     pub sequential: Vec<SeqRow>,
     /// Fan-out, per N.
@@ -178,6 +181,7 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
         probe: b.probe.clone(),
         warm_eval: b.warm_eval.clone(),
         page_out: b.page_out,
+        swap: swap_kind(),
         sequential: Vec::new(),
         fanout: Vec::new(),
     };
@@ -316,7 +320,7 @@ async fn fan_out(
         pooled_private_mib_per_child: mem.private_mib / k,
         shared_cache_mib: mem.shared_cache_mib,
         swapped_mib_per_child: mem.swapped_mib / k,
-        zram_mib_per_child: mem.zram_mib.map(|z| z / k),
+        compressed_mib_per_child: mem.compressed_mib.map(|z| z / k),
         one_child,
     })
 }
@@ -431,16 +435,26 @@ fn print_fanout(rows: &[FanRow]) {
     }
     if rows.iter().any(|r| r.swapped_mib_per_child > 0.0) {
         println!();
-        println!("in swap, not resident (not in the columns above):");
         println!(
-            "{:>5} {:>15} {:>19}",
-            "N", "swapped MiB/ch", "in zram RAM MiB/ch"
+            "in swap ({}), not resident (not in the columns above):",
+            swap_kind().unwrap_or_else(|| "none now".into())
+        );
+        println!(
+            "{:>5} {:>15} {:>18} {:>22}",
+            "N", "swapped MiB/ch", "compressed MiB/ch", "pooled + compressed"
         );
         for r in rows {
-            let z = r
-                .zram_mib_per_child
-                .map_or("-".into(), |z| format!("{z:.1}"));
-            println!("{:>5} {:>15.1} {:>19}", r.n, r.swapped_mib_per_child, z);
+            let (z, all) = match r.compressed_mib_per_child {
+                Some(z) => (
+                    format!("{z:.1}"),
+                    format!("{:.1}", z + r.pooled_mib_per_child),
+                ),
+                None => ("-".into(), "-".into()),
+            };
+            println!(
+                "{:>5} {:>15.1} {:>18} {:>22}",
+                r.n, r.swapped_mib_per_child, z, all
+            );
         }
     }
     if let Some(b) = rows.last().and_then(|r| r.one_child.as_ref()) {
