@@ -244,14 +244,16 @@ fn plain(cell: &Value) -> &str {
 /// and connected to it; the warm-up defined a variable in the kernel. Each
 /// child runs cells at once over the same (cloned) ZeroMQ connections, sees
 /// the variable, keeps its own, and draws its own random numbers in the
-/// kernel (reseeded at hand-out through forkd_kernel.forkd_reseed).
+/// kernel, Python's and OpenSSL's (reseeded at hand-out through
+/// forkd_kernel.forkd_reseed).
 #[test]
 fn jupyter_kernel_children_run_cells_in_the_warm_kernel() {
     build_image("jupyter-kernel");
     let home = Home::new();
     let p = Poold::start(&home.dir, &[], None);
     block_on(async {
-        let warmup = "c = run_cell('import os, random; warm = {\"kernel_pid\": os.getpid(), \
+        let warmup = "c = run_cell('import os, random, ssl; ssl.RAND_bytes(16); \
+                      warm = {\"kernel_pid\": os.getpid(), \
                       \"squares\": [i * i for i in range(4)]}'); \
                       assert c['status'] == 'ok', c; 'ok'";
         let kids = warm_pair(&p, "jup", "jupyter-kernel", json!({"eval_warmup": warmup})).await;
@@ -292,5 +294,10 @@ fn jupyter_kernel_children_run_cells_in_the_warm_kernel() {
         let a = plain(&cell(&p, &kids[0], "random.getrandbits(64)").await).to_string();
         let b = plain(&cell(&p, &kids[1], "random.getrandbits(64)").await).to_string();
         assert_ne!(a, b, "the kernel's random is shared by siblings");
+        // So does OpenSSL's generator in the kernel (used before the
+        // snapshot, so its state was cloned with the VM).
+        let a = plain(&cell(&p, &kids[0], "ssl.RAND_bytes(8).hex()").await).to_string();
+        let b = plain(&cell(&p, &kids[1], "ssl.RAND_bytes(8).hex()").await).to_string();
+        assert_ne!(a, b, "the kernel's OpenSSL generator is shared by siblings");
     });
 }
