@@ -15,7 +15,10 @@ per branch: the busy source's live branches in order against its full
 branch, and each chain link by depth) and branch-chain-depth.svg (spawn
 latency and stored bytes per link vs chain depth). --hub (once per hub kind
 run) writes hub-transfer-time.svg and hub-transfer-bytes.svg (each push and
-pull step, full and incremental). Any subset of the three may be given.
+pull step, full and incremental). --parking (once per run of the spawn
+bench, with and without --page-out) writes spawn-parking.svg (RAM per pooled
+child, resident and in compressed swap, next to the pool hit and first
+eval). Any subset may be given.
 Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
 a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
@@ -97,6 +100,45 @@ def plot_fanout_memory(plt, r, out):
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = os.path.join(out, "spawn-fanout-memory.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
+def parking_label(r):
+    return f"page_out, {r.get('swap') or 'swap'}" if r.get("page_out") else "resident"
+
+
+def plot_parking(plt, rs, out):
+    """Runs of one snapshot with and without page_out: RAM per pooled child
+    at the largest N (resident + compressed swap) next to the hand-out."""
+    rows = [(parking_label(r), r["fanout"][-1], next((x for x in r["sequential"] if x["source"] == "pool hit"), None)) for r in rs if r["fanout"]]
+    if not rows:
+        return None
+    fig, (mem, lat) = plt.subplots(1, 2, figsize=(9, 3.8))
+    ys = list(range(len(rows)))
+    res = [f["pooled_mib_per_child"] for _, f, _ in rows]
+    comp = [f.get("compressed_mib_per_child") or 0.0 for _, f, _ in rows]
+    mem.barh(ys, res, label="resident (PSS, with its page-cache share)")
+    mem.barh(ys, comp, left=res, label="in compressed swap")
+    for y, a, b in zip(ys, res, comp):
+        mem.text(a + b, y, f" {a + b:.1f}", va="center", fontsize=8)
+    mem.set_yticks(ys)
+    mem.set_yticklabels([l for l, _, _ in rows], fontsize=8)
+    mem.invert_yaxis()
+    mem.set_xlim(0, max(a + b for a, b in zip(res, comp)) * 1.2)
+    mem.set_xlabel(f"RAM per pooled child, MiB (N = {rows[0][1]['n']})")
+    mem.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    hit = [(s["spawn_p50_ms"] if s else 0.0, s["first_eval_p50_ms"] if s else 0.0) for _, _, s in rows]
+    lat.barh([y - 0.2 for y in ys], [h for h, _ in hit], height=0.4, label="pool hit p50")
+    lat.barh([y + 0.2 for y in ys], [e for _, e in hit], height=0.4, label="first eval p50")
+    lat.set_yticks(ys)
+    lat.set_yticklabels([])
+    lat.invert_yaxis()
+    lat.set_xlabel("ms (sequential spawns from a full pool)")
+    lat.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    fig.suptitle("Parked children: resident or paged out\n" + subtitle(rs[0]), fontsize=9)
+    fig.tight_layout()
+    path = os.path.join(out, "spawn-parking.svg")
     fig.savefig(path, metadata={"Date": None})
     return path
 
@@ -261,12 +303,14 @@ def check(r, bench, path):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--spawn", help="JSON of `forkd bench spawn --json`")
+    ap.add_argument("--parking", action="append", default=[], help="JSON of `forkd bench spawn --json`, with and without --page-out; once per run")
     ap.add_argument("--branch", help="JSON of `forkd bench branch --json`")
     ap.add_argument("--hub", action="append", default=[], help="JSON of `forkd hub bench --json`; once per hub kind")
     ap.add_argument("--out", default="docs/img", help="directory for the SVGs (default docs/img)")
     a = ap.parse_args()
-    if not (a.spawn or a.branch or a.hub):
-        ap.error("nothing to plot: give --spawn, --branch and/or --hub FILE")
+    if not (a.spawn or a.branch or a.hub or a.parking):
+        ap.error("nothing to plot: give --spawn, --parking, --branch and/or --hub FILE")
+    parking = [load(p) for p in a.parking]
     spawn = load(a.spawn) if a.spawn else None
     branch = check(load(a.branch), "branch", a.branch) if a.branch else None
     hubs = [check(load(p), "hub", p) for p in a.hub]
@@ -284,6 +328,8 @@ def main():
     jobs = []
     if spawn:
         jobs += [(f, spawn) for f in (plot_sequential, plot_fanout_latency, plot_fanout_memory)]
+    if parking:
+        jobs.append((plot_parking, parking))
     if branch:
         jobs += [(f, branch) for f in (plot_branch_pause, plot_branch_depth)]
     if hubs:
