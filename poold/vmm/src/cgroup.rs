@@ -457,6 +457,15 @@ mod tests {
             std::fs::read_to_string(g.join("cgroup.procs")).unwrap(),
             "4343"
         );
+        // A memory limit turns swap off; a parked child paged out on
+        // purpose may swap until its hand-out limits it again.
+        let swap = || std::fs::read_to_string(g.join("memory.swap.max")).unwrap();
+        assert_eq!(swap(), "0");
+        h.allow_swap("sb-x").unwrap();
+        assert_eq!(swap(), "max");
+        h.limit("sb-x", &[4242], &l2).unwrap();
+        assert_eq!(swap(), "0");
+        h.allow_swap("sb-none").unwrap();
     }
 
     #[test]
