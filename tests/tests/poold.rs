@@ -849,7 +849,15 @@ fn parked_children_page_out_to_swap() {
     let p = Poold::start(&home.dir, &[], None);
     block_on(async {
         p.snapshot("py", "python-numpy", 256).await;
-        let spec = json!({"min_ready": 2, "page_out": true});
+        let (st, v) = p
+            .put("/v1/pools/py", json!({"min_ready": 2, "keep_resident": 1}))
+            .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("needs page_out"),
+            "{v}"
+        );
+        let spec = json!({"min_ready": 3, "page_out": true, "keep_resident": 1});
         // Without swap the pool is refused, with what to do.
         if forkd_vmm::swap_total_kib() == 0 {
             let (st, v) = p.put("/v1/pools/py", spec.clone()).await;
@@ -859,18 +867,35 @@ fn parked_children_page_out_to_swap() {
         let _swap = SwapFile::ensure(&home.dir);
         let (st, v) = p.put("/v1/pools/py", spec).await;
         assert_eq!((st, &v["page_out"]), (200, &json!(true)), "{v}");
-        p.wait_pool("py", 2).await;
-        // Each parked child's own memory (TCG code, QEMU's heap, the guest
-        // pages it wrote) is in swap, not resident.
+        p.wait_pool("py", 3).await;
+        // One parked child stays resident (keep_resident); the others' own
+        // memory (TCG code, QEMU's heap, the guest pages they wrote) is in
+        // swap.
         let parked = vm_names(&home);
-        assert_eq!(parked.len(), 2, "{parked:?}");
-        for (pid, name) in &parked {
+        assert_eq!(parked.len(), 3, "{parked:?}");
+        let (paged, resident): (Vec<_>, Vec<_>) = parked.iter().partition(|(pid, _)| {
             let m = forkd_vmm::mem_use(*pid).unwrap();
-            assert!(
-                m.swap_pss_kib >= 4 << 10 && m.pss_anon_kib < m.swap_pss_kib / 2,
-                "{name} was not paged out: {m:?}"
-            );
-        }
+            m.swap_pss_kib >= 4 << 10 && m.pss_anon_kib < m.swap_pss_kib / 2
+        });
+        assert_eq!((paged.len(), resident.len()), (2, 1), "{parked:?}");
+        let v = p.get("/v1/pools/py").await.1;
+        assert_eq!(
+            (&v["keep_resident"], &v["resident"]),
+            (&json!(1), &json!(1)),
+            "{v}"
+        );
+        // The resident child goes first; its replacement is parked resident.
+        let (st, one) = p.post("/v1/sandboxes", json!({"snapshot_tag": "py"})).await;
+        assert_eq!(st, 201, "{one}");
+        assert_eq!(one[0]["pid"], resident[0].0, "{one}");
+        assert_eq!(
+            p.delete(&format!("/v1/sandboxes/{}", one[0]["id"].as_str().unwrap()))
+                .await
+                .0,
+            204
+        );
+        p.wait_pool("py", 3).await;
+        assert_eq!(p.get("/v1/pools/py").await.1["resident"], 1);
         // A hand-out reads back what it touches and works as any other;
         // a memory limit turns swapping off again (cgroup v2).
         let (st, two) = p

@@ -326,7 +326,15 @@ pub struct PoolSpec {
     /// compressed RAM). Off by default.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub page_out: bool,
+    /// With `page_out`: how many ready children stay resident, handed out
+    /// first, so that spawns at the pace refills keep up with never read
+    /// from swap (default [`DEFAULT_KEEP_RESIDENT`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keep_resident: Option<usize>,
 }
+
+/// Resident children of a `page_out` pool unless `keep_resident` says.
+pub const DEFAULT_KEEP_RESIDENT: usize = 2;
 
 fn yes() -> bool {
     true
@@ -341,6 +349,14 @@ impl PoolSpec {
         self.max_ready.unwrap_or(self.min_ready).max(self.min_ready)
     }
 
+    /// Ready children kept resident: all of them without `page_out`.
+    pub fn keep_resident(&self) -> usize {
+        match self.page_out {
+            true => self.keep_resident.unwrap_or(DEFAULT_KEEP_RESIDENT),
+            false => self.max(),
+        }
+    }
+
     /// Checks the numbers.
     pub fn validate(&self) -> anyhow::Result<()> {
         if self.min_ready > 1000 {
@@ -353,6 +369,11 @@ impl PoolSpec {
             if m > 1000 {
                 anyhow::bail!("max_ready {m} is over the cap of 1000");
             }
+        }
+        if self.keep_resident.is_some() && !self.page_out {
+            anyhow::bail!(
+                "keep_resident needs page_out: true (without it every child is resident)"
+            );
         }
         if let Some(code) = &self.warm_eval {
             if !self.warm {
@@ -386,6 +407,12 @@ pub struct PoolStatus {
     /// Whether parked children are paged out to swap.
     #[serde(default)]
     pub page_out: bool,
+    /// Ready children kept resident (all of them without `page_out`).
+    #[serde(default)]
+    pub keep_resident: usize,
+    /// Of the ready children, those resident now (not paged out).
+    #[serde(default)]
+    pub resident: usize,
     /// Children ready to hand out now.
     pub ready: usize,
     /// Children being restored for the pool now.

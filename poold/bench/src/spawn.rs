@@ -43,6 +43,8 @@ pub struct SpawnBench {
     pub warm_eval: Option<String>,
     /// The pools' `page_out`: parked children paged out to swap.
     pub page_out: bool,
+    /// The pools' `keep_resident` (None: poold's default).
+    pub keep_resident: Option<usize>,
     /// A networked snapshot of the same image: adds a sequential pool-hit
     /// row with per-child networking.
     pub net_tag: Option<String>,
@@ -359,6 +361,9 @@ async fn fill_and_hold(c: &Client, b: &SpawnBench, tag: &str, n: usize) -> Resul
         let mut s = json!({"min_ready": min, "max_ready": n, "warm": true, "page_out": b.page_out});
         if let Some(code) = &b.warm_eval {
             s["warm_eval"] = json!(code);
+        }
+        if let Some(k) = b.keep_resident {
+            s["keep_resident"] = json!(k);
         }
         s
     };

@@ -444,7 +444,7 @@ impl Forkd {
 
     /// The warm pools.
     #[tool(
-        description = "List warm pools (paused sandboxes kept ready per snapshot). Answers {\"pools\": [{tag, min_ready, max_ready, warm, warm_eval, page_out, ready, in_flight, hits, misses}]}."
+        description = "List warm pools (paused sandboxes kept ready per snapshot). Answers {\"pools\": [{tag, min_ready, max_ready, warm, warm_eval, page_out, keep_resident, ready, resident, in_flight, hits, misses}]}."
     )]
     async fn list_pools(&self) -> ToolResult {
         let v: Value = self.client.get("/v1/pools").await.map_err(text)?;

@@ -89,6 +89,10 @@ pub enum BenchCmd {
         /// swap, and their memory is reported resident and swapped apart.
         #[arg(long)]
         page_out: bool,
+        /// With --page-out, the pools' `keep_resident` (default 2): held
+        /// pools hand these out first, then paged-out children.
+        #[arg(long, requires = "page_out", value_name = "N")]
+        keep_resident: Option<usize>,
         /// A networked snapshot of the same image: adds a pool-hit row
         /// with per-child networking (docs/network.md).
         #[arg(long)]
@@ -190,6 +194,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             probe,
             warm_eval,
             page_out,
+            keep_resident,
             net_tag,
         } => {
             let fanout = if fanout.trim().is_empty() {
@@ -210,6 +215,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     probe,
                     warm_eval,
                     page_out,
+                    keep_resident,
                     net_tag,
                     json,
                 },

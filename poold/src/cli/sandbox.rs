@@ -153,6 +153,10 @@ pub enum PoolCmd {
         /// (docs/poold.md, "Parking children in swap").
         #[arg(long)]
         page_out: bool,
+        /// With --page-out: ready children kept resident and handed out
+        /// first (default 2).
+        #[arg(long, requires = "page_out", value_name = "N")]
+        keep_resident: Option<usize>,
     },
     /// Remove a pool and destroy its children.
     Rm { tag: String },
@@ -313,7 +317,11 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
             p.hits,
             p.misses,
             if p.warm { "" } else { "  (no warm-up)" },
-            if p.page_out { "  (paged out)" } else { "" }
+            if p.page_out {
+                format!("  (paged out, {} resident)", p.resident)
+            } else {
+                String::new()
+            }
         )
     };
     match cmd {
@@ -331,9 +339,13 @@ pub async fn pool(cmd: PoolCmd) -> Result<i32> {
             no_warm,
             warm_eval,
             page_out,
+            keep_resident,
         } => {
             let mut body =
                 json!({"min_ready": min, "max_ready": max, "warm": !no_warm, "page_out": page_out});
+            if let Some(k) = keep_resident {
+                body["keep_resident"] = json!(k);
+            }
             if let Some(code) = warm_eval {
                 body["warm_eval"] = json!(code);
             }

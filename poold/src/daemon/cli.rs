@@ -169,6 +169,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
             warm,
             warm_eval: None,
             page_out: false,
+            keep_resident: None,
         },
     ))
 }

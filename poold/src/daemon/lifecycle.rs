@@ -678,9 +678,11 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         discard(d, vm).await;
         return Err(e);
     }
-    if t.page_out {
-        page_out_parked(d, &vm, &t.tag).await;
-    }
+    // The first `keep_resident` ready children stay resident: they go
+    // first, and are what a refill replaces.
+    let paged_out = t.page_out
+        && d.pools.resident(&t.tag) >= t.keep_resident
+        && page_out_parked(d, &vm, &t.tag).await;
     let record = PooledRecord {
         vm_id: id.clone(),
         tag: t.tag.clone(),
@@ -699,12 +701,17 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
         discard(d, vm).await;
         return Err(e);
     }
-    Ok(PooledVm { vm, record })
+    Ok(PooledVm {
+        vm,
+        record,
+        paged_out,
+    })
 }
 
-/// Moves a paused child's memory to swap (its pool's `page_out`). A child
-/// that stays resident is still a good child, so failures are logged.
-async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) {
+/// Moves a paused child's memory to swap (its pool's `page_out`); true if
+/// it did. A child that stays resident is still a good child, so failures
+/// are logged.
+async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) -> bool {
     static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     if forkd_vmm::swap_total_kib() == 0 {
         if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -712,7 +719,7 @@ async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) {
                 "pool {tag} has page_out set but this host has no swap: its children stay resident (add swap, e.g. zram; docs/poold.md)"
             );
         }
-        return;
+        return false;
     }
     if let Some(h) = &d.cgroups {
         if let Err(e) = h.allow_swap(&vm.id) {
@@ -729,8 +736,12 @@ async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) {
                     m.swap_pss_kib
                 );
             }
+            true
         }
-        Err(e) => tracing::warn!("pool {tag}: paging out {}: {e:#}", vm.id),
+        Err(e) => {
+            tracing::warn!("pool {tag}: paging out {}: {e:#}", vm.id);
+            false
+        }
     }
 }
 
@@ -899,6 +910,9 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         };
         match adopted {
             Ok(vm) => match d.pools.adopt(PooledVm {
+                // Most of what it owns is in swap: it was paged out.
+                paged_out: forkd_vmm::mem_use(vm.pid())
+                    .is_ok_and(|m| m.swap_pss_kib > m.pss_anon_kib),
                 vm,
                 record: rec.clone(),
             }) {

@@ -10,7 +10,11 @@
 //!   never crowd out running sandboxes;
 //! - a pool's `generation` changes when it is drained or resized down; a
 //!   restore that finishes under an older generation is destroyed instead of
-//!   parked (its snapshot may be gone).
+//!   parked (its snapshot may be gone);
+//! - resident children are handed out before paged-out ones (`page_out`
+//!   pools), oldest first within each kind; a refill parks its child
+//!   resident while fewer than `keep_resident` are, so spawns at a pace the
+//!   refills keep up with never wait for swap.
 //!
 //! The pool bookkeeping is generic over what it parks ([`Parked`]) so its
 //! rules are unit-tested without a VM; the daemon parks [`PooledVm`]s.
@@ -26,6 +30,8 @@ use std::sync::Mutex;
 pub struct PooledVm {
     pub vm: Vm,
     pub record: PooledRecord,
+    /// Its memory was paged out to swap when it was parked.
+    pub paged_out: bool,
 }
 
 /// What a pool parks: something with a pooled record that may have died.
@@ -34,6 +40,8 @@ pub trait Parked {
     fn record(&self) -> &PooledRecord;
     /// Whether it still runs (its QEMU process exists).
     fn is_alive(&self) -> bool;
+    /// Whether its memory was paged out (a hand-out reads it back).
+    fn paged_out(&self) -> bool;
 }
 
 impl Parked for PooledVm {
@@ -42,6 +50,9 @@ impl Parked for PooledVm {
     }
     fn is_alive(&self) -> bool {
         self.vm.record.qemu.is_alive()
+    }
+    fn paged_out(&self) -> bool {
+        self.paged_out
     }
 }
 
@@ -75,8 +86,11 @@ pub struct RefillTicket {
     pub warm: bool,
     /// What the warm-up evaluates (None: a no-op).
     pub warm_eval: Option<String>,
-    /// Page the child out to swap once parked.
+    /// Page the child out to swap once parked, unless fewer than
+    /// `keep_resident` ready children are resident then.
     pub page_out: bool,
+    /// The pool's `keep_resident` (see [`PoolSpec::keep_resident`]).
+    pub keep_resident: usize,
 }
 
 /// All pools.
@@ -129,15 +143,25 @@ impl<V: Parked> Pools<V> {
     pub fn take(&self, tag: &str, snapshot_id: &str, n: usize) -> (Vec<V>, Vec<V>) {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(tag.to_string()).or_default();
-        let mut got = Vec::new();
         let mut stale = Vec::new();
+        let (mut resident, mut paged) = (VecDeque::new(), VecDeque::new());
+        for v in p.ready.drain(..) {
+            if v.record().snapshot_id != snapshot_id {
+                stale.push(v);
+            } else if v.paged_out() {
+                paged.push_back(v);
+            } else {
+                resident.push_back(v);
+            }
+        }
+        let mut got = Vec::new();
         while got.len() < n {
-            match p.ready.pop_front() {
-                Some(v) if v.record().snapshot_id == snapshot_id => got.push(v),
-                Some(v) => stale.push(v),
+            match resident.pop_front().or_else(|| paged.pop_front()) {
+                Some(v) => got.push(v),
                 None => break,
             }
         }
+        p.ready = resident.into_iter().chain(paged).collect();
         p.hits += got.len() as u64;
         p.misses += (n - got.len()) as u64;
         (got, stale)
@@ -187,6 +211,15 @@ impl<V: Parked> Pools<V> {
             out.extend(dead);
         }
         out
+    }
+
+    /// Ready children of `tag` that are resident (not paged out).
+    pub fn resident(&self, tag: &str) -> usize {
+        self.inner
+            .lock()
+            .unwrap()
+            .get(tag)
+            .map_or(0, |p| p.ready.iter().filter(|v| !v.paged_out()).count())
     }
 
     /// Restores in flight for `tag`.
@@ -241,14 +274,14 @@ impl<V: Parked> Pools<V> {
                 let p = g.get_mut(t).expect("listed above");
                 let s = p.spec.as_ref().expect("listed above");
                 if p.ready.len() + p.in_flight < s.min_ready.min(s.max()) {
-                    let (warm, warm_eval, page_out) = (s.warm, s.warm_eval.clone(), s.page_out);
                     p.in_flight += 1;
                     out.push(RefillTicket {
                         tag: t.clone(),
                         generation: p.generation,
-                        warm,
-                        warm_eval,
-                        page_out,
+                        warm: s.warm,
+                        warm_eval: s.warm_eval.clone(),
+                        page_out: s.page_out,
+                        keep_resident: s.keep_resident(),
                     });
                     progress = true;
                 }
@@ -309,7 +342,7 @@ impl<V: Parked> Pools<V> {
     }
 }
 
-fn status_of<V>(tag: &str, p: &Pool<V>) -> PoolStatus {
+fn status_of<V: Parked>(tag: &str, p: &Pool<V>) -> PoolStatus {
     PoolStatus {
         tag: tag.to_string(),
         min_ready: p.spec.as_ref().map_or(0, |s| s.min_ready),
@@ -317,6 +350,8 @@ fn status_of<V>(tag: &str, p: &Pool<V>) -> PoolStatus {
         warm: p.spec.as_ref().is_some_and(|s| s.warm),
         warm_eval: p.spec.as_ref().and_then(|s| s.warm_eval.clone()),
         page_out: p.spec.as_ref().is_some_and(|s| s.page_out),
+        keep_resident: p.spec.as_ref().map_or(0, |s| s.keep_resident()),
+        resident: p.ready.iter().filter(|v| !v.paged_out()).count(),
         ready: p.ready.len(),
         in_flight: p.in_flight,
         hits: p.hits,
@@ -334,6 +369,7 @@ mod tests {
     struct Fake {
         record: PooledRecord,
         alive: Arc<AtomicBool>,
+        paged_out: bool,
     }
 
     impl Parked for Fake {
@@ -342,6 +378,9 @@ mod tests {
         }
         fn is_alive(&self) -> bool {
             self.alive.load(Ordering::SeqCst)
+        }
+        fn paged_out(&self) -> bool {
+            self.paged_out
         }
     }
 
@@ -355,6 +394,7 @@ mod tests {
                 identified: false,
             },
             alive: Arc::new(AtomicBool::new(true)),
+            paged_out: false,
         }
     }
 
@@ -365,6 +405,7 @@ mod tests {
             warm: false,
             warm_eval: None,
             page_out: false,
+            keep_resident: None,
         })
     }
 
@@ -435,6 +476,27 @@ mod tests {
         let t = p.plan_refills(1);
         assert_eq!(t.len(), 1);
         assert_eq!(t[0].tag, "a");
+    }
+
+    #[test]
+    fn resident_children_go_first_then_the_oldest_paged_out() {
+        let p = Pools::<Fake>::default();
+        p.set("a", spec(4, None));
+        let tickets = p.plan_refills(usize::MAX);
+        for (i, t) in tickets.iter().enumerate() {
+            let mut f = fake("a", "s", i);
+            f.paged_out = i != 2; // 0, 1, 3 paged out; 2 resident
+            assert!(p.finish_refill(t, Some(f)).is_none());
+        }
+        assert_eq!(p.resident("a"), 1);
+        assert_eq!(p.status_of("a").resident, 1);
+        let (got, _) = p.take("a", "s", 2);
+        let ids: Vec<_> = got.iter().map(|v| v.record.vm_id.as_str()).collect();
+        assert_eq!(ids, ["sb-a-s-2", "sb-a-s-0"]);
+        let (got, _) = p.take("a", "s", 5);
+        let ids: Vec<_> = got.iter().map(|v| v.record.vm_id.as_str()).collect();
+        assert_eq!(ids, ["sb-a-s-1", "sb-a-s-3"]);
+        assert_eq!(p.status_of("a").misses, 3);
     }
 
     #[test]
@@ -559,6 +621,7 @@ mod tests {
                 warm: false,
                 warm_eval: None,
                 page_out: false,
+                keep_resident: None,
             }),
         );
         assert!(p.adopt(fake("gone", "s", 0)).is_some());

@@ -427,6 +427,7 @@ mod persisted_tests {
                                 warm: true,
                                 warm_eval: None,
                                 page_out: false,
+                                keep_resident: None,
                             },
                         );
                     })
@@ -453,6 +454,7 @@ mod sync_tests {
             warm: true,
             warm_eval: None,
             page_out: false,
+            keep_resident: None,
         }
     }
 

@@ -2,7 +2,7 @@
 //!
 //! - `GET /v1/pools` → every pool's status
 //! - `GET /v1/pools/:tag` → one pool's status (zeros if it has none)
-//! - `PUT /v1/pools/:tag {min_ready, max_ready?, warm?, warm_eval?, page_out?}` → status; persisted
+//! - `PUT /v1/pools/:tag {min_ready, max_ready?, warm?, warm_eval?, page_out?, keep_resident?}` → status; persisted
 //! - `DELETE /v1/pools/:tag` → the pool's children are destroyed (persisted)
 
 use crate::daemon::config::PoolSpec;
@@ -99,6 +99,7 @@ pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCod
         warm: false,
         warm_eval: None,
         page_out: false,
+        keep_resident: None,
     };
     let t = tag.clone();
     d.state
