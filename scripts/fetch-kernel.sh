@@ -18,7 +18,11 @@ fi
 say "Fetching kernel $KERNEL_PACKAGE=$KERNEL_PACKAGE_VERSION"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-chmod 755 "$work"   # apt's _apt user downloads into it
+# apt-get download fetches as the _apt user, which must be able to write
+# here; otherwise apt falls back to root with a "Download is performed
+# unsandboxed" warning. The package's sha256 is checked below either way.
+chmod 755 "$work"
+if id _apt >/dev/null 2>&1; then chown _apt "$work"; fi
 deb="${FORKD_KERNEL_DEB:-}"
 if [ -z "$deb" ]; then
   (cd "$work" && apt-get download -q "$KERNEL_PACKAGE=$KERNEL_PACKAGE_VERSION") \

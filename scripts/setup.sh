@@ -142,6 +142,10 @@ install_virtiofsd() {
 
 build_workspace() {
   say "Building forkd (release)"
+  # cargo --quiet prints nothing until it is done; say what to expect so a
+  # first build (RocksDB's C++ and ~400 crates) does not look hung.
+  [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
+    note "first build: compiles RocksDB and ~400 crates, tens of minutes on a small host; quiet until done"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
   [ "$install" = 1 ] || return 0
   local bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"

@@ -534,6 +534,7 @@ struct CapData {
 /// described by `spec` between fork and exec.
 pub fn apply(cmd: &mut std::process::Command, spec: &JailSpec, binary: &Path) -> Result<()> {
     use std::os::unix::process::CommandExt;
+    check_root_is_mount_point()?;
     std::fs::create_dir_all(&spec.root)
         .with_context(|| format!("creating {}", spec.root.display()))?;
     let plan = Plan::new(spec, binary)?;
@@ -543,6 +544,31 @@ pub fn apply(cmd: &mut std::process::Command, spec: &JailSpec, binary: &Path) ->
         cmd.pre_exec(move || enter(&plan));
     }
     Ok(())
+}
+
+/// The jail makes `/` private and pivots out of it, which the kernel
+/// refuses (a bare EINVAL from the forked child) when `/` is not a mount
+/// point, as inside a plain `chroot`. Says so before the fork instead.
+fn check_root_is_mount_point() -> Result<()> {
+    // Unreadable (no /proc): let the jail itself report what fails.
+    let Ok(info) = std::fs::read_to_string("/proc/self/mountinfo") else {
+        return Ok(());
+    };
+    if root_is_mount_point(&info) {
+        return Ok(());
+    }
+    bail!(
+        "the VM jail needs / to be a mount point, and here it is not (is forkd running inside a \
+         chroot?): run it from the host's root or a container, or bind-mount the chroot \
+         directory onto itself (mount --bind DIR DIR) before entering it"
+    )
+}
+
+/// Whether a `/proc/self/mountinfo` lists a mount at `/` (field 5, the
+/// mount point relative to the reader's root; mounts outside a chroot are
+/// not listed).
+fn root_is_mount_point(mountinfo: &str) -> bool {
+    mountinfo.lines().any(|l| l.split(' ').nth(4) == Some("/"))
 }
 
 /// Finds `program` on PATH (or takes it as is when it has a slash), as an
@@ -683,6 +709,18 @@ mod tests {
         c.uid_count = 1;
         assert!(c.validate().is_err());
         assert!(cfg().validate().is_ok());
+    }
+
+    #[test]
+    fn root_mount_point_is_found_in_mountinfo() {
+        let host = "22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n\
+                    23 22 0:5 / /proc rw - proc proc rw\n";
+        assert!(root_is_mount_point(host));
+        // A plain chroot sees only the mounts under its root, none at /.
+        let chroot = "40 22 0:5 / /proc rw - proc proc rw\n\
+                      41 22 0:6 / /dev rw - devtmpfs udev rw\n";
+        assert!(!root_is_mount_point(chroot));
+        assert!(!root_is_mount_point(""));
     }
 
     #[test]
