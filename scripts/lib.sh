@@ -36,6 +36,16 @@ FORKD_MIN_RUST=1.88
 # user_home USER: USER's home from the passwd database.
 user_home() { getent passwd "$1" 2>/dev/null | cut -d: -f6; }
 
+# return_target: after a build as root through sudo, hands the checkout's
+# target/ back to the invoking user when the checkout is theirs, so their
+# own cargo runs later are not refused by root-owned files. A target dir
+# set with CARGO_TARGET_DIR is left as it is.
+return_target() {
+  [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ] && [ -z "${CARGO_TARGET_DIR:-}" ] || return 0
+  [ -d "$REPO_ROOT/target" ] && [ "$(stat -c %U "$REPO_ROOT")" = "$SUDO_USER" ] || return 0
+  chown -R "$SUDO_USER:" "$REPO_ROOT/target"
+}
+
 # version_ge A B: true when dotted version A >= B.
 version_ge() {
   [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]

@@ -147,6 +147,7 @@ build_workspace() {
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
     note "first build: compiles RocksDB and ~400 crates, tens of minutes on a small host; quiet until done"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
+  return_target
   [ "$install" = 1 ] || return 0
   local bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
   for b in forkd poold forkd-fs; do

@@ -19,7 +19,7 @@ contains() { case "$2" in *"$3"*) ok "$1" ;; *) bad "$1: [$2] lacks [$3]" ;; esa
 # A PATH with the plain tools lib.sh uses, and nothing else; fakes go in
 # $T/fake, which comes first (never written through a symlink in $T/bin).
 mkdir -p "$T/bin" "$T/fake"
-for t in sort head awk cut dirname basename sed grep cat env mkdir chmod id; do
+for t in sort head awk cut dirname basename sed grep cat env mkdir chmod chown stat id; do
   ln -s "$(command -v "$t")" "$T/bin/$t"
 done
 BASEPATH="$T/fake:$T/bin"
@@ -128,6 +128,17 @@ rm -f "$T/fake/id" "$T/fake/sudo"
 out=$(scenario 7 'step one true; step two true; step_summary "Setup done"' 2>&1)
 contains "step prints its time" "$out" "[one: 0s]"
 contains "summary prints the total" "$out" "Setup done in 0s"
+
+# 8. a build through sudo hands the checkout's target/ back to its owner.
+mkdir -p "$T/repo/target/release"; touch "$T/repo/target/release/forkd"
+chown nobody "$T/repo"
+scenario 8a 'REPO_ROOT=$T/repo; return_target'
+check "no sudo: target/ left alone" "$(stat -c %U "$T/repo/target/release/forkd")" root
+SUDO_USER_FAKE=nobody scenario 8b 'REPO_ROOT=$T/repo; return_target'
+check "sudo build: target/ back to the checkout's owner" "$(stat -c %U "$T/repo/target/release/forkd")" nobody
+chown -R root "$T/repo/target"
+SUDO_USER_FAKE=nobody scenario 8c 'REPO_ROOT=$T/repo; CARGO_TARGET_DIR=/elsewhere return_target'
+check "CARGO_TARGET_DIR set: left alone" "$(stat -c %U "$T/repo/target/release/forkd")" root
 
 if [ "$fails" -gt 0 ]; then echo "$fails check(s) failed"; exit 1; fi
 echo "all setup detection checks passed"
