@@ -160,8 +160,8 @@ impl ChildrenMem {
 /// RAM per byte swapped, when swapped pages are kept compressed in RAM:
 /// - zram as the only swap: Σ `mem_used_total` / Σ `orig_data_size` of the
 ///   devices' `mm_stat`;
-/// - zswap (in front of any swap): `Zswap` / `Zswapped` of /proc/meminfo,
-///   when every swapped page is in its pool.
+/// - zswap (in front of any swap): its pool (`Zswap` of /proc/meminfo)
+///   over all swap in use.
 ///
 /// None with no swap in use, or with swap on disk (no RAM, slower reads).
 /// Zero-filled pages cost zram nothing and count in neither figure, so this
@@ -175,13 +175,14 @@ pub fn compressed_ratio() -> Option<f64> {
         l.split_whitespace().nth(1)?.parse().ok()
     };
     let swapped = kib("SwapTotal")?.saturating_sub(kib("SwapFree")?);
-    if let (Some(pool), Some(stored)) = (kib("Zswap"), kib("Zswapped")) {
-        // zswap holds them all (nothing written back to the device yet).
-        if stored > 0 && stored >= swapped {
-            return Some(pool as f64 / stored as f64);
-        }
+    let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
+        .is_ok_and(|s| s.trim() == "Y");
+    match kib("Zswap") {
+        // zswap's pool over everything swapped: pages it did not keep went
+        // to the device and cost no RAM.
+        Some(pool) if zswap_on && swapped > 0 => Some(pool as f64 / swapped as f64),
+        _ => zram_ratio(),
     }
-    zram_ratio()
 }
 
 /// The host's swap in a few words (`zram0 (lzo-rle)`, `zswap (deflate) over
