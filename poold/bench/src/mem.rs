@@ -168,12 +168,7 @@ impl ChildrenMem {
 /// errs high.
 pub fn compressed_ratio() -> Option<f64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let kib = |name: &str| -> Option<u64> {
-        let l = meminfo
-            .lines()
-            .find(|l| l.split(':').next() == Some(name))?;
-        l.split_whitespace().nth(1)?.parse().ok()
-    };
+    let kib = |name| forkd_vmm::meminfo_field(&meminfo, name);
     let swapped = kib("SwapTotal")?.saturating_sub(kib("SwapFree")?);
     let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
         .is_ok_and(|s| s.trim() == "Y");

@@ -430,15 +430,12 @@ fn disk_verdict(at: &Path, free_mib: u64) -> Check {
 /// park their children in it.
 pub fn check_memory(h: &Host) -> Check {
     let meminfo = h.read(&h.proc_root, "meminfo").unwrap_or_default();
-    let field = |name: &str| {
-        let l = meminfo.lines().find(|l| l.starts_with(name))?;
-        l.split_whitespace().nth(1)?.parse::<u64>().ok()
-    };
-    let swap = match field("SwapTotal:").unwrap_or(0) / 1024 {
+    let field = |name| forkd_vmm::meminfo_field(&meminfo, name);
+    let swap = match field("SwapTotal").unwrap_or(0) / 1024 {
         0 => "no swap (pools' page_out needs some: docs/poold.md)".to_string(),
         s => format!("{s} MiB of swap"),
     };
-    match field("MemAvailable:").map(|kib| kib / 1024) {
+    match field("MemAvailable").map(|kib| kib / 1024) {
         None => Check::warn("memory", "no MemAvailable in /proc/meminfo", "a kernel >= 3.14"),
         Some(m) if m < 256 => Check::fail("memory", format!("{m} MiB available, {swap}"), "free memory: poold refuses new work under 256 MiB (min_free_memory_mib)"),
         Some(m) if m < 2048 => Check::warn("memory", format!("{m} MiB available, {swap}"), "each sandbox needs its guest's RAM (512 MiB by default) less what it shares with its snapshot"),

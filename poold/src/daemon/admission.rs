@@ -58,9 +58,7 @@ impl Headroom {
 
 /// `MemAvailable` of a /proc/meminfo text, MiB.
 fn mem_available_mib(meminfo: &str) -> Option<u64> {
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib / 1024)
+    forkd_vmm::meminfo_field(meminfo, "MemAvailable").map(|kib| kib / 1024)
 }
 
 /// Space unprivileged writers may use on the filesystem of `path`, MiB.

@@ -27,7 +27,9 @@ pub fn swap_total_kib() -> u64 {
         .unwrap_or(0)
 }
 
-fn meminfo_field(text: &str, name: &str) -> Option<u64> {
+/// The `Name:  N kB` field `name` of a /proc/meminfo or smaps_rollup
+/// text, KiB.
+pub fn meminfo_field(text: &str, name: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let (k, v) = l.split_once(':')?;
         (k == name).then(|| v.split_whitespace().next()?.parse().ok())?
