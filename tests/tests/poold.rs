@@ -884,7 +884,9 @@ fn parked_children_page_out_to_swap() {
             (&json!(1), &json!(1)),
             "{v}"
         );
-        // The resident child goes first; its replacement is parked resident.
+        // The resident child goes first. The oldest paged-out one is read
+        // back from swap at once (far cheaper than the refill's restore),
+        // so the refill's replacement is parked paged out.
         let (st, one) = p.post("/v1/sandboxes", json!({"snapshot_tag": "py"})).await;
         assert_eq!(st, 201, "{one}");
         assert_eq!(one[0]["pid"], resident[0].0, "{one}");
@@ -895,7 +897,27 @@ fn parked_children_page_out_to_swap() {
             204
         );
         p.wait_pool("py", 3).await;
-        assert_eq!(p.get("/v1/pools/py").await.1["resident"], 1);
+        let mut v = json!(null);
+        for _ in 0..600 {
+            v = p.get("/v1/pools/py").await.1;
+            if v["resident"] == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(v["resident"], 1, "{v}");
+        let now: Vec<_> = vm_names(&home)
+            .into_iter()
+            .filter(|(pid, _)| {
+                let m = forkd_vmm::mem_use(*pid).unwrap();
+                m.swap_pss_kib < m.pss_anon_kib / 4
+            })
+            .collect();
+        assert_eq!(now.len(), 1, "{now:?}");
+        assert!(
+            paged.iter().any(|(pid, _)| *pid == now[0].0),
+            "the resident child {now:?} should be one that was paged out: {paged:?}"
+        );
         // A hand-out reads back what it touches and works as any other;
         // a memory limit turns swapping off again (cgroup v2).
         let (st, two) = p

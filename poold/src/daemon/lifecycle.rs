@@ -3,7 +3,7 @@
 //! everything after a restart.
 
 use super::error::{ApiError, ApiResult};
-use super::pool::{PooledVm, RefillTicket};
+use super::pool::{PooledVm, RefillTicket, Residency};
 use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
@@ -185,6 +185,8 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         .with_label_values(&[&req.tag])
         .inc_by((req.n - n_hits) as u64);
     discard_pooled(d, stale);
+    // Before any refill can park: its child then counts the page-in.
+    start_page_ins(d);
     d.refill_wake.notify_one();
 
     // The hits keep their pool records until the one commit below that
@@ -603,6 +605,8 @@ async fn gc_loop(d: Arc<Daemon>) {
 
 async fn refill_loop(d: Arc<Daemon>) {
     loop {
+        // Also after a restart, a failed page-in, a larger keep_resident.
+        start_page_ins(&d);
         let budget = d.refill_slots.available_permits();
         for ticket in d.pools.plan_refills(budget) {
             let Ok(permit) = d.refill_slots.clone().try_acquire_owned() else {
@@ -681,7 +685,7 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     // The first `keep_resident` ready children stay resident: they go
     // first, and are what a refill replaces.
     let paged_out = t.page_out
-        && d.pools.resident(&t.tag) >= t.keep_resident
+        && d.pools.kept_resident(&t.tag) >= t.keep_resident
         && page_out_parked(d, &vm, &t.tag).await;
     let record = PooledRecord {
         vm_id: id.clone(),
@@ -704,7 +708,11 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     Ok(PooledVm {
         vm,
         record,
-        paged_out,
+        residency: if paged_out {
+            Residency::PagedOut
+        } else {
+            Residency::Resident
+        },
     })
 }
 
@@ -742,6 +750,50 @@ async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) -> bool {
             tracing::warn!("pool {tag}: paging out {}: {e:#}", vm.id);
             false
         }
+    }
+}
+
+/// Starts reading back from swap the paged-out children that pools keep
+/// resident (see [`super::pool::Pools::plan_page_ins`]). A failure leaves
+/// the child paged out, still a good child, and is retried a second later.
+fn start_page_ins(d: &Arc<Daemon>) {
+    for t in d.pools.plan_page_ins(|v| v.vm.record.qemu) {
+        let d = d.clone();
+        tokio::spawn(async move {
+            let t0 = Instant::now();
+            let qemu = t.what;
+            let r = tokio::task::spawn_blocking(move || forkd_vmm::page_in(&qemu))
+                .await
+                .map_err(anyhow::Error::from)
+                .and_then(|r| r);
+            match &r {
+                Ok(bytes) => tracing::debug!(
+                    "pool {}: paged {} back in, {} KiB in {:.1} ms",
+                    t.tag,
+                    t.vm_id,
+                    bytes >> 10,
+                    t0.elapsed().as_secs_f64() * 1e3
+                ),
+                // Destroyed meanwhile (its pool drained): nothing to say.
+                Err(_) if !qemu.is_alive() => {}
+                Err(e) => warn_page_in_failed(&t.tag, &t.vm_id, e),
+            }
+            d.pools.finish_page_in(&t.tag, &t.vm_id, r.is_ok());
+            update_pool_gauges(&d);
+        });
+    }
+}
+
+/// Warns once per poold: a refusal (no ptrace access) would repeat every
+/// second; later ones are debug lines.
+fn warn_page_in_failed(tag: &str, vm_id: &str, e: &anyhow::Error) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("pool {tag}: paging {vm_id} back in: {e:#}");
+    } else {
+        tracing::warn!(
+            "pool {tag}: paging {vm_id} back in: {e:#} (its hand-out reads it from swap; further failures are logged at debug level)"
+        );
     }
 }
 
@@ -911,8 +963,13 @@ pub async fn adopt_all(d: &Arc<Daemon>, saved: State) -> anyhow::Result<()> {
         match adopted {
             Ok(vm) => match d.pools.adopt(PooledVm {
                 // Most of what it owns is in swap: it was paged out.
-                paged_out: forkd_vmm::mem_use(vm.pid())
-                    .is_ok_and(|m| m.swap_pss_kib > m.pss_anon_kib),
+                residency: if forkd_vmm::mem_use(vm.pid())
+                    .is_ok_and(|m| m.swap_pss_kib > m.pss_anon_kib)
+                {
+                    Residency::PagedOut
+                } else {
+                    Residency::Resident
+                },
                 vm,
                 record: rec.clone(),
             }) {

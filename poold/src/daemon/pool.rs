@@ -14,7 +14,12 @@
 //! - resident children are handed out before paged-out ones (`page_out`
 //!   pools), oldest first within each kind; a refill parks its child
 //!   resident while fewer than `keep_resident` are, so spawns at a pace the
-//!   refills keep up with never wait for swap.
+//!   refills keep up with never wait for swap;
+//! - while fewer than `keep_resident` are resident, the oldest paged-out
+//!   child is paged back in, one per pool at a time ([`Residency`] has the
+//!   states): reading a child back from swap costs a fraction of the CPU a
+//!   refill's restore does, so spawns faster than refills still find a
+//!   resident child.
 //!
 //! The pool bookkeeping is generic over what it parks ([`Parked`]) so its
 //! rules are unit-tested without a VM; the daemon parks [`PooledVm`]s.
@@ -30,8 +35,22 @@ use std::sync::Mutex;
 pub struct PooledVm {
     pub vm: Vm,
     pub record: PooledRecord,
-    /// Its memory was paged out to swap when it was parked.
-    pub paged_out: bool,
+    /// Where its own memory is.
+    pub residency: Residency,
+}
+
+/// Where a parked child's own memory is (pools with `page_out`). A child
+/// is parked `Resident` or `PagedOut`; a paged-out one goes `PagingIn` when
+/// [`Pools::plan_page_ins`] picks it, then `Resident`, or back to
+/// `PagedOut` if reading it back failed. Taking a child ends its residency.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residency {
+    /// In RAM: a hand-out reads nothing from swap.
+    Resident,
+    /// Being read back from swap; counts toward `keep_resident`.
+    PagingIn,
+    /// In swap: a hand-out reads back what it touches, and waits for it.
+    PagedOut,
 }
 
 /// What a pool parks: something with a pooled record that may have died.
@@ -40,8 +59,10 @@ pub trait Parked {
     fn record(&self) -> &PooledRecord;
     /// Whether it still runs (its QEMU process exists).
     fn is_alive(&self) -> bool;
-    /// Whether its memory was paged out (a hand-out reads it back).
-    fn paged_out(&self) -> bool;
+    /// Where its memory is.
+    fn residency(&self) -> Residency;
+    /// Records that its memory moved.
+    fn set_residency(&mut self, r: Residency);
 }
 
 impl Parked for PooledVm {
@@ -51,8 +72,11 @@ impl Parked for PooledVm {
     fn is_alive(&self) -> bool {
         self.vm.record.qemu.is_alive()
     }
-    fn paged_out(&self) -> bool {
-        self.paged_out
+    fn residency(&self) -> Residency {
+        self.residency
+    }
+    fn set_residency(&mut self, r: Residency) {
+        self.residency = r;
     }
 }
 
@@ -91,6 +115,15 @@ pub struct RefillTicket {
     pub page_out: bool,
     /// The pool's `keep_resident` (see [`PoolSpec::keep_resident`]).
     pub keep_resident: usize,
+}
+
+/// A paged-out child to read back from swap now (see
+/// [`Pools::plan_page_ins`]); `what` is what the caller asked to carry.
+#[derive(Debug)]
+pub struct PageIn<R> {
+    pub tag: String,
+    pub vm_id: String,
+    pub what: R,
 }
 
 /// All pools.
@@ -143,25 +176,21 @@ impl<V: Parked> Pools<V> {
     pub fn take(&self, tag: &str, snapshot_id: &str, n: usize) -> (Vec<V>, Vec<V>) {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(tag.to_string()).or_default();
-        let mut stale = Vec::new();
-        let (mut resident, mut paged) = (VecDeque::new(), VecDeque::new());
-        for v in p.ready.drain(..) {
-            if v.record().snapshot_id != snapshot_id {
-                stale.push(v);
-            } else if v.paged_out() {
-                paged.push_back(v);
-            } else {
-                resident.push_back(v);
-            }
-        }
-        let mut got = Vec::new();
-        while got.len() < n {
-            match resident.pop_front().or_else(|| paged.pop_front()) {
-                Some(v) => got.push(v),
-                None => break,
-            }
-        }
-        p.ready = resident.into_iter().chain(paged).collect();
+        let (stale, current): (Vec<V>, Vec<V>) = p
+            .ready
+            .drain(..)
+            .partition(|v| v.record().snapshot_id != snapshot_id);
+        // Resident first, then half read back, then in swap; oldest first
+        // within each (the sort is stable).
+        let mut ready = current;
+        ready.sort_by_key(|v| match v.residency() {
+            Residency::Resident => 0,
+            Residency::PagingIn => 1,
+            Residency::PagedOut => 2,
+        });
+        let mut ready: VecDeque<V> = ready.into();
+        let got: Vec<V> = ready.drain(..n.min(ready.len())).collect();
+        p.ready = ready;
         p.hits += got.len() as u64;
         p.misses += (n - got.len()) as u64;
         (got, stale)
@@ -213,13 +242,63 @@ impl<V: Parked> Pools<V> {
         out
     }
 
-    /// Ready children of `tag` that are resident (not paged out).
-    pub fn resident(&self, tag: &str) -> usize {
+    /// Ready children of `tag` that count toward its `keep_resident`:
+    /// resident, or being paged back in.
+    pub fn kept_resident(&self, tag: &str) -> usize {
         self.inner
             .lock()
             .unwrap()
             .get(tag)
-            .map_or(0, |p| p.ready.iter().filter(|v| !v.paged_out()).count())
+            .map_or(0, |p| kept_resident(p))
+    }
+
+    /// For each `page_out` pool with fewer than `keep_resident` children
+    /// resident and none being paged in, its oldest paged-out child, marked
+    /// [`Residency::PagingIn`]; `what` picks what the caller needs of it.
+    /// One per pool at a time bounds the CPU this takes from sandboxes.
+    pub fn plan_page_ins<R>(&self, what: impl Fn(&V) -> R) -> Vec<PageIn<R>> {
+        let mut g = self.inner.lock().unwrap();
+        let mut out = Vec::new();
+        for (tag, p) in g.iter_mut() {
+            let Some(s) = p.spec.as_ref().filter(|s| s.page_out) else {
+                continue;
+            };
+            let busy = p.ready.iter().any(|v| v.residency() == Residency::PagingIn);
+            if busy || kept_resident(p) >= s.keep_resident() {
+                continue;
+            }
+            if let Some(v) = p
+                .ready
+                .iter_mut()
+                .find(|v| v.residency() == Residency::PagedOut)
+            {
+                v.set_residency(Residency::PagingIn);
+                out.push(PageIn {
+                    tag: tag.clone(),
+                    vm_id: v.record().vm_id.clone(),
+                    what: what(v),
+                });
+            }
+        }
+        out
+    }
+
+    /// Ends a page-in: the child is resident if `ok`, else paged out
+    /// again. A child taken or destroyed meanwhile is no longer here.
+    pub fn finish_page_in(&self, tag: &str, vm_id: &str, ok: bool) {
+        let mut g = self.inner.lock().unwrap();
+        let Some(p) = g.get_mut(tag) else { return };
+        if let Some(v) = p
+            .ready
+            .iter_mut()
+            .find(|v| v.record().vm_id == vm_id && v.residency() == Residency::PagingIn)
+        {
+            v.set_residency(if ok {
+                Residency::Resident
+            } else {
+                Residency::PagedOut
+            });
+        }
     }
 
     /// Restores in flight for `tag`.
@@ -342,6 +421,13 @@ impl<V: Parked> Pools<V> {
     }
 }
 
+fn kept_resident<V: Parked>(p: &Pool<V>) -> usize {
+    p.ready
+        .iter()
+        .filter(|v| v.residency() != Residency::PagedOut)
+        .count()
+}
+
 fn status_of<V: Parked>(tag: &str, p: &Pool<V>) -> PoolStatus {
     PoolStatus {
         tag: tag.to_string(),
@@ -351,7 +437,11 @@ fn status_of<V: Parked>(tag: &str, p: &Pool<V>) -> PoolStatus {
         warm_eval: p.spec.as_ref().and_then(|s| s.warm_eval.clone()),
         page_out: p.spec.as_ref().is_some_and(|s| s.page_out),
         keep_resident: p.spec.as_ref().map_or(0, |s| s.keep_resident()),
-        resident: p.ready.iter().filter(|v| !v.paged_out()).count(),
+        resident: p
+            .ready
+            .iter()
+            .filter(|v| v.residency() == Residency::Resident)
+            .count(),
         ready: p.ready.len(),
         in_flight: p.in_flight,
         hits: p.hits,
@@ -369,7 +459,7 @@ mod tests {
     struct Fake {
         record: PooledRecord,
         alive: Arc<AtomicBool>,
-        paged_out: bool,
+        residency: Residency,
     }
 
     impl Parked for Fake {
@@ -379,8 +469,11 @@ mod tests {
         fn is_alive(&self) -> bool {
             self.alive.load(Ordering::SeqCst)
         }
-        fn paged_out(&self) -> bool {
-            self.paged_out
+        fn residency(&self) -> Residency {
+            self.residency
+        }
+        fn set_residency(&mut self, r: Residency) {
+            self.residency = r;
         }
     }
 
@@ -394,7 +487,7 @@ mod tests {
                 identified: false,
             },
             alive: Arc::new(AtomicBool::new(true)),
-            paged_out: false,
+            residency: Residency::Resident,
         }
     }
 
@@ -479,16 +572,67 @@ mod tests {
     }
 
     #[test]
+    fn paged_out_children_are_paged_in_oldest_first_one_at_a_time() {
+        let p = Pools::<Fake>::default();
+        let id = |v: &Fake| v.record.vm_id.clone();
+        p.set(
+            "a",
+            Some(PoolSpec {
+                page_out: true,
+                keep_resident: Some(2),
+                ..spec(4, None).unwrap()
+            }),
+        );
+        for (i, t) in p.plan_refills(usize::MAX).iter().enumerate() {
+            let mut f = fake(&t.tag, "s", i);
+            f.residency = Residency::PagedOut;
+            assert!(p.finish_refill(t, Some(f)).is_none());
+        }
+        p.set("plain", spec(1, None));
+        fill(&p, "s");
+        // Only the page_out pool, its oldest child, one at a time.
+        let first = p.plan_page_ins(id);
+        assert_eq!(first.len(), 1, "{first:?}");
+        assert_eq!(
+            (first[0].tag.as_str(), first[0].what.as_str()),
+            ("a", "sb-a-s-0")
+        );
+        assert!(p.plan_page_ins(id).is_empty());
+        assert_eq!(p.kept_resident("a"), 1);
+        assert_eq!(p.status_of("a").resident, 0, "not resident until read back");
+        // A child being paged in goes before those still in swap.
+        let (got, _) = p.take("a", "s", 1);
+        assert_eq!(got[0].record.vm_id, "sb-a-s-0");
+        p.finish_page_in("a", "sb-a-s-0", true); // taken meanwhile: nothing
+        let next = p.plan_page_ins(id);
+        assert_eq!(next[0].what, "sb-a-s-1");
+        p.finish_page_in("a", "sb-a-s-1", true);
+        assert_eq!(p.status_of("a").resident, 1);
+        // Fewer than keep_resident (2) still: the next one; a failure puts
+        // it back in swap, to be tried again.
+        let next = p.plan_page_ins(id);
+        assert_eq!(next[0].what, "sb-a-s-2");
+        p.finish_page_in("a", "sb-a-s-2", false);
+        assert_eq!(p.kept_resident("a"), 1);
+        assert_eq!(p.plan_page_ins(id)[0].what, "sb-a-s-2");
+        p.finish_page_in("a", "sb-a-s-2", true);
+        assert!(p.plan_page_ins(id).is_empty(), "keep_resident reached");
+        assert_eq!(p.status_of("a").resident, 2);
+    }
+
+    #[test]
     fn resident_children_go_first_then_the_oldest_paged_out() {
         let p = Pools::<Fake>::default();
         p.set("a", spec(4, None));
         let tickets = p.plan_refills(usize::MAX);
         for (i, t) in tickets.iter().enumerate() {
             let mut f = fake("a", "s", i);
-            f.paged_out = i != 2; // 0, 1, 3 paged out; 2 resident
+            if i != 2 {
+                f.residency = Residency::PagedOut; // 0, 1, 3; 2 resident
+            }
             assert!(p.finish_refill(t, Some(f)).is_none());
         }
-        assert_eq!(p.resident("a"), 1);
+        assert_eq!(p.kept_resident("a"), 1);
         assert_eq!(p.status_of("a").resident, 1);
         let (got, _) = p.take("a", "s", 2);
         let ids: Vec<_> = got.iter().map(|v| v.record.vm_id.as_str()).collect();

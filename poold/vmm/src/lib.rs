@@ -37,7 +37,7 @@ pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRA
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};
-pub use pageout::{mem_use, meminfo_field, swap_total_kib, MemUse};
+pub use pageout::{mem_use, meminfo_field, page_in, swap_total_kib, MemUse};
 pub use process::ProcId;
 pub use qemu::{
     check_qemu, kernel_cmdline, parse_version as parse_qemu_version, qemu_binary, qemu_version,

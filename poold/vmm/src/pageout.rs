@@ -9,9 +9,19 @@
 //! processes map it. Nothing changes what the process sees: a page it
 //! touches again is read back from swap, so a hand-out pays those reads.
 //!
+//! [`page_in`] is the way back, ahead of a hand-out: it reads the pages
+//! the process has in swap through `process_vm_readv`, which faults each
+//! one into the process exactly as if the process had touched it (the
+//! kernel maps it and, for zram, frees the compressed copy). `MADV_WILLNEED`
+//! would only stage pages in the swap cache, unmapped, and keep both copies.
+//!
 //! Invariants:
 //! - the target is named by a pidfd opened *before* its identity is
 //!   checked against the VM record, so a recycled pid is never advised;
+//! - a page-in only reads: the bytes land in a scratch buffer and are
+//!   dropped, and only pages `/proc/<pid>/pagemap` shows in swap are read
+//!   (reading the rest would fault in zero pages that were never touched,
+//!   most of TCG's 1 GiB code buffer);
 //! - without swap the kernel keeps anonymous pages where they are: paging
 //!   out is then a no-op, never an error (callers check [`swap_total_kib`]
 //!   to tell the operator).
@@ -111,6 +121,112 @@ pub fn page_out(proc: &ProcId) -> Result<u64> {
     Ok(advised)
 }
 
+/// Reads back into memory what process `proc` has in swap, so its next
+/// run does not wait for it. Returns the bytes brought back. Errors as for
+/// [`page_out`]; also when ptrace access to the process is refused
+/// (`process_vm_readv` needs it, as root has).
+pub fn page_in(proc: &ProcId) -> Result<u64> {
+    let _pidfd = pidfd_open(proc.pid)?;
+    if !proc.is_alive() {
+        bail!("process {} has exited", proc.pid);
+    }
+    let maps_path = format!("/proc/{}/maps", proc.pid);
+    let maps =
+        std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+    let pagemap_path = format!("/proc/{}/pagemap", proc.pid);
+    let pagemap =
+        std::fs::File::open(&pagemap_path).with_context(|| format!("opening {pagemap_path}"))?;
+    let mut scratch = vec![0u8; PAGE_IN_CHUNK];
+    let mut read = 0u64;
+    for (start, len) in private_ranges(&maps) {
+        for (a, n) in swapped_runs(&pagemap, start, len)? {
+            read += read_remote(proc, a, n, &mut scratch)?;
+        }
+    }
+    Ok(read)
+}
+
+/// The scratch buffer of [`page_in`]: how much one `process_vm_readv` reads.
+const PAGE_IN_CHUNK: usize = 1 << 20;
+const PAGE: usize = 4096;
+/// `/proc/<pid>/pagemap` entries read at once (8 bytes each).
+const PAGEMAP_BATCH: usize = 32 << 10;
+
+/// The runs of pages of `[start, start + len)` that are in swap (pagemap
+/// bit 62 set, bit 63 "present" clear), as (address, bytes).
+fn swapped_runs(pagemap: &std::fs::File, start: usize, len: usize) -> Result<Vec<(usize, usize)>> {
+    use std::os::unix::fs::FileExt;
+    let pages = len / PAGE;
+    let mut runs: Vec<(usize, usize)> = Vec::new();
+    let mut buf = vec![0u8; PAGEMAP_BATCH * 8];
+    let mut i = 0;
+    while i < pages {
+        let n = (pages - i).min(PAGEMAP_BATCH);
+        let off = ((start / PAGE + i) * 8) as u64;
+        let got = pagemap
+            .read_at(&mut buf[..n * 8], off)
+            .context("reading pagemap")?;
+        if got == 0 {
+            break;
+        }
+        for (j, e) in buf[..got].chunks_exact(8).enumerate() {
+            let e = u64::from_ne_bytes(e.try_into().expect("8 bytes"));
+            if e & (1 << 62) != 0 && e & (1 << 63) == 0 {
+                let addr = start + (i + j) * PAGE;
+                match runs.last_mut() {
+                    Some((a, l)) if *a + *l == addr => *l += PAGE,
+                    _ => runs.push((addr, PAGE)),
+                }
+            }
+        }
+        i += got / 8;
+    }
+    Ok(runs)
+}
+
+/// Reads `[addr, addr + len)` of `proc` into `scratch`, a chunk at a time.
+/// A range unmapped meanwhile (EFAULT) ends early; that is not an error.
+fn read_remote(proc: &ProcId, addr: usize, len: usize, scratch: &mut [u8]) -> Result<u64> {
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(scratch.len());
+        let local = libc::iovec {
+            iov_base: scratch.as_mut_ptr() as *mut libc::c_void,
+            iov_len: n,
+        };
+        let remote = libc::iovec {
+            iov_base: (addr + done) as *mut libc::c_void,
+            iov_len: n,
+        };
+        // SAFETY: `local` covers `n` bytes of `scratch`, which we own
+        // mutably; `remote` names another process's memory, which the
+        // kernel reads on our behalf.
+        let r =
+            unsafe { libc::process_vm_readv(proc.pid as libc::pid_t, &local, 1, &remote, 1, 0) };
+        if r > 0 {
+            done += r as usize;
+            continue;
+        }
+        if r == 0 {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        match err.raw_os_error() {
+            Some(libc::EFAULT) => break,
+            Some(libc::ESRCH) => bail!("process {} has exited", proc.pid),
+            _ => {
+                return Err(err).with_context(|| {
+                    format!(
+                        "process_vm_readv on QEMU pid {} (needs ptrace access: root, or CAP_SYS_PTRACE)",
+                        proc.pid
+                    )
+                })
+            }
+        }
+    }
+    Ok(done as u64)
+}
+
 fn pidfd_open(pid: u32) -> Result<OwnedFd> {
     // SAFETY: a plain syscall; a non-negative result is a new fd we own.
     let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0u32) };
@@ -164,6 +280,29 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
     }
 
     #[test]
+    fn swapped_runs_join_adjacent_swapped_pages() {
+        const SWAPPED: u64 = 1 << 62;
+        const PRESENT: u64 = 1 << 63;
+        let entries = [SWAPPED, SWAPPED, PRESENT, 0, SWAPPED, SWAPPED | PRESENT];
+        let f = tempfile_with(&entries.map(u64::to_ne_bytes).concat());
+        assert_eq!(
+            swapped_runs(&f, 0, entries.len() * PAGE).unwrap(),
+            vec![(0, 2 * PAGE), (4 * PAGE, PAGE)]
+        );
+        // A range starting further in reads its own entries.
+        assert_eq!(
+            swapped_runs(&f, 3 * PAGE, 3 * PAGE).unwrap(),
+            vec![(4 * PAGE, PAGE)]
+        );
+    }
+
+    fn tempfile_with(bytes: &[u8]) -> std::fs::File {
+        let mut f = tempfile::tempfile().unwrap();
+        std::io::Write::write_all(&mut f, bytes).unwrap();
+        f
+    }
+
+    #[test]
     fn meminfo_fields_parse() {
         let t = "SwapCached:            0 kB\nSwapTotal:       4194300 kB\nSwapFree: 1 kB\n";
         assert_eq!(meminfo_field(t, "SwapTotal"), Some(4194300));
@@ -171,7 +310,7 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
     }
 
     #[test]
-    fn a_child_process_pages_out_what_it_wrote() {
+    fn a_child_process_pages_out_what_it_wrote_and_back_in() {
         // A child writes 8 MiB and waits; paging it out succeeds whether or
         // not this host has swap (without swap nothing moves).
         let mut child = std::process::Command::new("python3")
@@ -193,8 +332,16 @@ ffffffffff600000-ffffffffff601000 --xp 00000000 00:00 0 [vsyscall]
             let m = mem_use(child.id()).unwrap();
             assert!(m.swap_pss_kib >= 4 << 10, "{m:?}");
         }
+        // Paging in brings back what went to swap, and only that.
+        let back = page_in(&id).unwrap();
+        if swap_total_kib() > 0 {
+            let m = mem_use(child.id()).unwrap();
+            assert!(back >= 4 << 20, "read back {back} bytes");
+            assert!(m.swap_pss_kib < 1 << 10, "{m:?}");
+        }
         child.kill().unwrap();
         child.wait().unwrap();
         assert!(page_out(&id).is_err(), "a dead process must not be advised");
+        assert!(page_in(&id).is_err(), "a dead process must not be read");
     }
 }
