@@ -327,8 +327,9 @@ pub struct PoolSpec {
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub page_out: bool,
     /// With `page_out`: how many ready children stay resident, handed out
-    /// first, so that spawns at the pace refills keep up with never read
-    /// from swap (default [`DEFAULT_KEEP_RESIDENT`]).
+    /// first; refills park resident and paged-out children are read back
+    /// while fewer are, so spawns one after another do not read from swap
+    /// (default [`DEFAULT_KEEP_RESIDENT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_resident: Option<usize>,
 }

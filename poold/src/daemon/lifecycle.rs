@@ -754,8 +754,9 @@ async fn page_out_parked(d: &Daemon, vm: &Vm, tag: &str) -> bool {
 }
 
 /// Starts reading back from swap the paged-out children that pools keep
-/// resident (see [`super::pool::Pools::plan_page_ins`]). A failure leaves
-/// the child paged out, still a good child, and is retried a second later.
+/// resident (see [`super::pool::Pools::plan_page_ins`]), each started when
+/// the last ends. A failure leaves the child paged out, still a good child,
+/// and is retried from the refill loop a second later.
 fn start_page_ins(d: &Arc<Daemon>) {
     for t in d.pools.plan_page_ins(|v| v.vm.record.qemu) {
         let d = d.clone();
@@ -780,6 +781,11 @@ fn start_page_ins(d: &Arc<Daemon>) {
             }
             d.pools.finish_page_in(&t.tag, &t.vm_id, r.is_ok());
             update_pool_gauges(&d);
+            // The next one now, not at the next spawn: a pool emptied of
+            // resident children by a burst refills them back to back.
+            if r.is_ok() {
+                start_page_ins(&d);
+            }
         });
     }
 }
