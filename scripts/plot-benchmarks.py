@@ -105,7 +105,10 @@ def plot_fanout_memory(plt, r, out):
 
 
 def parking_label(r):
-    return f"page_out, {r.get('swap') or 'swap'}" if r.get("page_out") else "resident"
+    if not r.get("page_out"):
+        return "resident"
+    kr = r.get("keep_resident")
+    return f"page_out, {r.get('swap') or 'swap'}" + (f",\nkeep_resident {kr}" if kr is not None else "")
 
 
 def plot_parking(plt, rs, out):

@@ -130,6 +130,10 @@ pub struct Report {
     /// Whether the pools paged their children out to swap.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub page_out: bool,
+    /// With `page_out`, the pools' `keep_resident` (poold's default when
+    /// the bench did not set it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub keep_resident: Option<usize>,
     /// The host's swap, when it has some (`zram0 (lzo-rle)`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub swap: Option<String>,
@@ -183,6 +187,9 @@ pub async fn run(paths: &Paths, b: SpawnBench) -> Result<Report> {
         probe: b.probe.clone(),
         warm_eval: b.warm_eval.clone(),
         page_out: b.page_out,
+        keep_resident: b
+            .page_out
+            .then(|| b.keep_resident.unwrap_or(forkd_api::DEFAULT_KEEP_RESIDENT)),
         swap: swap_kind(),
         sequential: Vec::new(),
         fanout: Vec::new(),
