@@ -17,8 +17,8 @@ latency and stored bytes per link vs chain depth). --hub (once per hub kind
 run) writes hub-transfer-time.svg and hub-transfer-bytes.svg (each push and
 pull step, full and incremental). --parking (once per run of the spawn
 bench, with and without --page-out) writes spawn-parking.svg (RAM per pooled
-child, resident and in compressed swap, next to the pool hit and first
-eval). Any subset may be given.
+child, resident and in compressed swap, next to the pool hit, the first
+eval and the largest fan-out). Any subset may be given.
 Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
 a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
@@ -107,21 +107,23 @@ def plot_fanout_memory(plt, r, out):
 def parking_label(r):
     if not r.get("page_out"):
         return "resident"
+    swap = (r.get("swap") or "swap").split(" over ")[0]
     kr = r.get("keep_resident")
-    return f"page_out, {r.get('swap') or 'swap'}" + (f",\nkeep_resident {kr}" if kr is not None else "")
+    return f"page_out, {swap}" + (f",\nkeep_resident {kr}" if kr is not None else "")
 
 
 def plot_parking(plt, rs, out):
     """Runs of one snapshot with and without page_out: RAM per pooled child
-    at the largest N (resident + compressed swap) next to the hand-out."""
+    at the largest N (resident + compressed swap), the sequential hand-out,
+    and the fan-out of that N."""
     rows = [(parking_label(r), r["fanout"][-1], next((x for x in r["sequential"] if x["source"] == "pool hit"), None)) for r in rs if r["fanout"]]
     if not rows:
         return None
-    fig, (mem, lat) = plt.subplots(1, 2, figsize=(9, 3.8))
+    fig, (mem, lat, fan) = plt.subplots(1, 3, figsize=(12, 4.2), gridspec_kw={"width_ratios": [3, 2, 2]})
     ys = list(range(len(rows)))
     res = [f["pooled_mib_per_child"] for _, f, _ in rows]
     comp = [f.get("compressed_mib_per_child") or 0.0 for _, f, _ in rows]
-    mem.barh(ys, res, label="resident (PSS, with its page-cache share)")
+    mem.barh(ys, res, label="resident (PSS, with its\npage-cache share)")
     mem.barh(ys, comp, left=res, label="in compressed swap")
     for y, a, b in zip(ys, res, comp):
         mem.text(a + b, y, f" {a + b:.1f}", va="center", fontsize=8)
@@ -129,16 +131,25 @@ def plot_parking(plt, rs, out):
     mem.set_yticklabels([l for l, _, _ in rows], fontsize=8)
     mem.invert_yaxis()
     mem.set_xlim(0, max(a + b for a, b in zip(res, comp)) * 1.2)
-    mem.set_xlabel(f"RAM per pooled child, MiB (N = {rows[0][1]['n']})")
-    mem.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    mem.set_xlabel(f"RAM per pooled child, MiB (N = {rows[0][1]['n']})", fontsize=9)
+    mem.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     hit = [(s["spawn_p50_ms"] if s else 0.0, s["first_eval_p50_ms"] if s else 0.0) for _, _, s in rows]
     lat.barh([y - 0.2 for y in ys], [h for h, _ in hit], height=0.4, label="pool hit p50")
     lat.barh([y + 0.2 for y in ys], [e for _, e in hit], height=0.4, label="first eval p50")
     lat.set_yticks(ys)
     lat.set_yticklabels([])
     lat.invert_yaxis()
-    lat.set_xlabel("ms (sequential spawns from a full pool)")
-    lat.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=2)
+    lat.set_xlabel("ms, sequential spawns from a full pool", fontsize=9)
+    lat.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+    walls = [f["wall_ms"] / 1e3 for _, f, _ in rows]
+    fan.barh(ys, walls, color="tab:green")
+    for y, w in zip(ys, walls):
+        fan.text(w, y, f" {w:.1f}", va="center", fontsize=8)
+    fan.set_yticks(ys)
+    fan.set_yticklabels([])
+    fan.invert_yaxis()
+    fan.set_xlim(0, max(walls) * 1.2)
+    fan.set_xlabel(f"s, request → all {rows[0][1]['n']} answered", fontsize=9)
     fig.suptitle("Parked children: resident or paged out\n" + subtitle(rs[0]), fontsize=9)
     fig.tight_layout()
     path = os.path.join(out, "spawn-parking.svg")
