@@ -73,16 +73,9 @@ pub fn mem_use(pid: u32) -> Result<MemUse> {
 /// `proc` any more, or this kernel lacks `process_madvise` (Linux < 5.10)
 /// or refuses it (CAP_SYS_NICE and ptrace access are needed).
 pub fn page_out(proc: &ProcId) -> Result<u64> {
-    let pidfd = pidfd_open(proc.pid)?;
-    // The pidfd pins the process; only now is its identity worth checking.
-    if !proc.is_alive() {
-        bail!("process {} has exited", proc.pid);
-    }
-    let maps_path = format!("/proc/{}/maps", proc.pid);
-    let maps =
-        std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+    let (pidfd, ranges) = pin_private_ranges(proc)?;
     let mut advised = 0u64;
-    for (start, len) in private_ranges(&maps) {
+    for (start, len) in ranges {
         let iov = libc::iovec {
             iov_base: start as *mut libc::c_void,
             iov_len: len,
@@ -126,19 +119,13 @@ pub fn page_out(proc: &ProcId) -> Result<u64> {
 /// [`page_out`]; also when ptrace access to the process is refused
 /// (`process_vm_readv` needs it, as root has).
 pub fn page_in(proc: &ProcId) -> Result<u64> {
-    let _pidfd = pidfd_open(proc.pid)?;
-    if !proc.is_alive() {
-        bail!("process {} has exited", proc.pid);
-    }
-    let maps_path = format!("/proc/{}/maps", proc.pid);
-    let maps =
-        std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+    let (_pidfd, ranges) = pin_private_ranges(proc)?;
     let pagemap_path = format!("/proc/{}/pagemap", proc.pid);
     let pagemap =
         std::fs::File::open(&pagemap_path).with_context(|| format!("opening {pagemap_path}"))?;
     let mut scratch = vec![0u8; PAGE_IN_CHUNK];
     let mut read = 0u64;
-    for (start, len) in private_ranges(&maps) {
+    for (start, len) in ranges {
         for (a, n) in swapped_runs(&pagemap, start, len)? {
             read += read_remote(proc, a, n, &mut scratch)?;
         }
@@ -225,6 +212,19 @@ fn read_remote(proc: &ProcId, addr: usize, len: usize, scratch: &mut [u8]) -> Re
         }
     }
     Ok(done as u64)
+}
+
+/// A pidfd on `proc`, opened before its identity is checked (the
+/// invariant above), and its private mappings ([`private_ranges`]).
+fn pin_private_ranges(proc: &ProcId) -> Result<(OwnedFd, Vec<(usize, usize)>)> {
+    let pidfd = pidfd_open(proc.pid)?;
+    if !proc.is_alive() {
+        bail!("process {} has exited", proc.pid);
+    }
+    let maps_path = format!("/proc/{}/maps", proc.pid);
+    let maps =
+        std::fs::read_to_string(&maps_path).with_context(|| format!("reading {maps_path}"))?;
+    Ok((pidfd, private_ranges(&maps)))
 }
 
 fn pidfd_open(pid: u32) -> Result<OwnedFd> {
