@@ -317,11 +317,19 @@ impl Poold {
 
     /// Waits until the pool of `tag` has `ready` children.
     pub async fn wait_pool(&self, tag: &str, ready: u64) {
+        self.wait_pool_until(tag, |p| {
+            p["ready"].as_u64() == Some(ready) && p["in_flight"].as_u64() == Some(0)
+        })
+        .await;
+    }
+
+    /// Waits until the status of `tag`'s pool satisfies `done`; returns it.
+    pub async fn wait_pool_until(&self, tag: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(300);
         loop {
             let (_, p) = self.get(&format!("/v1/pools/{tag}")).await;
-            if p["ready"].as_u64() == Some(ready) && p["in_flight"].as_u64() == Some(0) {
-                return;
+            if done(&p) {
+                return p;
             }
             assert!(Instant::now() < deadline, "pool {tag} stuck at {p}");
             tokio::time::sleep(Duration::from_millis(100)).await;

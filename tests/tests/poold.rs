@@ -897,15 +897,7 @@ fn parked_children_page_out_to_swap() {
             204
         );
         p.wait_pool("py", 3).await;
-        let mut v = json!(null);
-        for _ in 0..600 {
-            v = p.get("/v1/pools/py").await.1;
-            if v["resident"] == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(v["resident"], 1, "{v}");
+        p.wait_pool_until("py", |v| v["resident"] == 1).await;
         let now: Vec<_> = vm_names(&home)
             .into_iter()
             .filter(|(pid, _)| {
@@ -950,13 +942,7 @@ fn parked_children_page_out_to_swap() {
         }
         // Drained, refills in flight included (parked children outlive poold).
         assert_eq!(p.delete("/v1/pools/py").await.0, 204);
-        for _ in 0..600 {
-            let v = p.get("/v1/pools/py").await.1;
-            if v["ready"] == 0 && v["in_flight"] == 0 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        p.wait_pool("py", 0).await;
     });
     drop(p);
     std::thread::sleep(Duration::from_millis(500));

@@ -170,8 +170,7 @@ pub fn compressed_ratio() -> Option<f64> {
     let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
     let kib = |name| forkd_vmm::meminfo_field(&meminfo, name);
     let swapped = kib("SwapTotal")?.saturating_sub(kib("SwapFree")?);
-    let zswap_on = std::fs::read_to_string("/sys/module/zswap/parameters/enabled")
-        .is_ok_and(|s| s.trim() == "Y");
+    let zswap_on = zswap_param("enabled") == "Y";
     match kib("Zswap") {
         // zswap's pool over everything swapped: pages it did not keep went
         // to the device and cost no RAM.
@@ -183,52 +182,61 @@ pub fn compressed_ratio() -> Option<f64> {
 /// The host's swap in a few words (`zram0 (lzo-rle)`, `zswap (deflate) over
 /// /var/swap`), for a report; None without swap.
 pub fn swap_kind() -> Option<String> {
-    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
-    let devs: Vec<String> = swaps
-        .lines()
-        .skip(1)
-        .filter_map(|l| l.split_whitespace().next())
-        .map(
-            |d| match d.strip_prefix("/dev/").filter(|n| n.starts_with("zram")) {
-                Some(n) => {
-                    let algo = std::fs::read_to_string(format!("/sys/block/{n}/comp_algorithm"))
-                        .unwrap_or_default();
-                    let chosen = algo
-                        .split_whitespace()
-                        .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
-                        .unwrap_or("?");
-                    format!("{n} ({chosen})")
-                }
-                None => d.to_string(),
-            },
-        )
+    let devs: Vec<String> = swap_devices()
+        .into_iter()
+        .map(|d| match zram_name(&d) {
+            Some(n) => {
+                let algo = std::fs::read_to_string(format!("/sys/block/{n}/comp_algorithm"))
+                    .unwrap_or_default();
+                let chosen = algo
+                    .split_whitespace()
+                    .find_map(|a| a.strip_prefix('[')?.strip_suffix(']'))
+                    .unwrap_or("?");
+                format!("{n} ({chosen})")
+            }
+            None => d,
+        })
         .collect();
     if devs.is_empty() {
         return None;
     }
-    let param = |f: &str| {
-        std::fs::read_to_string(format!("/sys/module/zswap/parameters/{f}"))
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default()
-    };
-    Some(if param("enabled") == "Y" {
-        format!("zswap ({}) over {}", param("compressor"), devs.join(", "))
+    Some(if zswap_param("enabled") == "Y" {
+        format!(
+            "zswap ({}) over {}",
+            zswap_param("compressor"),
+            devs.join(", ")
+        )
     } else {
         devs.join(", ")
     })
 }
 
-fn zram_ratio() -> Option<f64> {
-    let swaps = std::fs::read_to_string("/proc/swaps").ok()?;
-    let (mut used, mut orig) = (0u64, 0u64);
-    for dev in swaps
+/// The active swap devices and files (/proc/swaps, first column).
+fn swap_devices() -> Vec<String> {
+    std::fs::read_to_string("/proc/swaps")
+        .unwrap_or_default()
         .lines()
         .skip(1)
-        .filter_map(|l| l.split_whitespace().next())
-    {
-        let name = dev
-            .strip_prefix("/dev/")
-            .filter(|n| n.starts_with("zram"))?;
+        .filter_map(|l| Some(l.split_whitespace().next()?.to_string()))
+        .collect()
+}
+
+/// `zram0` for `/dev/zram0`; None for any other swap.
+fn zram_name(dev: &str) -> Option<&str> {
+    dev.strip_prefix("/dev/").filter(|n| n.starts_with("zram"))
+}
+
+/// A zswap module parameter (`enabled`, `compressor`); empty without zswap.
+fn zswap_param(name: &str) -> String {
+    std::fs::read_to_string(format!("/sys/module/zswap/parameters/{name}"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn zram_ratio() -> Option<f64> {
+    let (mut used, mut orig) = (0u64, 0u64);
+    for dev in swap_devices() {
+        let name = zram_name(&dev)?;
         let stat = std::fs::read_to_string(format!("/sys/block/{name}/mm_stat")).ok()?;
         let f: Vec<u64> = stat
             .split_whitespace()
