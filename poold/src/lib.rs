@@ -6,5 +6,4 @@
 //! `forkd-hub` moves snapshots between hosts. This crate decides *when*:
 //! it owns no QEMU command line and no store format.
 
-pub mod cli;
 pub mod daemon;

@@ -4,14 +4,18 @@
 //!
 //! Shared by the daemon that serves the API, the CLI and benchmarks that
 //! call it, and any Rust program that drives poold. Knows nothing of how
-//! a request is carried out.
+//! a request is carried out. The client is the `client` feature (on by
+//! default); without it the crate has no HTTP dependency, which lets the
+//! node core (`forkd-node`) reuse these types.
 
 #![warn(missing_docs)]
 
+#[cfg(feature = "client")]
 mod client;
 mod types;
 mod workspaces;
 
+#[cfg(feature = "client")]
 pub use client::{Client, JsonLines, Method, StatusCode, DEFAULT_URL, MAX_LINE_BYTES};
 pub use types::*;
 pub use workspaces::*;

@@ -1,4 +1,4 @@
 //! The `forkd` CLI.
 fn main() -> std::process::ExitCode {
-    poold::cli::main()
+    forkd_cli::main()
 }
