@@ -6,9 +6,16 @@
 //! gateway) adapt its typed operations, each mapping [`Error`] to its own
 //! wire error in one function (docs/design.md, "Crates" and "Errors").
 
+pub mod admission;
 pub mod config;
 pub mod error;
 pub mod limits;
+pub mod metrics;
+pub mod pool;
+pub mod sandbox;
+pub mod state;
+pub mod volumes;
+pub mod workspace;
 
 pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};

@@ -1,20 +1,18 @@
-//! API errors: a status and a message, sent as forkd's `{"error": "..."}`.
+//! forkd's `/v1` errors: a status and a message, sent as forkd's
+//! `{"error": "..."}`.
 //!
-//! Domain errors (a snapshot that is missing or cannot be restored here, an
-//! image not built, a bad create spec, a refused delete) are typed where
-//! they arise (`snapshot::SnapshotError`, `images::ImageError`,
-//! `snapshot::delete::DeleteError`) and become HTTP answers in one place,
-//! [`ApiError::from_anyhow`] via [`Domain::status`]. Nothing here or in the
-//! handlers classifies an error by its text: an error that is none of these
-//! is a 500 carrying its whole context chain. Workspace refusals
-//! (`workspace::WorkspaceError`) become answers in `From` below.
+//! [`answer`] is the one place a node error ([`forkd_node::Error`]) becomes
+//! an HTTP answer; its table is the unit test below. The node classifies
+//! the errors of the crates below it by type (never by text), so nothing
+//! here or in the handlers reads an error's message to pick a status.
+//! Handlers make an [`ApiError`] of their own only for what is wrong with
+//! the HTTP request itself (a query flag, an octal mode).
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use forkd_snapshot::delete::DeleteError;
-use forkd_snapshot::images::ImageError;
-use forkd_snapshot::SnapshotError;
+use forkd_node::error::GuestErrorKind;
+use forkd_node::Error;
 
 /// An error answer.
 #[derive(Debug)]
@@ -47,80 +45,52 @@ impl ApiError {
     pub fn internal(e: impl std::fmt::Display) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
     }
-    /// The answer to a failed operation: the status of the first domain
-    /// error in `e`'s chain (see [`Domain::status`]), else 500; the message
-    /// is the whole context chain, except where forkd's API has its own
-    /// words (a missing snapshot, a refused delete).
+    /// The answer to a failed operation of the crates below: classified by
+    /// the node ([`Error::from_anyhow`]), then [`answer`].
     pub fn from_anyhow(e: anyhow::Error) -> ApiError {
-        let Some(dom) = Domain::find(&e) else {
-            return ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}"));
-        };
-        let message = match dom {
-            Domain::Snapshot(SnapshotError::NotFound { tag }) => {
-                format!("snapshot {tag:?} not found")
-            }
-            Domain::Delete(d) => d.to_string(),
-            _ => format!("{e:#}"),
-        };
-        ApiError::new(dom.status(), message)
+        answer(Error::from_anyhow(e))
     }
 }
 
-/// A domain error found in an `anyhow` chain.
-#[derive(Debug, Clone, Copy)]
-pub enum Domain<'a> {
-    /// A snapshot that is missing, unreadable or not restorable here, or a
-    /// create spec no VM can be.
-    Snapshot(&'a SnapshotError),
-    /// An image that is not built.
-    Image(&'a ImageError),
-    /// A snapshot delete that was refused.
-    Delete(&'a DeleteError),
+/// The HTTP answer to a node error: the one table of `/v1`'s statuses.
+/// Messages are the node's, but for an unreachable agent and a file too
+/// large for one request, which `/v1` words its own way.
+pub fn answer(e: Error) -> ApiError {
+    let status = match &e {
+        Error::NotFound { .. } => StatusCode::NOT_FOUND,
+        Error::Invalid { .. } | Error::WrongState(_) => StatusCode::BAD_REQUEST,
+        // As forkd: a snapshot that exists but cannot be restored here is a 409.
+        Error::Conflict(_) | Error::Incompatible(_) => StatusCode::CONFLICT,
+        Error::AtCapacity(_) | Error::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Error::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::Guest(a) => match a.kind {
+            GuestErrorKind::BadRequest => StatusCode::BAD_REQUEST,
+            GuestErrorKind::NotFound => StatusCode::NOT_FOUND,
+            GuestErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            GuestErrorKind::AlreadyExists
+            | GuestErrorKind::NotADirectory
+            | GuestErrorKind::IsADirectory
+            | GuestErrorKind::DirectoryNotEmpty => StatusCode::CONFLICT,
+            GuestErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
+            GuestErrorKind::NotReady | GuestErrorKind::Unsupported => StatusCode::CONFLICT,
+            GuestErrorKind::Io | GuestErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        },
+        Error::GuestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+        Error::GuestUnreachable(_) | Error::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    let message = match e {
+        Error::GuestUnreachable(m) => format!("sandbox agent unreachable: {m}"),
+        Error::TooLarge { what, size, limit } => format!(
+            "{what} is {size} bytes, over the {limit}-byte limit of one request; read it in parts with offset and len"
+        ),
+        e => e.to_string(),
+    };
+    ApiError::new(status, message)
 }
 
-impl<'a> Domain<'a> {
-    /// The outermost domain error in `e`'s chain, found by type.
-    pub fn find(e: &'a anyhow::Error) -> Option<Domain<'a>> {
-        e.chain().find_map(|c| {
-            c.downcast_ref::<SnapshotError>()
-                .map(Domain::Snapshot)
-                .or_else(|| c.downcast_ref::<ImageError>().map(Domain::Image))
-                .or_else(|| c.downcast_ref::<DeleteError>().map(Domain::Delete))
-        })
-    }
-
-    /// The HTTP status of each domain error: the one table.
-    pub fn status(self) -> StatusCode {
-        match self {
-            Domain::Snapshot(SnapshotError::NotFound { .. }) => StatusCode::NOT_FOUND,
-            // As forkd: a snapshot that exists but cannot be restored here
-            // (its record unreadable, another QEMU, a file missing) is a 409.
-            Domain::Snapshot(
-                SnapshotError::Unreadable { .. }
-                | SnapshotError::Corrupt { .. }
-                | SnapshotError::Incompatible { .. }
-                | SnapshotError::MissingFile { .. }
-                | SnapshotError::FileUnreadable { .. },
-            ) => StatusCode::CONFLICT,
-            Domain::Snapshot(SnapshotError::BadSpec(_)) => StatusCode::BAD_REQUEST,
-            Domain::Image(ImageError::NotBuilt { .. }) => StatusCode::BAD_REQUEST,
-            Domain::Delete(DeleteError::NotFound(_)) => StatusCode::NOT_FOUND,
-            Domain::Delete(DeleteError::HasDependents { .. } | DeleteError::InUse { .. }) => {
-                StatusCode::CONFLICT
-            }
-        }
-    }
-}
-
-impl From<super::workspace::WorkspaceError> for ApiError {
-    fn from(e: super::workspace::WorkspaceError) -> ApiError {
-        use super::workspace::WorkspaceError as W;
-        let status = match &e {
-            W::BadName(_) | W::WrongStatus { .. } => StatusCode::BAD_REQUEST,
-            W::NotFound(_) => StatusCode::NOT_FOUND,
-            W::Exists(_) | W::Busy { .. } | W::StateInUse { .. } => StatusCode::CONFLICT,
-        };
-        ApiError::new(status, e.to_string())
+impl From<Error> for ApiError {
+    fn from(e: Error) -> ApiError {
+        answer(e)
     }
 }
 
@@ -136,32 +106,12 @@ impl IntoResponse for ApiError {
 
 /// The tag rule's error as a 400, in forkd's words.
 pub fn check_tag(tag: &str) -> ApiResult<()> {
-    forkd_layers::validate_tag(tag).map_err(|e| ApiError::bad_request(e.to_string()))
+    Ok(forkd_node::error::check_tag(tag)?)
 }
 
-/// Maps an agent error to the closest HTTP status.
+/// An agent call's failure, as `/v1` answers it.
 pub fn agent_error(e: forkd_vmm::CallError) -> ApiError {
-    use forkd_vmm::CallError;
-    use rootfs_init::protocol::ErrorKind;
-    match &e {
-        CallError::Agent(a) => {
-            let status = match a.kind {
-                ErrorKind::BadRequest => StatusCode::BAD_REQUEST,
-                ErrorKind::NotFound => StatusCode::NOT_FOUND,
-                ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-                ErrorKind::AlreadyExists
-                | ErrorKind::NotADirectory
-                | ErrorKind::IsADirectory
-                | ErrorKind::DirectoryNotEmpty => StatusCode::CONFLICT,
-                ErrorKind::Timeout => StatusCode::GATEWAY_TIMEOUT,
-                ErrorKind::NotReady | ErrorKind::Unsupported => StatusCode::CONFLICT,
-                _ => StatusCode::INTERNAL_SERVER_ERROR,
-            };
-            ApiError::new(status, a.to_string())
-        }
-        CallError::Timeout(_) => ApiError::new(StatusCode::GATEWAY_TIMEOUT, e.to_string()),
-        CallError::Channel(_) => ApiError::internal(format!("sandbox agent unreachable: {e}")),
-    }
+    answer(Error::from(e))
 }
 
 /// Runs a handler's work on a task of its own. axum drops a handler when
@@ -179,117 +129,84 @@ pub async fn detached<T: Send + 'static>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use anyhow::Context;
+    use forkd_node::error::{AgentError, Kind};
 
-    fn answer(e: impl Into<anyhow::Error>) -> (StatusCode, String) {
-        let a = ApiError::from_anyhow(e.into());
-        (a.status, a.message)
+    fn guest(kind: GuestErrorKind) -> Error {
+        Error::Guest(AgentError::new(kind, "/x: gone"))
     }
 
-    fn io() -> std::io::Error {
-        std::io::Error::from_raw_os_error(2)
-    }
-
+    /// The whole table: every kind of node error, its status and message.
     #[test]
-    fn snapshot_errors() {
-        assert_eq!(
-            answer(SnapshotError::NotFound { tag: "t".into() }),
-            (StatusCode::NOT_FOUND, "snapshot \"t\" not found".into())
-        );
-        // Found under context too, and by type, whatever the text says.
-        let e = anyhow::Error::from(SnapshotError::Incompatible {
-            reason: "snapshot was taken with QEMU 8".into(),
-        })
-        .context("restoring");
-        assert_eq!(
-            answer(e),
+    fn every_node_error_has_its_status() {
+        let table: Vec<(Error, u16, &str)> = vec![
             (
-                StatusCode::CONFLICT,
-                "restoring: snapshot was taken with QEMU 8".into()
-            )
-        );
-        let (st, msg) = answer(SnapshotError::Unreadable {
-            path: "/m/t/snapshot.json".into(),
-            source: io(),
-        });
-        assert_eq!(st, StatusCode::CONFLICT);
-        assert!(msg.starts_with("reading /m/t/snapshot.json: "), "{msg}");
-        let id: forkd_layers::SnapshotId = "0".repeat(32).parse().unwrap();
-        for e in [
-            SnapshotError::MissingFile {
-                id,
-                file: "vmstate",
-            },
-            SnapshotError::FileUnreadable {
-                id,
-                file: "memory.bin",
-                path: "/m/x".into(),
-                source: io(),
-            },
-            SnapshotError::Corrupt {
-                path: "/x".into(),
-                source: serde_json::from_str::<u8>("x").unwrap_err(),
-            },
-        ] {
-            assert_eq!(answer(e).0, StatusCode::CONFLICT);
+                Error::not_found(Kind::Sandbox, "sb-1"),
+                404,
+                "sandbox \"sb-1\" not found",
+            ),
+            (
+                Error::not_found(Kind::Snapshot, "t"),
+                404,
+                "snapshot \"t\" not found",
+            ),
+            (Error::invalid("n", "n must be ≥ 1"), 400, "n must be ≥ 1"),
+            (Error::WrongState("not running".into()), 400, "not running"),
+            (Error::Conflict("taken".into()), 409, "taken"),
+            (Error::Incompatible("QEMU 8".into()), 409, "QEMU 8"),
+            (Error::AtCapacity("at capacity".into()), 503, "at capacity"),
+            (Error::Unavailable("floor".into()), 503, "floor"),
+            (
+                Error::TooLarge {
+                    what: "/big".into(),
+                    size: 10,
+                    limit: 5,
+                },
+                413,
+                "/big is 10 bytes, over the 5-byte limit of one request; read it in parts with offset and len",
+            ),
+            (guest(GuestErrorKind::BadRequest), 400, "bad_request: /x: gone"),
+            (guest(GuestErrorKind::NotFound), 404, "not_found: /x: gone"),
+            (guest(GuestErrorKind::PermissionDenied), 403, "permission_denied: /x: gone"),
+            (guest(GuestErrorKind::AlreadyExists), 409, "already_exists: /x: gone"),
+            (guest(GuestErrorKind::NotADirectory), 409, "not_a_directory: /x: gone"),
+            (guest(GuestErrorKind::IsADirectory), 409, "is_a_directory: /x: gone"),
+            (guest(GuestErrorKind::DirectoryNotEmpty), 409, "directory_not_empty: /x: gone"),
+            (guest(GuestErrorKind::Timeout), 504, "timeout: /x: gone"),
+            (guest(GuestErrorKind::NotReady), 409, "not_ready: /x: gone"),
+            (guest(GuestErrorKind::Unsupported), 409, "unsupported: /x: gone"),
+            (guest(GuestErrorKind::Io), 500, "io: /x: gone"),
+            (guest(GuestErrorKind::Internal), 500, "internal: /x: gone"),
+            (
+                Error::GuestTimeout("no reply from the agent within 5s".into()),
+                504,
+                "no reply from the agent within 5s",
+            ),
+            (
+                Error::GuestUnreachable("agent channel: connection closed".into()),
+                500,
+                "sandbox agent unreachable: agent channel: connection closed",
+            ),
+            (
+                Error::Internal(anyhow::anyhow!("disk").context("saving")),
+                500,
+                "saving: disk",
+            ),
+        ];
+        for (e, status, message) in table {
+            let what = format!("{e:?}");
+            let a = answer(e);
+            assert_eq!((a.status.as_u16(), a.message.as_str()), (status, message), "{what}");
         }
-        assert_eq!(
-            answer(SnapshotError::BadSpec(
-                "memory must be at least 64 MiB".into()
-            )),
-            (
-                StatusCode::BAD_REQUEST,
-                "memory must be at least 64 MiB".into()
-            )
-        );
     }
 
+    /// Errors of the crates below arrive classified by type.
     #[test]
-    fn image_and_delete_errors() {
-        let (st, msg) = answer(ImageError::NotBuilt {
-            name: "py".into(),
-            meta: "/i/py/image.json".into(),
-            error: io(),
-        });
-        assert_eq!(st, StatusCode::BAD_REQUEST);
-        assert!(
-            msg.starts_with("image \"py\" is not built (/i/py/image.json: "),
-            "{msg}"
+    fn typed_errors_of_the_crates_below() {
+        let a = ApiError::from_anyhow(
+            forkd_snapshot::SnapshotError::NotFound { tag: "t".into() }.into(),
         );
-        assert!(msg.ends_with("`forkd image build --recipe py`"), "{msg}");
-        assert_eq!(
-            answer(DeleteError::NotFound("t".into())),
-            (StatusCode::NOT_FOUND, "no snapshot \"t\"".into())
-        );
-        let e = anyhow::Error::from(DeleteError::InUse {
-            what: "t".into(),
-            open_handles: 2,
-        });
-        let (st, msg) = answer(e);
-        assert_eq!(st, StatusCode::CONFLICT);
-        assert!(
-            msg.starts_with("snapshot t is in use: 2 of its files"),
-            "{msg}"
-        );
-        let (st, _) = answer(DeleteError::HasDependents {
-            what: "t".into(),
-            dependents: vec!["a".into()],
-        });
-        assert_eq!(st, StatusCode::CONFLICT);
-    }
-
-    /// Text alone never makes a 4xx: an untyped error that reads like a
-    /// domain error is still a 500 with its whole chain.
-    #[test]
-    fn untyped_errors_are_internal() {
-        let e: anyhow::Result<()> = Err(anyhow::anyhow!("no snapshot \"x\" is not built"));
-        let e = e.context("spawning").unwrap_err();
-        assert_eq!(
-            answer(e),
-            (
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "spawning: no snapshot \"x\" is not built".into()
-            )
-        );
+        assert_eq!((a.status, a.message.as_str()), (StatusCode::NOT_FOUND, "snapshot \"t\" not found"));
+        let a = ApiError::from_anyhow(anyhow::anyhow!("no snapshot \"x\" is not built"));
+        assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

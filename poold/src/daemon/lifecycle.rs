@@ -425,7 +425,8 @@ fn child_volumes(
         .map_err(ApiError::from_anyhow)?;
     vols.iter()
         .map(|v| super::volumes::confine(&d.cfg.volume_roots, v))
-        .collect()
+        .collect::<forkd_node::Result<_>>()
+        .map_err(ApiError::from)
 }
 
 /// Restores one child of `src` on demand, confines it and hands it out.

@@ -13,7 +13,6 @@
 //! - [`e2b`]: the E2B API on listeners of its own (docs/e2b.md);
 //! - [`workspace`]: named sandboxes that suspend and resume.
 
-pub mod admission;
 pub mod api;
 pub mod audit;
 pub mod cli;
@@ -22,15 +21,12 @@ pub mod e2b;
 pub mod error;
 pub mod hosts;
 pub mod lifecycle;
-pub mod metrics;
-pub mod pool;
-pub mod sandbox;
 pub mod server;
-pub mod state;
 pub mod tls;
 pub mod transfers;
-pub mod volumes;
 pub mod workspace;
+
+pub use forkd_node::{admission, metrics, pool, sandbox, state, volumes};
 
 use anyhow::{Context, Result};
 use config::Config;

@@ -23,7 +23,7 @@
 //! owned but that are not in the file (a crash between starting one and
 //! recording it) are killed, since nobody could reach them.
 
-use super::config::PoolSpec;
+use crate::config::PoolSpec;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -95,9 +95,9 @@ pub struct State {
     pub pooled: BTreeMap<String, PooledRecord>,
     /// Pool sizes set through the API (override the config file's).
     pub pools: BTreeMap<String, PoolSpec>,
-    /// Workspaces by name (`daemon::workspace`).
+    /// Workspaces by name (`workspace`).
     #[serde(default)]
-    pub workspaces: BTreeMap<String, super::workspace::WorkspaceRecord>,
+    pub workspaces: BTreeMap<String, crate::workspace::record::WorkspaceRecord>,
 }
 
 impl State {

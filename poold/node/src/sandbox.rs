@@ -32,7 +32,7 @@
 //! transition, so it cannot be taken twice); from `Running` on it is a
 //! checked field.
 
-use super::state::SandboxRecord;
+use crate::state::SandboxRecord;
 use forkd_vmm::{AgentClient, Vm, VmDir};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
@@ -63,6 +63,13 @@ pub struct InvalidTransition {
     pub from: Phase,
     /// The phase asked for.
     pub to: Phase,
+}
+
+impl From<InvalidTransition> for crate::error::Error {
+    /// A bug: the lifecycle never asks for a move it does not allow.
+    fn from(e: InvalidTransition) -> crate::error::Error {
+        crate::error::Error::internal(e)
+    }
 }
 
 impl Phase {

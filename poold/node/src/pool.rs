@@ -24,8 +24,8 @@
 //! The pool bookkeeping is generic over what it parks ([`Parked`]) so its
 //! rules are unit-tested without a VM; the daemon parks [`PooledVm`]s.
 
-use super::config::PoolSpec;
-use super::state::PooledRecord;
+use crate::config::PoolSpec;
+use crate::state::PooledRecord;
 pub use forkd_api::PoolStatus;
 use forkd_vmm::Vm;
 use std::collections::{BTreeMap, VecDeque};

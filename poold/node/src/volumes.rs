@@ -7,13 +7,18 @@
 //! starts, recorded ones included: a snapshot pulled from a hub carries
 //! the host paths of the host that took it.
 
-use super::error::{ApiError, ApiResult};
+use crate::error::{Error, Result};
 use forkd_api::VolumeSpec;
 use forkd_vmm::Volume;
 use std::path::{Path, PathBuf};
 
+/// An [`Error::Invalid`] of the `volumes` field.
+fn invalid(reason: impl Into<String>) -> Error {
+    Error::invalid("volumes", reason)
+}
+
 /// Checks `specs` and returns them as volumes with canonical host paths.
-pub fn accept(roots: &[PathBuf], specs: &[VolumeSpec]) -> ApiResult<Vec<Volume>> {
+pub fn accept(roots: &[PathBuf], specs: &[VolumeSpec]) -> Result<Vec<Volume>> {
     let vols = specs
         .iter()
         .map(|s| {
@@ -23,28 +28,27 @@ pub fn accept(roots: &[PathBuf], specs: &[VolumeSpec]) -> ApiResult<Vec<Volume>>
                 read_only: s.read_only,
             };
             v.check_guest_path()
-                .map_err(|e| ApiError::bad_request(format!("volumes: {e:#}")))?;
+                .map_err(|e| invalid(format!("volumes: {e:#}")))?;
             confine(roots, &v)
         })
-        .collect::<ApiResult<Vec<_>>>()?;
-    forkd_vmm::volume::check_list(&vols)
-        .map_err(|e| ApiError::bad_request(format!("volumes: {e:#}")))?;
+        .collect::<Result<Vec<_>>>()?;
+    forkd_vmm::volume::check_list(&vols).map_err(|e| invalid(format!("volumes: {e:#}")))?;
     Ok(vols)
 }
 
 /// `v` with its host path resolved, if that is a directory inside one of
-/// `roots`; a 400 naming what to fix otherwise.
-pub fn confine(roots: &[PathBuf], v: &Volume) -> ApiResult<Volume> {
+/// `roots`; an [`Error::Invalid`] naming what to fix otherwise.
+pub fn confine(roots: &[PathBuf], v: &Volume) -> Result<Volume> {
     if roots.is_empty() {
-        return Err(ApiError::bad_request(
+        return Err(invalid(
             "volumes: this poold has no volume_roots configured, so it mounts no host folders; add volume_roots = [\"/srv/forkd-volumes\"] to its config (or --volume-root)",
         ));
     }
     let real = v
         .canonical()
-        .map_err(|e| ApiError::bad_request(format!("volumes: {e:#}")))?;
+        .map_err(|e| invalid(format!("volumes: {e:#}")))?;
     if !inside_roots(roots, &real.host_path) {
-        return Err(ApiError::bad_request(format!(
+        return Err(invalid(format!(
             "volumes: host path {} is outside volume_roots ({}); poold mounts only folders under them",
             v.host_path.display(),
             roots
@@ -99,17 +103,17 @@ mod tests {
             root.join("missing"),
         ] {
             let e = accept(&roots, &[spec(&bad, "/data")]).unwrap_err();
-            assert_eq!(e.status, axum::http::StatusCode::BAD_REQUEST, "{bad:?}");
+            assert!(matches!(e, Error::Invalid { field: "volumes", .. }), "{bad:?}");
         }
         let e = accept(&[], &[spec(&root.join("a"), "/data")]).unwrap_err();
-        assert!(e.message.contains("volume_roots"), "{}", e.message);
+        assert!(e.to_string().contains("volume_roots"), "{e}");
         let e = accept(&roots, &[spec(&root.join("a"), "/etc")]).unwrap_err();
-        assert!(e.message.contains("system directory"), "{}", e.message);
+        assert!(e.to_string().contains("system directory"), "{e}");
         let e = accept(
             &roots,
             &[spec(&root.join("a"), "/d"), spec(&root.join("a"), "/d/x")],
         )
         .unwrap_err();
-        assert!(e.message.contains("overlap"), "{}", e.message);
+        assert!(e.to_string().contains("overlap"), "{e}");
     }
 }
