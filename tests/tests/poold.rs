@@ -328,7 +328,7 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
             p.get(&format!("/v1/sandboxes/{a}/files?path=/tmp")).await.0,
             409
         );
-        let big = poold::daemon::api::files::MAX_FILE_BYTES + 1;
+        let big = forkd_node::limits::MAX_FILE_BYTES + 1;
         let (st, v) = p
             .post(
                 &format!("/v1/sandboxes/{a}/exec"),

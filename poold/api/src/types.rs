@@ -101,6 +101,33 @@ pub struct SandboxInfo {
     pub ports: Vec<forkd_net::proxy::PortSpec>,
 }
 
+/// `POST /v1/sandboxes/:id/branch` (forkd's fields; every one has a default).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BranchBody {
+    /// Tag of the new snapshot (default `branch-<id>-<unix>-<4 hex>`).
+    #[serde(default)]
+    pub tag: Option<String>,
+    /// forkd: record the branch's uncompressed diff size.
+    #[serde(default)]
+    pub measure_diff: bool,
+    /// forkd's legacy flag for `mode: diff`.
+    #[serde(default)]
+    pub diff: bool,
+    /// forkd's legacy flag for `mode: live`.
+    #[serde(default)]
+    pub live: bool,
+    /// `full` (default), `diff` or `live`.
+    #[serde(default)]
+    pub mode: Option<String>,
+    /// false (live only): answer 202 once the sandbox runs again.
+    #[serde(default)]
+    pub wait: Option<bool>,
+    /// The sandbox's snapshot, in diff mode (forkd's check).
+    #[serde(default)]
+    pub parent_tag: Option<String>,
+}
+
 /// `POST /v1/sandboxes`.
 #[derive(Debug, Clone, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]

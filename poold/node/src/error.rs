@@ -227,7 +227,10 @@ mod tests {
             source: io(),
         });
         assert!(matches!(e, Error::Incompatible(_)));
-        assert!(e.to_string().starts_with("reading /m/t/snapshot.json: "), "{e}");
+        assert!(
+            e.to_string().starts_with("reading /m/t/snapshot.json: "),
+            "{e}"
+        );
         let id: forkd_layers::SnapshotId = "0".repeat(32).parse().unwrap();
         for e in [
             SnapshotError::MissingFile {
@@ -247,7 +250,9 @@ mod tests {
         ] {
             assert!(matches!(classify(e), Error::Incompatible(_)));
         }
-        let e = classify(SnapshotError::BadSpec("memory must be at least 64 MiB".into()));
+        let e = classify(SnapshotError::BadSpec(
+            "memory must be at least 64 MiB".into(),
+        ));
         assert!(matches!(e, Error::Invalid { field: "spec", .. }));
         assert_eq!(e.to_string(), "memory must be at least 64 MiB");
     }
@@ -261,18 +266,28 @@ mod tests {
         });
         assert!(matches!(e, Error::Invalid { field: "image", .. }));
         let msg = e.to_string();
-        assert!(msg.starts_with("image \"py\" is not built (/i/py/image.json: "), "{msg}");
+        assert!(
+            msg.starts_with("image \"py\" is not built (/i/py/image.json: "),
+            "{msg}"
+        );
         assert!(msg.ends_with("`forkd image build --recipe py`"), "{msg}");
         assert!(matches!(
             classify(DeleteError::NotFound("t".into())),
-            Error::NotFound { kind: Kind::Snapshot, .. }
+            Error::NotFound {
+                kind: Kind::Snapshot,
+                ..
+            }
         ));
         let e = classify(DeleteError::InUse {
             what: "t".into(),
             open_handles: 2,
         });
         assert!(matches!(e, Error::Conflict(_)));
-        assert!(e.to_string().starts_with("snapshot t is in use: 2 of its files"), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with("snapshot t is in use: 2 of its files"),
+            "{e}"
+        );
         let e = classify(DeleteError::HasDependents {
             what: "t".into(),
             dependents: vec!["a".into()],

@@ -3,19 +3,60 @@
 //! restart, durable state, admission, workspaces, volume confinement,
 //! branches and snapshots. It knows no HTTP and no wire format: front-ends
 //! (`forkd-rest` for forkd's `/v1`, `forkd-e2b` for the E2B API, a cluster
-//! gateway) adapt its typed operations, each mapping [`Error`] to its own
-//! wire error in one function (docs/design.md, "Crates" and "Errors").
+//! gateway) adapt its typed operations ([`Node`], listed in `api`'s module
+//! doc), each mapping [`Error`] to its own wire error in one function
+//! (docs/design.md, "Crates" and "Errors").
+//!
+//! The modules layer bottom-up; a module imports only modules below it
+//! (`scripts/module-graph.py poold/node/src` prints these layers):
+//!
+//! ```text
+//!  api                               the operations: Node's public methods
+//!  workspace                         named sandboxes that suspend and resume
+//!  adopt  branch  refill             after a restart; branches; pool refills
+//!  reaper  snapshots  spawn          TTLs and GC; snapshots; spawns
+//!  guest  parking  teardown          what runs in a sandbox; parked memory; how VMs end
+//!  node                              the Node: tables, caps, admission
+//!  pool  sandbox                     pool bookkeeping; live sandboxes, their phases
+//!  state                             the durable record (state.json)
+//!  volumes  workspace::record        volume confinement; workspace records
+//!  admission  config  error  limits  metrics
+//! ```
 
-pub mod admission;
+mod admission;
+mod adopt;
+mod api;
+mod branch;
 pub mod config;
 pub mod error;
+mod guest;
 pub mod limits;
-pub mod metrics;
-pub mod pool;
-pub mod sandbox;
-pub mod state;
-pub mod volumes;
-pub mod workspace;
+mod metrics;
+mod node;
+mod parking;
+mod pool;
+mod reaper;
+mod refill;
+mod sandbox;
+mod snapshots;
+mod spawn;
+mod state;
+mod teardown;
+mod volumes;
+mod workspace;
 
+pub use api::Health;
+pub use branch::Branched;
 pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};
+pub use forkd_vmm::Machine;
+pub use guest::{
+    check_path, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead, FileStat,
+    ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
+};
+pub use node::Node;
+pub use pool::PoolStatus;
+pub use sandbox::Phase;
+pub use snapshots::SnapshotDetails;
+pub use spawn::SpawnRequest;
+pub use state::{AccessToken, SandboxRecord};

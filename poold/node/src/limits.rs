@@ -100,6 +100,9 @@ mod tests {
         let many: BTreeMap<_, _> = (0..=MAX_METADATA)
             .map(|i| (format!("k{i}"), String::new()))
             .collect();
-        assert_eq!(check_metadata(&many).unwrap_err(), "metadata: at most 64 keys");
+        assert_eq!(
+            check_metadata(&many).unwrap_err(),
+            "metadata: at most 64 keys"
+        );
     }
 }

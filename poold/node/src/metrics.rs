@@ -1,4 +1,6 @@
-//! Prometheus metrics (`GET /metrics`, text format 0.0.4 like forkd's).
+//! The node's Prometheus metrics (text format 0.0.4 like forkd's; a
+//! front-end serves them, `GET /metrics` in `/v1`, and registers its own,
+//! such as HTTP requests by status, in the same [`Registry`]).
 //!
 //! forkd's gauges keep their names (`forkd_snapshots_total`,
 //! `forkd_sandboxes_active`, `forkd_branches_in_flight`,
@@ -22,7 +24,6 @@ pub struct Metrics {
     pub snapshots: IntGauge,
     pub sandboxes: IntGauge,
     pub branches_in_flight: IntGauge,
-    pub branch_cap: IntGauge,
     pub pool_ready: IntGaugeVec,
     pub pool_in_flight: IntGaugeVec,
     pub pool_hits: IntCounterVec,
@@ -30,7 +31,6 @@ pub struct Metrics {
     /// Request received → the child's agent answered; label `source`:
     /// `pool` (a hit) or `restore` (restored on demand).
     pub spawn_latency: HistogramVec,
-    pub requests: IntCounterVec,
     pub cpu_seconds: GaugeVec,
 }
 
@@ -88,11 +88,6 @@ impl Metrics {
             &["source"],
         )
         .unwrap();
-        let requests = IntCounterVec::new(
-            Opts::new("forkd_http_requests_total", "HTTP requests by status"),
-            &["status"],
-        )
-        .unwrap();
         let cpu_seconds = GaugeVec::new(
             Opts::new("forkd_poold_cpu_seconds", "CPU time poold itself used"),
             &["mode"],
@@ -101,29 +96,31 @@ impl Metrics {
         reg(Box::new(snapshots.clone()));
         reg(Box::new(sandboxes.clone()));
         reg(Box::new(branches_in_flight.clone()));
-        reg(Box::new(branch_cap.clone()));
+        reg(Box::new(branch_cap));
         reg(Box::new(build));
         reg(Box::new(pool_ready.clone()));
         reg(Box::new(pool_in_flight.clone()));
         reg(Box::new(pool_hits.clone()));
         reg(Box::new(pool_misses.clone()));
         reg(Box::new(spawn_latency.clone()));
-        reg(Box::new(requests.clone()));
         reg(Box::new(cpu_seconds.clone()));
         Metrics {
             registry,
             snapshots,
             sandboxes,
             branches_in_flight,
-            branch_cap,
             pool_ready,
             pool_in_flight,
             pool_hits,
             pool_misses,
             spawn_latency,
-            requests,
             cpu_seconds,
         }
+    }
+
+    /// The registry, for front-ends' own metrics (rendered with these).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
     }
 
     /// The text exposition.

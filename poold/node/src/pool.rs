@@ -198,6 +198,7 @@ impl<V: Parked> Pools<V> {
 
     /// Every ready child of `tag` (to destroy: its snapshot is being
     /// deleted). In-flight restores are discarded when they finish.
+    #[cfg(test)]
     pub fn drain(&self, tag: &str) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         match g.get_mut(tag) {

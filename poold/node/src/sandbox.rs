@@ -32,9 +32,11 @@
 //! transition, so it cannot be taken twice); from `Running` on it is a
 //! checked field.
 
+use crate::error::{Error, Kind};
 use crate::state::SandboxRecord;
 use forkd_vmm::{AgentClient, Vm, VmDir};
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 /// Where a child VM is in its life (see the module doc's diagram).
@@ -65,10 +67,10 @@ pub struct InvalidTransition {
     pub to: Phase,
 }
 
-impl From<InvalidTransition> for crate::error::Error {
+impl From<InvalidTransition> for Error {
     /// A bug: the lifecycle never asks for a move it does not allow.
-    fn from(e: InvalidTransition) -> crate::error::Error {
-        crate::error::Error::internal(e)
+    fn from(e: InvalidTransition) -> Error {
+        Error::internal(e)
     }
 }
 
@@ -94,21 +96,23 @@ impl Phase {
 
 /// One live sandbox. The agent client is cloned out of the VM so requests
 /// (exec, eval, files) never wait on the VM lock, which only lifecycle
-/// operations (branch, delete) take.
+/// operations (branch, destroy) take. Its fields are private: the record
+/// changes through the methods below, the phase only through
+/// [`Phase::transition`].
 pub struct Sandbox {
-    pub id: String,
-    pub record: Mutex<SandboxRecord>,
-    pub agent: AgentClient,
-    pub dir: VmDir,
-    pub vm: tokio::sync::Mutex<Option<Vm>>,
+    id: String,
+    record: Mutex<SandboxRecord>,
+    agent: AgentClient,
+    dir: VmDir,
+    vm: tokio::sync::Mutex<Option<Vm>>,
     /// `Running`, `Branching` or `Destroyed`; see [`Sandbox::advance`].
     phase: Mutex<Phase>,
     /// Published ports' proxies; dropping one stops it.
-    pub published: Mutex<Vec<forkd_net::proxy::Published>>,
+    published: Mutex<Vec<forkd_net::proxy::Published>>,
     /// Branches captured but not yet committed: each still reads its
     /// frozen disk layer, so the disk chain is flattened only at zero.
     /// Changed under the `vm` lock.
-    pub commits_in_flight: std::sync::atomic::AtomicUsize,
+    commits_in_flight: AtomicUsize,
 }
 
 impl Sandbox {
@@ -127,8 +131,45 @@ impl Sandbox {
         }
     }
 
+    /// A `Running` sandbox without a VM, for tests of the lifecycle rules:
+    /// its agent is whatever `agent` reaches.
+    #[cfg(test)]
+    pub fn without_vm(record: SandboxRecord, agent: AgentClient, dir: VmDir) -> Sandbox {
+        Sandbox {
+            id: record.id.clone(),
+            agent,
+            dir,
+            record: Mutex::new(record),
+            vm: tokio::sync::Mutex::new(None),
+            phase: Mutex::new(Phase::Running),
+            published: Mutex::new(Vec::new()),
+            commits_in_flight: Default::default(),
+        }
+    }
+
+    /// Its id (`sb-` + 24 hex digits).
+    pub fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// Its record now.
     pub fn record(&self) -> SandboxRecord {
         self.record.lock().unwrap().clone()
+    }
+
+    /// Its guest agent.
+    pub fn agent(&self) -> &AgentClient {
+        &self.agent
+    }
+
+    /// Its console log.
+    pub fn console(&self) -> std::path::PathBuf {
+        self.dir.console()
+    }
+
+    /// Whether its QEMU still runs.
+    pub fn is_alive(&self) -> bool {
+        self.dir.read_record().is_ok_and(|v| v.qemu.is_alive())
     }
 
     /// The sandbox's phase now.
@@ -137,23 +178,94 @@ impl Sandbox {
     }
 
     /// Moves the sandbox to `to` if [`Phase::transition`] allows it.
-    pub fn advance(&self, to: Phase) -> Result<Phase, InvalidTransition> {
+    fn advance(&self, to: Phase) -> Result<Phase, InvalidTransition> {
         let mut p = self.phase.lock().unwrap();
         *p = p.transition(to)?;
         Ok(*p)
     }
 
-    /// Kills QEMU and removes the VM directory. Idempotent. Waits for a
-    /// branch in progress (it holds the VM lock) to finish first.
+    /// Sets when it is killed automatically (0: never); its record after.
+    pub fn set_expiry(&self, expires_at_unix: u64) -> SandboxRecord {
+        let mut r = self.record.lock().unwrap();
+        r.expires_at_unix = expires_at_unix;
+        r.clone()
+    }
+
+    /// Keeps a published port's proxy running (and its host port in the
+    /// record) for as long as the sandbox lives.
+    pub fn publish(&self, p: forkd_net::proxy::Published) {
+        self.record.lock().unwrap().ports.push(p.spec.clone());
+        self.published.lock().unwrap().push(p);
+    }
+
+    /// Starts a branch: `Running` → `Branching` while the returned guard
+    /// lives (then `Running` again), holding the VM lock throughout, so a
+    /// destroy waits for it. A destroyed sandbox is [`Error::NotFound`].
+    pub async fn begin_branch(&self) -> Result<Branching<'_>, Error> {
+        let vm = self.vm.lock().await;
+        let vm = tokio::sync::MutexGuard::try_map(vm, Option::as_mut)
+            .map_err(|_| Error::not_found(Kind::Sandbox, &self.id))?;
+        self.advance(Phase::Branching)?;
+        Ok(Branching { sb: self, vm })
+    }
+
+    /// Ends a commit a [`Branching::captured`] started. When it was the
+    /// last one in flight and the VM still runs, returns the VM (locked),
+    /// whose disk chain no branch reads any more.
+    pub async fn end_commit(&self) -> Option<tokio::sync::MappedMutexGuard<'_, Vm>> {
+        let vm = self.vm.lock().await;
+        if self.commits_in_flight.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return None;
+        }
+        tokio::sync::MutexGuard::try_map(vm, Option::as_mut).ok()
+    }
+
+    /// Kills QEMU and removes the VM directory: `Destroyed`. Idempotent.
+    /// Waits for a branch in progress (it holds the VM lock) to finish
+    /// first.
     pub async fn destroy(&self) {
         self.published.lock().unwrap().clear();
-        if let Some(vm) = self.vm.lock().await.take() {
+        let mut vm = self.vm.lock().await;
+        if self.phase() != Phase::Destroyed {
             if let Err(e) = self.advance(Phase::Destroyed) {
                 tracing::error!("sandbox {}: {e}", self.id);
             }
+        }
+        if let Some(vm) = vm.take() {
             vm.destroy().await;
         }
+        drop(vm);
         let _ = std::fs::remove_dir_all(&self.dir.path);
+    }
+}
+
+/// A sandbox being branched (see [`Sandbox::begin_branch`]): its VM,
+/// locked, in `Branching`; `Running` again when dropped.
+pub struct Branching<'a> {
+    sb: &'a Sandbox,
+    vm: tokio::sync::MappedMutexGuard<'a, Vm>,
+}
+
+impl Branching<'_> {
+    /// The VM being branched.
+    pub fn vm(&self) -> &Vm {
+        &self.vm
+    }
+
+    /// The capture succeeded: the record counts the branch, and its commit
+    /// is in flight until [`Sandbox::end_commit`].
+    pub fn captured(&self) {
+        self.sb.commits_in_flight.fetch_add(1, Ordering::SeqCst);
+        self.sb.record.lock().unwrap().branch_count += 1;
+    }
+}
+
+impl Drop for Branching<'_> {
+    /// A capture leaves the child running, on success and on failure.
+    fn drop(&mut self) {
+        if let Err(e) = self.sb.advance(Phase::Running) {
+            tracing::error!("sandbox {}: {e}", self.sb.id);
+        }
     }
 }
 
@@ -172,16 +284,18 @@ impl Sandboxes {
         self.map.write().unwrap().insert(sb.id.clone(), sb);
     }
 
+    /// The sandbox `id`, or [`Error::NotFound`].
+    pub fn find(&self, id: &str) -> Result<Arc<Sandbox>, Error> {
+        self.get(id)
+            .ok_or_else(|| Error::not_found(Kind::Sandbox, id))
+    }
+
     pub fn remove(&self, id: &str) -> Option<Arc<Sandbox>> {
         self.map.write().unwrap().remove(id)
     }
 
     pub fn len(&self) -> usize {
         self.map.read().unwrap().len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 
     /// All sandboxes, oldest first.

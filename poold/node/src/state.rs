@@ -71,6 +71,65 @@ pub struct SandboxRecord {
     /// Id of the workspace it belongs to, if any (docs/workspaces.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub workspace: Option<String>,
+    /// What front-ends keep with the sandbox (docs/design.md, "Front-end
+    /// state"): key/value labels (E2B's metadata), listed back and
+    /// filtered on, never interpreted.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Environment every command in it gets, under each call's own (E2B's
+    /// create-time envs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub envs: BTreeMap<String, String>,
+    /// The name it was asked for by (E2B's template alias); None: its
+    /// snapshot tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+    /// The secret a front-end hands its clients to reach this sandbox
+    /// (E2B's `envdAccessToken`), minted at spawn (at adoption for a
+    /// record from before there were tokens).
+    #[serde(default, skip_serializing_if = "AccessToken::is_empty")]
+    pub access_token: AccessToken,
+}
+
+/// A sandbox's access token: 128 random bits as 32 hex digits. Compared
+/// only in constant time ([`AccessToken::matches`]); never printed by
+/// `Debug`.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AccessToken(String);
+
+impl AccessToken {
+    /// A fresh token.
+    pub fn mint() -> AccessToken {
+        AccessToken(forkd_snapshot::random_hex(16))
+    }
+
+    /// The token, to hand to the sandbox's client.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// Whether there is none (a record from before tokens).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Whether `got` is this token, compared in constant time (timing tells
+    /// nothing of how much of it matched). An empty token matches nothing.
+    pub fn matches(&self, got: &[u8]) -> bool {
+        use subtle::ConstantTimeEq;
+        !self.0.is_empty() && bool::from(self.0.as_bytes().ct_eq(got))
+    }
+}
+
+impl std::fmt::Debug for AccessToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_empty() {
+            "AccessToken(none)"
+        } else {
+            "AccessToken(..)"
+        })
+    }
 }
 
 /// A paused child waiting in a pool.
@@ -136,6 +195,7 @@ impl StateFile {
         }
     }
 
+    #[cfg(test)]
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -275,12 +335,40 @@ mod tests {
                 }),
                 ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
                 workspace: Some("ws-0123456789abcdef".into()),
+                metadata: [("run".to_string(), "r1".to_string())].into(),
+                envs: [("SBX_ENV".to_string(), "from-create".to_string())].into(),
+                alias: Some("code-interpreter-v1".into()),
+                access_token: AccessToken::mint(),
             },
         );
         f.save(&s, Sync::Durable).unwrap();
         assert_eq!(f.load().unwrap(), s);
+        // Front-end state is kept; the token never shows in Debug.
+        let r = &f.load().unwrap().sandboxes["sb-1"];
+        assert_eq!(r.metadata["run"], "r1");
+        assert_eq!(r.envs["SBX_ENV"], "from-create");
+        assert!(r
+            .access_token
+            .matches(s.sandboxes["sb-1"].access_token.as_str().as_bytes()));
+        assert!(!r.access_token.matches(b"guess"));
+        assert!(!format!("{r:?}").contains(r.access_token.as_str()));
         std::fs::write(f.path(), b"{\"version\": 99}").unwrap();
         assert!(f.load().is_err());
+    }
+
+    /// A record written before front-end state existed loads with none.
+    #[test]
+    fn records_from_before_front_end_state_load() {
+        let j = r#"{"id":"sb-1","snapshot_tag":"py","snapshot_id":"00","created_at_unix":1,"pid":2,"memory_limit_mib":null,"hostname":"h"}"#;
+        let r: SandboxRecord = serde_json::from_str(j).unwrap();
+        assert!(r.metadata.is_empty() && r.envs.is_empty() && r.alias.is_none());
+        assert!(r.access_token.is_empty() && !r.access_token.matches(b""));
+        // And writes none back.
+        let back = serde_json::to_string(&r).unwrap();
+        assert!(
+            !back.contains("access_token") && !back.contains("metadata"),
+            "{back}"
+        );
     }
 }
 

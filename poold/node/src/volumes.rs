@@ -103,7 +103,16 @@ mod tests {
             root.join("missing"),
         ] {
             let e = accept(&roots, &[spec(&bad, "/data")]).unwrap_err();
-            assert!(matches!(e, Error::Invalid { field: "volumes", .. }), "{bad:?}");
+            assert!(
+                matches!(
+                    e,
+                    Error::Invalid {
+                        field: "volumes",
+                        ..
+                    }
+                ),
+                "{bad:?}"
+            );
         }
         let e = accept(&[], &[spec(&root.join("a"), "/data")]).unwrap_err();
         assert!(e.to_string().contains("volume_roots"), "{e}");

@@ -30,7 +30,7 @@
 //! ```
 
 use anyhow::{bail, Context, Result};
-pub use forkd_api::PoolSpec;
+pub use forkd_node::{NetConfig, PoolSpec};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -71,7 +71,7 @@ pub struct Config {
     /// volumes (docs/volumes.md); none: no volumes.
     pub volume_roots: Vec<PathBuf>,
     /// Host names (`Host` header) poold answers to besides `localhost` and
-    /// IP addresses (DNS-rebinding protection, `daemon::hosts`).
+    /// IP addresses (DNS-rebinding protection, `forkd_edge::hosts`).
     pub allowed_hosts: Vec<String>,
     /// Concurrent branches (forkd's cap); more get 503.
     pub branch_concurrency: usize,
@@ -79,7 +79,7 @@ pub struct Config {
     /// store); more get 503.
     pub snapshot_concurrency: usize,
     /// Large requests (file transfers, bodies over 1 MiB) in flight at
-    /// once; more wait up to 60 s, then get 503 (`daemon::transfers`).
+    /// once; more wait up to 60 s, then get 503 (`forkd_edge::transfers`).
     pub transfer_concurrency: usize,
     /// Reclaim store space by itself: a GC runs at start and shortly after
     /// every snapshot delete (deletes only release references).
@@ -103,20 +103,9 @@ pub struct Config {
     pub e2b: crate::daemon::e2b::E2bConfig,
 }
 
-/// `[net]`: the range host-side child addresses come from and the egress
-/// policy of a spawn that sets none.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct NetConfig {
-    /// A CIDR of /30 or larger (default 10.201.0.0/16: 16384 children).
-    pub range: forkd_net::AddrPool,
-    /// Default egress policy (`allow_out`, `deny_out`); default: allow all
-    /// but the host, loopback and link-local.
-    pub egress: forkd_net::EgressPolicy,
-}
-
 impl Default for Config {
     fn default() -> Self {
+        let node = forkd_node::Config::default();
         Config {
             bind: DEFAULT_BIND.into(),
             unix: None,
@@ -124,24 +113,24 @@ impl Default for Config {
             audit_log: None,
             tls_cert: None,
             tls_key: None,
-            max_sandboxes: 1000,
-            refill_concurrency: 1,
-            spawn_parallel: 4,
-            default_ttl_secs: 0,
-            allowed_paths: Vec::new(),
-            volume_roots: Vec::new(),
+            max_sandboxes: node.max_sandboxes,
+            refill_concurrency: node.refill_concurrency,
+            spawn_parallel: node.spawn_parallel,
+            default_ttl_secs: node.default_ttl_secs,
+            allowed_paths: node.allowed_paths,
+            volume_roots: node.volume_roots,
             allowed_hosts: Vec::new(),
-            branch_concurrency: 4,
-            snapshot_concurrency: 2,
+            branch_concurrency: node.branch_concurrency,
+            snapshot_concurrency: node.snapshot_concurrency,
             transfer_concurrency: 8,
-            auto_gc: true,
-            min_free_memory_mib: 256,
-            min_free_disk_mib: 1024,
-            pools: BTreeMap::new(),
-            default_cpus: None,
-            default_pids_max: Some(1024),
-            default_memory_limit_mib: None,
-            net: NetConfig::default(),
+            auto_gc: node.auto_gc,
+            min_free_memory_mib: node.min_free_memory_mib,
+            min_free_disk_mib: node.min_free_disk_mib,
+            pools: node.pools,
+            default_cpus: node.default_cpus,
+            default_pids_max: node.default_pids_max,
+            default_memory_limit_mib: node.default_memory_limit_mib,
+            net: node.net,
             e2b: Default::default(),
         }
     }
@@ -160,12 +149,25 @@ impl Config {
         Ok(cfg)
     }
 
-    /// The limits a sandbox gets when its spawn sets none.
-    pub fn default_limits(&self) -> forkd_vmm::Limits {
-        forkd_vmm::Limits {
-            memory_mib: self.default_memory_limit_mib,
-            cpus: self.default_cpus,
-            pids_max: self.default_pids_max,
+    /// The node's part of the settings.
+    pub fn node(&self) -> forkd_node::Config {
+        forkd_node::Config {
+            max_sandboxes: self.max_sandboxes,
+            refill_concurrency: self.refill_concurrency,
+            spawn_parallel: self.spawn_parallel,
+            default_ttl_secs: self.default_ttl_secs,
+            allowed_paths: self.allowed_paths.clone(),
+            volume_roots: self.volume_roots.clone(),
+            branch_concurrency: self.branch_concurrency,
+            snapshot_concurrency: self.snapshot_concurrency,
+            auto_gc: self.auto_gc,
+            min_free_memory_mib: self.min_free_memory_mib,
+            min_free_disk_mib: self.min_free_disk_mib,
+            pools: self.pools.clone(),
+            default_cpus: self.default_cpus,
+            default_pids_max: self.default_pids_max,
+            default_memory_limit_mib: self.default_memory_limit_mib,
+            net: self.net.clone(),
         }
     }
 
@@ -190,27 +192,10 @@ impl Config {
             }
             _ => {}
         }
-        if self.max_sandboxes == 0 {
-            bail!("max_sandboxes must be at least 1");
+        if self.transfer_concurrency == 0 {
+            bail!("transfer_concurrency must be at least 1");
         }
-        if self.refill_concurrency == 0 || self.spawn_parallel == 0 {
-            bail!("refill_concurrency and spawn_parallel must be at least 1");
-        }
-        if self.branch_concurrency == 0
-            || self.snapshot_concurrency == 0
-            || self.transfer_concurrency == 0
-        {
-            bail!(
-                "branch_concurrency, snapshot_concurrency and transfer_concurrency must be at least 1"
-            );
-        }
-        self.default_limits()
-            .validate()
-            .context("default_memory_limit_mib / default_cpus / default_pids_max")?;
-        for (tag, p) in &self.pools {
-            forkd_layers::validate_tag(tag).with_context(|| format!("pool {tag:?}"))?;
-            p.validate().with_context(|| format!("pool {tag:?}"))?;
-        }
+        self.node().validate()?;
         for h in &self.allowed_hosts {
             let ok = !h.is_empty()
                 && h.len() <= 253
@@ -223,24 +208,7 @@ impl Config {
                 bail!("allowed_hosts entry {h:?} is not a host name (letters, digits, '-' and '.'; no port, no scheme)");
             }
         }
-        self.net
-            .egress
-            .validate()
-            .context("net.egress (docs/network.md)")?;
         self.e2b.addrs()?;
-        for p in &self.allowed_paths {
-            if !p.is_absolute() {
-                bail!("allowed_paths entry {} must be absolute", p.display());
-            }
-        }
-        for p in &self.volume_roots {
-            if !p.is_absolute() || p == Path::new("/") {
-                bail!(
-                    "volume_roots entry {} must be an absolute directory other than /",
-                    p.display()
-                );
-            }
-        }
         Ok(())
     }
 }

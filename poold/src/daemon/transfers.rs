@@ -2,7 +2,7 @@
 //!
 //! A request body is buffered whole before its handler runs, and a file
 //! download is read whole from the agent before it is sent: up to
-//! [`super::api::files::MAX_FILE_BYTES`] each. Without a bound, N clients
+//! `forkd_node::limits::MAX_FILE_BYTES` each. Without a bound, N clients
 //! make poold hold N times that. So every request that may carry or return
 //! a large body takes one of `transfer_concurrency` slots *before* its body
 //! is read, and keeps it until its response body is sent (or dropped):
@@ -12,37 +12,60 @@
 //!   unknown length (chunked).
 //!
 //! A request waits up to [`SLOT_WAIT`] for a slot, then gets 503. Small
-//! requests (exec, eval, spawn: JSON under a MiB) never wait.
+//! requests (exec, eval, spawn: JSON under a MiB) never wait. The slots
+//! are shared by every listener that moves files (REST `/v1` and E2B's
+//! sandbox plane), so the bound is the process's.
 
-use super::error::ApiError;
-use super::Daemon;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, Method};
+use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use axum::Json;
 use futures::StreamExt;
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Semaphore;
 
 /// Bodies up to this size need no slot.
 pub const SMALL_BODY: u64 = 1 << 20;
 /// How long a large request waits for a slot before its 503.
 pub const SLOT_WAIT: Duration = Duration::from_secs(60);
 
-/// The middleware (see the module doc).
-pub async fn turn(State(d): State<Arc<Daemon>>, req: Request, next: Next) -> Response {
+/// `transfer_concurrency` slots for large requests.
+pub struct Transfers {
+    slots: Arc<Semaphore>,
+    concurrency: usize,
+}
+
+impl Transfers {
+    /// `concurrency` large requests at once.
+    pub fn new(concurrency: usize) -> Arc<Transfers> {
+        Arc::new(Transfers {
+            slots: Arc::new(Semaphore::new(concurrency)),
+            concurrency,
+        })
+    }
+}
+
+/// The middleware (see the module doc). Its refusal is a 503 with
+/// `{"error": "..."}`, on every listener.
+pub async fn turn(State(t): State<Arc<Transfers>>, req: Request, next: Next) -> Response {
     if !is_large(&req) {
         return next.run(req).await;
     }
-    let slot = tokio::time::timeout(SLOT_WAIT, d.transfer_slots.clone().acquire_owned()).await;
+    let slot = tokio::time::timeout(SLOT_WAIT, t.slots.clone().acquire_owned()).await;
     let Ok(Ok(permit)) = slot else {
-        return ApiError::unavailable(format!(
+        let msg = format!(
             "{} large transfers are in flight (transfer_concurrency) and none finished in {}s; retry later",
-            d.cfg.transfer_concurrency,
+            t.concurrency,
             SLOT_WAIT.as_secs()
-        ))
-        .into_response();
+        );
+        return (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Json(serde_json::json!({ "error": msg })),
+        )
+            .into_response();
     };
     let resp = next.run(req).await;
     // The slot goes with the response body: a download's bytes count until

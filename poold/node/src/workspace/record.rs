@@ -302,7 +302,10 @@ mod tests {
         assert!(check_name("dev-1").is_ok());
         for bad in ["", "../x", "a b", "a/b", &"x".repeat(200)] {
             let e = check_name(bad).expect_err(bad);
-            assert!(matches!(e, Error::Invalid { field: "name", .. }), "{bad}: {e:?}");
+            assert!(
+                matches!(e, Error::Invalid { field: "name", .. }),
+                "{bad}: {e:?}"
+            );
         }
     }
 

@@ -9,23 +9,18 @@
 //! - `GET    /v1/sandboxes/:id/files/stat?path=P` → stat
 //! - `POST   /v1/sandboxes/:id/files/mkdir {path, parents}` → stat
 
-use super::sandboxes::get_sandbox;
-use crate::daemon::error::{agent_error, ApiError, ApiResult};
-use crate::daemon::Daemon;
+use super::error::{ApiError, ApiResult};
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::Deserialize;
+use forkd_node::{check_path, Node};
 use serde_json::Value;
 use std::sync::Arc;
 
-type D = State<Arc<Daemon>>;
-
-/// Largest upload or download in one request: one agent frame's payload
-/// (the agent reads and writes a file in one frame).
-pub const MAX_FILE_BYTES: usize = rootfs_init::protocol::frame::MAX_PAYLOAD;
+type D = State<Arc<Node>>;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -81,15 +76,6 @@ pub struct RemoveQuery {
     recursive: Option<bool>,
 }
 
-fn check_path(p: &str) -> ApiResult<()> {
-    if !p.starts_with('/') || p.contains('\0') {
-        return Err(ApiError::bad_request(format!(
-            "path {p:?} must be absolute (start with '/') and contain no NUL"
-        )));
-    }
-    Ok(())
-}
-
 /// `GET .../files?path=`: the file's bytes (or `len` bytes from `offset`).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path, description = "Sandbox id"), ReadQuery),
@@ -106,26 +92,7 @@ pub async fn read(
     Path(id): Path<String>,
     Query(q): Query<FileQuery>,
 ) -> ApiResult<Response> {
-    check_path(&q.path)?;
-    let sb = get_sandbox(&d, &id)?;
-    let len = q
-        .len
-        .unwrap_or(MAX_FILE_BYTES as u64)
-        .min(MAX_FILE_BYTES as u64);
-    let (r, bytes) = sb
-        .agent
-        .read_file(&q.path, q.offset, Some(len))
-        .await
-        .map_err(agent_error)?;
-    if q.len.is_none() && r.size > q.offset + r.len {
-        return Err(ApiError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{} is {} bytes, over the {MAX_FILE_BYTES}-byte limit of one request; read it in parts with offset and len",
-                q.path, r.size
-            ),
-        ));
-    }
+    let r = d.read_file(&id, &q.path, q.offset, q.len).await?;
     Ok((
         [
             (header::CONTENT_TYPE, "application/octet-stream".to_string()),
@@ -134,7 +101,7 @@ pub async fn read(
                 r.size.to_string(),
             ),
         ],
-        bytes,
+        r.bytes,
     )
         .into_response())
 }
@@ -167,12 +134,7 @@ pub async fn write(
                 .ok_or_else(|| ApiError::bad_request(format!("mode {m:?} is not an octal mode")))
         })
         .transpose()?;
-    let sb = get_sandbox(&d, &id)?;
-    let st = sb
-        .agent
-        .write_file(&q.path, &body, mode, q.append)
-        .await
-        .map_err(agent_error)?;
+    let st = d.write_file(&id, &q.path, &body, mode, q.append).await?;
     Ok(Json(serde_json::to_value(st).map_err(ApiError::internal)?))
 }
 
@@ -191,12 +153,7 @@ pub async fn remove(
     Path(id): Path<String>,
     Query(q): Query<FileQuery>,
 ) -> ApiResult<StatusCode> {
-    check_path(&q.path)?;
-    let sb = get_sandbox(&d, &id)?;
-    sb.agent
-        .remove(&q.path, q.recursive)
-        .await
-        .map_err(agent_error)?;
+    d.remove(&id, &q.path, q.recursive).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -224,9 +181,7 @@ pub async fn list(
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    check_path(&q.path)?;
-    let sb = get_sandbox(&d, &id)?;
-    let l = sb.agent.list(&q.path).await.map_err(agent_error)?;
+    let l = d.list_dir(&id, &q.path).await?;
     Ok(Json(serde_json::to_value(l).map_err(ApiError::internal)?))
 }
 
@@ -245,9 +200,7 @@ pub async fn stat(
     Path(id): Path<String>,
     Query(q): Query<PathQuery>,
 ) -> ApiResult<Json<Value>> {
-    check_path(&q.path)?;
-    let sb = get_sandbox(&d, &id)?;
-    let s = sb.agent.stat(&q.path).await.map_err(agent_error)?;
+    let s = d.stat(&id, &q.path).await?;
     Ok(Json(serde_json::to_value(s).map_err(ApiError::internal)?))
 }
 
@@ -278,12 +231,6 @@ pub async fn mkdir(
     Path(id): Path<String>,
     Json(b): Json<MkdirBody>,
 ) -> ApiResult<Json<Value>> {
-    check_path(&b.path)?;
-    let sb = get_sandbox(&d, &id)?;
-    let s = sb
-        .agent
-        .mkdir(&b.path, b.parents)
-        .await
-        .map_err(agent_error)?;
+    let s = d.mkdir(&id, &b.path, b.parents).await?;
     Ok(Json(serde_json::to_value(s).map_err(ApiError::internal)?))
 }

@@ -25,18 +25,20 @@
 //! `/v1`) are outside this table and its document.
 
 pub mod branch;
+pub mod error;
 pub mod files;
 pub mod pools;
 pub mod pty;
 pub mod sandboxes;
+pub mod server;
 pub mod snapshots;
 pub mod workspaces;
 
-use super::Daemon;
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::{Json, Router};
+use forkd_node::Node;
 use std::sync::{Arc, OnceLock};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::OpenApi;
@@ -47,9 +49,9 @@ use utoipa_axum::routes;
 /// needs one when poold has one (`server` adds the check).
 pub struct Table {
     /// `/healthz`.
-    pub public: OpenApiRouter<Arc<Daemon>>,
+    pub public: OpenApiRouter<Arc<Node>>,
     /// Everything else.
-    pub authed: OpenApiRouter<Arc<Daemon>>,
+    pub authed: OpenApiRouter<Arc<Node>>,
 }
 
 /// Every route poold serves, each with its OpenAPI operation (see the
@@ -165,18 +167,19 @@ fn qualify_operation_ids(doc: &mut utoipa::openapi::OpenApi) {
 }
 
 /// The routes that need no token (`/healthz`).
-pub fn public_routes(d: Arc<Daemon>) -> Router {
+pub fn public_routes(d: Arc<Node>) -> Router {
     let (r, _) = table().public.split_for_parts();
     r.with_state(d)
 }
 
-/// Every route but `/healthz` (which needs no auth; see `server`).
-pub fn routes(d: Arc<Daemon>) -> Router {
+/// Every route but `/healthz` (which needs no auth; see `server`), each
+/// large request holding one of `transfers`' slots.
+pub fn routes(d: Arc<Node>, transfers: Arc<crate::daemon::transfers::Transfers>) -> Router {
     let (r, _) = table().authed.split_for_parts();
-    r.layer(DefaultBodyLimit::max(files::MAX_FILE_BYTES + 4096))
+    r.layer(DefaultBodyLimit::max(forkd_node::limits::MAX_FILE_BYTES + 4096))
         .layer(axum::middleware::from_fn_with_state(
-            d.clone(),
-            super::transfers::turn,
+            transfers,
+            crate::daemon::transfers::turn,
         ))
         .with_state(d)
 }
@@ -207,37 +210,25 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 /// client can tell a KVM host from a weaker TCG one (docs/security.md).
 #[utoipa::path(get, path = "/version", tag = "status",
     responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation}`", body = Object)))]
-async fn version(State(d): State<Arc<Daemon>>) -> Json<serde_json::Value> {
-    use forkd_vmm::Accel;
-    let jailed = forkd_vmm::JailConfig::get().is_ok_and(|j| j.enabled);
-    let isolation = match (d.accel, jailed) {
-        (Accel::Kvm, true) => "hardware virtualization (KVM) and a jailed QEMU per sandbox",
-        (Accel::Kvm, false) => "hardware virtualization (KVM); the QEMU jail is off",
-        (Accel::Tcg, true) => "software emulation (TCG): no hardware boundary, the jailed QEMU process is the only one; weaker than KVM, see docs/security.md",
-        (Accel::Tcg, false) => "software emulation (TCG) with the QEMU jail off: a QEMU bug is host root; for debugging only",
-    };
+async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
+    let h = d.health();
     Json(serde_json::json!({
-        "version": env!("CARGO_PKG_VERSION"),
+        "version": h.version,
         "api": "v1",
         "compat": "forkd 0.5.3",
-        "accelerator": d.accel.as_str(),
-        "jail": jailed,
-        "isolation": isolation,
+        "accelerator": h.accelerator,
+        "jail": h.jail,
+        "isolation": h.isolation,
     }))
 }
 
 /// `GET /metrics`: Prometheus text.
 #[utoipa::path(get, path = "/metrics", tag = "status",
     responses((status = 200, description = "Prometheus text exposition", body = String, content_type = "text/plain")))]
-async fn metrics(State(d): State<Arc<Daemon>>) -> impl IntoResponse {
-    d.metrics.snapshots.set(
-        d.read(|v| Ok(v.tags()?.len() as i64))
-            .await
-            .unwrap_or_default(),
-    );
+async fn metrics(State(d): State<Arc<Node>>) -> impl IntoResponse {
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        d.metrics.render(),
+        d.metrics_text().await,
     )
 }
 
@@ -253,7 +244,7 @@ mod tests {
     /// has no API that lists routes): the path router's `RouteId → path`
     /// map and, per route, the methods of its `Allow` header. A format
     /// change in axum makes this fail loudly, never pass quietly.
-    fn served(router: &Router<Arc<Daemon>>) -> Routes {
+    fn served(router: &Router<Arc<Node>>) -> Routes {
         let dbg = format!("{router:?}");
         let section = dbg
             .split_once("path_router: PathRouter {")

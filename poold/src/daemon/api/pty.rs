@@ -17,24 +17,18 @@
 //! the agent's acknowledgement, so a fast typist cannot queue without
 //! bound); a message is at most [`MAX_MESSAGE`] bytes.
 
-use super::sandboxes::get_sandbox;
-use crate::daemon::error::{ApiError, ApiResult};
-use crate::daemon::Daemon;
+use super::error::ApiResult;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, Query, State};
 use axum::response::Response;
-use forkd_vmm::AgentClient;
+use forkd_node::{ExecEvent, Node, PendingPty, ProcessControl, PtyRequest, PtySize};
 use futures::{SinkExt, StreamExt};
-use rootfs_init::protocol::{ExecResult, ExecSpec, PtySize, Reply};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
 
 /// Largest WebSocket message accepted from a client.
 pub const MAX_MESSAGE: usize = 1 << 20;
-
-/// The default program: a login shell, bash where the image has it.
-const DEFAULT_SHELL: &str = "if [ -x /bin/bash ]; then exec /bin/bash -l; else exec /bin/sh -l; fi";
 
 /// The session's program and terminal (the query string).
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -73,32 +67,23 @@ enum Control {
         (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
     ))]
 pub async fn pty(
-    State(d): State<Arc<Daemon>>,
+    State(d): State<Arc<Node>>,
     Path(id): Path<String>,
     Query(q): Query<PtyQuery>,
     ws: WebSocketUpgrade,
 ) -> ApiResult<Response> {
-    let sb = get_sandbox(&d, &id)?;
-    let size = PtySize {
-        rows: q.rows.unwrap_or(24),
-        cols: q.cols.unwrap_or(80),
-    };
-    size.validate().map_err(ApiError::bad_request)?;
-    if q.cwd.as_deref().is_some_and(|c| !c.starts_with('/')) {
-        return Err(ApiError::bad_request("cwd must be an absolute guest path"));
-    }
-    let spec = ExecSpec {
-        shell: Some(q.cmd.unwrap_or_else(|| DEFAULT_SHELL.into())),
-        cwd: q.cwd,
-        pty: Some(size),
-        stream: true,
-        stdin_open: true,
-        ..Default::default()
-    };
-    let agent = sb.agent.clone();
+    let pty = d.pty(
+        &id,
+        PtyRequest {
+            cmd: q.cmd,
+            cwd: q.cwd,
+            rows: q.rows,
+            cols: q.cols,
+        },
+    )?;
     Ok(ws
         .max_message_size(MAX_MESSAGE)
-        .on_upgrade(move |socket| session(agent, spec, socket)))
+        .on_upgrade(move |socket| session(pty, socket)))
 }
 
 fn text(v: serde_json::Value) -> Message {
@@ -107,10 +92,10 @@ fn text(v: serde_json::Value) -> Message {
 
 /// Carries one terminal session until the process exits or the client
 /// leaves.
-async fn session(agent: AgentClient, spec: ExecSpec, socket: WebSocket) {
+async fn session(pty: PendingPty, socket: WebSocket) {
     let (mut tx, mut rx) = socket.split();
-    let (target, mut events) = match agent.exec_stream(spec, &[]) {
-        Ok(x) => x,
+    let mut process = match pty.start() {
+        Ok(p) => p,
         Err(e) => {
             let _ = tx
                 .send(text(json!({"type": "error", "error": e.to_string()})))
@@ -119,30 +104,30 @@ async fn session(agent: AgentClient, spec: ExecSpec, socket: WebSocket) {
             return;
         }
     };
+    let control = process.control();
     loop {
         tokio::select! {
-            ev = events.recv() => {
-                let exited = matches!(ev, Some((Reply::Ok { .. }, _)));
+            ev = process.next() => {
+                let exited = matches!(ev, Some(ExecEvent::Exited(_)));
                 let (msg, last) = match ev {
-                    Some((Reply::Started { pid }, _)) => (text(json!({"type": "started", "pid": pid})), false),
-                    Some((Reply::Stdout | Reply::Stderr, payload)) => (Message::Binary(payload), false),
-                    Some((Reply::Ok { result }, _)) => {
-                        let r: ExecResult = serde_json::from_value(result).unwrap_or_default();
+                    Some(ExecEvent::Started { pid }) => (text(json!({"type": "started", "pid": pid})), false),
+                    Some(ExecEvent::Stdout(payload) | ExecEvent::Stderr(payload)) => (Message::Binary(payload), false),
+                    Some(ExecEvent::Exited(r)) => {
                         (text(json!({"type": "exit", "exit_code": r.status_code(),
                                      "signal": r.signal, "duration_ms": r.duration_ms})), true)
                     }
-                    Some((Reply::Error { error }, _)) => (text(json!({"type": "error", "error": error.to_string()})), true),
+                    Some(ExecEvent::Failed(e)) => (text(json!({"type": "error", "error": e.to_string()})), true),
                     None => (text(json!({"type": "error", "error": "the agent channel closed"})), true),
                 };
                 if tx.send(msg).await.is_err() {
-                    hang_up(&agent, target).await;
+                    hang_up(&control).await;
                     return;
                 }
                 if last {
                     // An error (the client fell too far behind, the channel
                     // broke) may leave the process running: it goes too.
                     if !exited {
-                        hang_up(&agent, target).await;
+                        hang_up(&control).await;
                     }
                     let _ = tx.close().await;
                     return;
@@ -150,21 +135,21 @@ async fn session(agent: AgentClient, spec: ExecSpec, socket: WebSocket) {
             }
             msg = rx.next() => {
                 let done = match msg {
-                    Some(Ok(Message::Binary(b))) => input(&agent, target, &b).await,
+                    Some(Ok(Message::Binary(b))) => input(&control, &b).await,
                     Some(Ok(Message::Text(t))) => match serde_json::from_str::<Control>(t.as_str()) {
-                        Ok(c) => control(&agent, target, c).await,
+                        Ok(c) => apply(&control, c).await,
                         Err(e) => Err(format!("a text frame must be a control message ({{\"type\":\"resize\"|\"signal\"|\"input\",...}}): {e}; send input as binary frames")),
                     },
                     Some(Ok(_)) => Ok(()),
                     Some(Err(_)) | None => {
-                        hang_up(&agent, target).await;
+                        hang_up(&control).await;
                         return;
                     }
                 };
                 if let Err(e) = done {
                     // Said to the client; the session goes on.
                     if tx.send(text(json!({"type": "warning", "error": e}))).await.is_err() {
-                        hang_up(&agent, target).await;
+                        hang_up(&control).await;
                         return;
                     }
                 }
@@ -173,23 +158,20 @@ async fn session(agent: AgentClient, spec: ExecSpec, socket: WebSocket) {
     }
 }
 
-async fn input(agent: &AgentClient, target: u64, data: &[u8]) -> Result<(), String> {
-    agent
-        .stdin(target, data, false)
-        .await
-        .map_err(|e| e.to_string())
+async fn input(p: &ProcessControl, data: &[u8]) -> Result<(), String> {
+    p.stdin(data, false).await.map_err(|e| e.to_string())
 }
 
-async fn control(agent: &AgentClient, target: u64, c: Control) -> Result<(), String> {
+async fn apply(p: &ProcessControl, c: Control) -> Result<(), String> {
     let r = match c {
-        Control::Resize { rows, cols } => agent.resize(target, PtySize { rows, cols }).await,
-        Control::Signal { signal } => agent.signal(target, signal).await,
-        Control::Input { data } => agent.stdin(target, data.as_bytes(), false).await,
+        Control::Resize { rows, cols } => p.resize(PtySize { rows, cols }).await,
+        Control::Signal { signal } => p.signal(signal).await,
+        Control::Input { data } => p.stdin(data.as_bytes(), false).await,
     };
     r.map_err(|e| e.to_string())
 }
 
 /// The client left: the session's processes go with it.
-async fn hang_up(agent: &AgentClient, target: u64) {
-    let _ = agent.signal(target, libc::SIGKILL).await;
+async fn hang_up(p: &ProcessControl) {
+    let _ = p.signal(libc::SIGKILL).await;
 }

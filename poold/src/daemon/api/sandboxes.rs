@@ -1,29 +1,42 @@
 //! `/v1/sandboxes`: spawn, list, get, delete, and the agent calls forkd
 //! has (ping, exec, eval), plus ours: streaming exec, console logs, TTL.
 
-use crate::daemon::error::{agent_error, detached, ApiError, ApiResult};
-use crate::daemon::lifecycle::{self, SpawnRequest};
-use crate::daemon::sandbox::Sandbox;
-use crate::daemon::Daemon;
+use super::error::{ApiError, ApiResult};
 use axum::body::Body;
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkd_api::{EvalBody, EvalReply, ExecBody, ExecReply, SandboxInfo, SpawnBody};
-use forkd_vmm::CallError;
-use rootfs_init::protocol::{ErrorKind, ExecSpec, Reply};
+use forkd_node::error::GuestErrorKind;
+use forkd_node::{Error, ExecEvent, ExecSpec, Node, SandboxRecord, SpawnRequest};
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Duration;
 
-type D = State<Arc<Daemon>>;
+type D = State<Arc<Node>>;
 
-/// The sandbox `id`, or 404.
-pub fn get_sandbox(d: &Daemon, id: &str) -> ApiResult<Arc<Sandbox>> {
-    d.sandboxes
-        .get(id)
-        .ok_or_else(|| ApiError::not_found(format!("sandbox {id:?} not found")))
+/// forkd's `SandboxInfo` of a node's sandbox record.
+pub fn info(r: SandboxRecord) -> SandboxInfo {
+    SandboxInfo {
+        id: r.id,
+        snapshot_tag: r.snapshot_tag,
+        netns: r.net.as_ref().map(|n| n.netns.clone()),
+        guest_addr: r.net.as_ref().map(|n| n.guest_addr.to_string()),
+        created_at_unix: r.created_at_unix,
+        pid: Some(r.pid),
+        memory_limit_mib: r.memory_limit_mib,
+        has_branched: r.branch_count > 0,
+        last_branch_memory_path: None,
+        branch_count: r.branch_count,
+        snapshot_id: r.snapshot_id,
+        hostname: r.hostname,
+        expires_at_unix: r.expires_at_unix,
+        pool_hit: r.pool_hit,
+        spawn_ms: r.spawn_ms,
+        cpus: r.cpus,
+        pids_max: r.pids_max,
+        ports: r.ports,
+    }
 }
 
 /// `POST /v1/sandboxes`.
@@ -41,7 +54,7 @@ pub async fn spawn(
     State(d): D,
     Json(b): Json<SpawnBody>,
 ) -> ApiResult<(StatusCode, Json<Vec<SandboxInfo>>)> {
-    // Translation only: `lifecycle::spawn` validates (SpawnRequest::validate).
+    // Translation only: the node validates (SpawnRequest::validate).
     let req = SpawnRequest {
         tag: b.snapshot_tag,
         n: b.n,
@@ -54,12 +67,12 @@ pub async fn spawn(
         network: b.network,
         ports: b.ports,
         volumes: b.volumes,
-        workspace: None,
+        ..Default::default()
     };
-    let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
+    let recs = d.spawn(req).await?;
     Ok((
         StatusCode::CREATED,
-        Json(recs.into_iter().map(SandboxInfo::from).collect()),
+        Json(recs.into_iter().map(info).collect()),
     ))
 }
 
@@ -67,13 +80,7 @@ pub async fn spawn(
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
     responses((status = 200, description = "Every sandbox", body = Vec<SandboxInfo>)))]
 pub async fn list(State(d): D) -> Json<Vec<SandboxInfo>> {
-    Json(
-        d.sandboxes
-            .all()
-            .into_iter()
-            .map(|s| SandboxInfo::from(s.record()))
-            .collect(),
-    )
+    Json(d.list().into_iter().map(info).collect())
 }
 
 /// `GET /v1/sandboxes/:id`.
@@ -83,7 +90,7 @@ pub async fn list(State(d): D) -> Json<Vec<SandboxInfo>> {
         (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
     ))]
 pub async fn get(State(d): D, Path(id): Path<String>) -> ApiResult<Json<SandboxInfo>> {
-    Ok(Json(get_sandbox(&d, &id)?.record().into()))
+    Ok(Json(info(d.get(&id)?)))
 }
 
 /// `DELETE /v1/sandboxes/:id`.
@@ -93,14 +100,8 @@ pub async fn get(State(d): D, Path(id): Path<String>) -> ApiResult<Json<SandboxI
         (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
     ))]
 pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode> {
-    detached(async move {
-        if lifecycle::destroy(&d, &id).await {
-            Ok(StatusCode::NO_CONTENT)
-        } else {
-            Err(ApiError::not_found(format!("sandbox {id:?} not found")))
-        }
-    })
-    .await
+    d.destroy(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 /// `POST /v1/sandboxes/:id/ping`: forkd's pong fields plus the agent's.
@@ -111,14 +112,12 @@ pub async fn delete(State(d): D, Path(id): Path<String>) -> ApiResult<StatusCode
         (status = 500, description = "The agent did not answer", body = forkd_api::ErrorBody),
     ))]
 pub async fn ping(State(d): D, Path(id): Path<String>) -> ApiResult<Json<Value>> {
-    let sb = get_sandbox(&d, &id)?;
     // forkd answers 500 when the agent does not answer; its CLI reads that
     // as "not ready yet".
-    let p = sb
-        .agent
-        .ping(Duration::from_secs(5))
-        .await
-        .map_err(|e| ApiError::internal(format!("the sandbox's agent did not answer: {e}")))?;
+    let p = d.ping(&id).await.map_err(|e| match e {
+        e @ Error::NotFound { .. } => ApiError::from(e),
+        e => ApiError::internal(format!("the sandbox's agent did not answer: {e}")),
+    })?;
     let mut v = serde_json::to_value(&p).map_err(ApiError::internal)?;
     let extra = json!({
         "pong": true,
@@ -168,18 +167,21 @@ pub async fn exec(
     Path(id): Path<String>,
     Json(b): Json<ExecBody>,
 ) -> ApiResult<Json<ExecReply>> {
-    let sb = get_sandbox(&d, &id)?;
+    d.get(&id)?;
     let spec = exec_spec(&b)?;
     let stdin = b.stdin.clone().unwrap_or_default();
-    let out = match sb.agent.exec(spec, stdin.as_bytes()).await {
+    let out = match d.exec(&id, spec, stdin.as_bytes()).await {
         Ok(o) => o,
         // As forkd: a command that cannot start is a failed command (200),
         // not a missing sandbox. Shell conventions: 127 not found, 126 not
         // executable.
-        Err(CallError::Agent(e))
-            if matches!(e.kind, ErrorKind::NotFound | ErrorKind::PermissionDenied) =>
+        Err(Error::Guest(e))
+            if matches!(
+                e.kind,
+                GuestErrorKind::NotFound | GuestErrorKind::PermissionDenied
+            ) =>
         {
-            let code = if e.kind == ErrorKind::NotFound {
+            let code = if e.kind == GuestErrorKind::NotFound {
                 127
             } else {
                 126
@@ -193,7 +195,7 @@ pub async fn exec(
                 duration_ms: 0,
             }));
         }
-        Err(e) => return Err(agent_error(e)),
+        Err(e) => return Err(e.into()),
     };
     Ok(Json(ExecReply {
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -221,19 +223,16 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     Json(b): Json<ExecBody>,
 ) -> ApiResult<Response> {
-    let sb = get_sandbox(&d, &id)?;
+    d.get(&id)?;
     let spec = exec_spec(&b)?;
     let stdin = b.stdin.clone().unwrap_or_default();
-    let (_, rx) = sb
-        .agent
-        .exec_stream(spec, stdin.as_bytes())
-        .map_err(agent_error)?;
-    let stream = futures::stream::unfold((rx, false), |(mut rx, done)| async move {
+    let process = d.exec_stream(&id, spec, stdin.as_bytes())?;
+    let stream = futures::stream::unfold((process, false), |(mut p, done)| async move {
         if done {
             return None;
         }
-        let (line, last) = match rx.recv().await {
-            Some((reply, payload)) => stream_line(reply, &payload),
+        let (line, last) = match p.next().await {
+            Some(ev) => stream_line(ev),
             None => (
                 json!({"type": "error", "error": "the agent channel closed"}),
                 true,
@@ -241,7 +240,7 @@ pub async fn exec_stream(
         };
         let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
         bytes.push(b'\n');
-        Some((Ok::<_, std::convert::Infallible>(bytes), (rx, last)))
+        Some((Ok::<_, std::convert::Infallible>(bytes), (p, last)))
     });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -250,28 +249,24 @@ pub async fn exec_stream(
         .into_response())
 }
 
-/// One NDJSON line for a streaming-exec frame, and whether it is the last.
-fn stream_line(reply: Reply, payload: &[u8]) -> (Value, bool) {
-    match reply {
-        Reply::Started { pid } => (json!({"type": "started", "pid": pid}), false),
-        Reply::Stdout => (
-            json!({"type": "stdout", "data": String::from_utf8_lossy(payload)}),
+/// One NDJSON line for a streaming-exec event, and whether it is the last.
+fn stream_line(ev: ExecEvent) -> (Value, bool) {
+    match ev {
+        ExecEvent::Started { pid } => (json!({"type": "started", "pid": pid}), false),
+        ExecEvent::Stdout(b) => (
+            json!({"type": "stdout", "data": String::from_utf8_lossy(&b)}),
             false,
         ),
-        Reply::Stderr => (
-            json!({"type": "stderr", "data": String::from_utf8_lossy(payload)}),
+        ExecEvent::Stderr(b) => (
+            json!({"type": "stderr", "data": String::from_utf8_lossy(&b)}),
             false,
         ),
-        Reply::Ok { result } => {
-            let r: rootfs_init::protocol::ExecResult =
-                serde_json::from_value(result).unwrap_or_default();
-            (
-                json!({"type": "exit", "exit_code": r.status_code(), "signal": r.signal,
-                       "timed_out": r.timed_out, "duration_ms": r.duration_ms}),
-                true,
-            )
-        }
-        Reply::Error { error } => (json!({"type": "error", "error": error.to_string()}), true),
+        ExecEvent::Exited(r) => (
+            json!({"type": "exit", "exit_code": r.status_code(), "signal": r.signal,
+                   "timed_out": r.timed_out, "duration_ms": r.duration_ms}),
+            true,
+        ),
+        ExecEvent::Failed(e) => (json!({"type": "error", "error": e.to_string()}), true),
     }
 }
 
@@ -290,7 +285,7 @@ pub async fn eval(
     Path(id): Path<String>,
     Json(b): Json<EvalBody>,
 ) -> ApiResult<Json<EvalReply>> {
-    let sb = get_sandbox(&d, &id)?;
+    d.get(&id)?;
     let timeout_ms = match b.timeout_secs {
         Some(s) if !(s > 0.0 && s <= 86_400.0) => {
             return Err(ApiError::bad_request("timeout_secs must be in (0, 86400]"))
@@ -298,11 +293,7 @@ pub async fn eval(
         Some(s) => Some((s * 1000.0) as u64),
         None => Some(300_000),
     };
-    let r = sb
-        .agent
-        .eval(&b.code, timeout_ms)
-        .await
-        .map_err(agent_error)?;
+    let r = d.eval(&id, &b.code, timeout_ms).await?;
     Ok(Json(EvalReply {
         exit_code: if r.error.is_some() { 1 } else { 0 },
         result: r.result,
@@ -322,25 +313,8 @@ pub async fn eval(
         (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
     ))]
 pub async fn logs(State(d): D, Path(id): Path<String>) -> ApiResult<Response> {
-    let sb = get_sandbox(&d, &id)?;
-    let text = tail_bytes(&sb.dir.console(), LOG_TAIL_BYTES);
+    let text = d.logs(&id)?;
     Ok(([(header::CONTENT_TYPE, "text/plain; charset=utf-8")], text).into_response())
-}
-
-/// At most this much of the console log is served.
-pub const LOG_TAIL_BYTES: u64 = 1 << 20;
-
-/// The last `max` bytes of a file (empty if it cannot be read).
-fn tail_bytes(path: &std::path::Path, max: u64) -> Vec<u8> {
-    use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
-        return Vec::new();
-    };
-    let len = f.metadata().map_or(0, |m| m.len());
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(max)));
-    let mut out = Vec::new();
-    let _ = f.take(max).read_to_end(&mut out);
-    out
 }
 
 /// `POST /v1/sandboxes/:id/ttl`.
@@ -365,12 +339,6 @@ pub async fn set_ttl(
     Path(id): Path<String>,
     Json(b): Json<TtlBody>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    if b.ttl_secs > lifecycle::MAX_TTL_SECS {
-        return Err(ApiError::bad_request(format!(
-            "ttl_secs must be at most {} (10 years); 0 clears the TTL",
-            lifecycle::MAX_TTL_SECS
-        )));
-    }
-    let rec = lifecycle::set_ttl(&d, &id, b.ttl_secs).await?;
-    Ok(Json(rec.into()))
+    let rec = d.set_ttl(&id, b.ttl_secs).await?;
+    Ok(Json(info(rec)))
 }

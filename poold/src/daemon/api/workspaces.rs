@@ -1,27 +1,22 @@
 //! `/v1/workspaces`: forkd's workspace API (create, list, get, suspend,
-//! resume, delete) over `daemon::workspace`, which holds the lifecycle.
+//! resume, delete) over the node's workspace operations, which hold the
+//! lifecycle.
 
-use crate::daemon::error::{detached, ApiResult};
-use crate::daemon::workspace;
-use crate::daemon::Daemon;
+use super::error::ApiResult;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use forkd_api::{CreateWorkspaceBody, SuspendWorkspaceBody, WorkspaceInfo};
+use forkd_node::Node;
 use std::sync::Arc;
 
-type D = State<Arc<Daemon>>;
+type D = State<Arc<Node>>;
 
 /// `GET /v1/workspaces`.
 #[utoipa::path(get, path = "/v1/workspaces", tag = "workspaces",
     responses((status = 200, description = "Every workspace", body = Vec<WorkspaceInfo>)))]
 pub async fn list(State(d): D) -> Json<Vec<WorkspaceInfo>> {
-    Json(
-        workspace::list(&d)
-            .into_iter()
-            .map(|w| workspace::info(&d, w))
-            .collect(),
-    )
+    Json(d.workspaces())
 }
 
 /// `POST /v1/workspaces`: 201 once its sandbox runs.
@@ -37,12 +32,7 @@ pub async fn create(
     State(d): D,
     Json(b): Json<CreateWorkspaceBody>,
 ) -> ApiResult<(StatusCode, Json<WorkspaceInfo>)> {
-    let w = detached({
-        let d = d.clone();
-        async move { workspace::create(&d, b).await }
-    })
-    .await?;
-    Ok((StatusCode::CREATED, Json(workspace::info(&d, w))))
+    Ok((StatusCode::CREATED, Json(d.create_workspace(b).await?)))
 }
 
 /// `GET /v1/workspaces/:name`.
@@ -52,7 +42,7 @@ pub async fn create(
         (status = 404, description = "No such workspace", body = forkd_api::ErrorBody),
     ))]
 pub async fn get(State(d): D, Path(name): Path<String>) -> ApiResult<Json<WorkspaceInfo>> {
-    Ok(Json(workspace::info(&d, workspace::get(&d, &name)?)))
+    Ok(Json(d.workspace(&name)?))
 }
 
 /// `DELETE /v1/workspaces/:name`: 204.
@@ -63,7 +53,7 @@ pub async fn get(State(d): D, Path(name): Path<String>) -> ApiResult<Json<Worksp
         (status = 409, description = "Another operation on it is under way", body = forkd_api::ErrorBody),
     ))]
 pub async fn delete(State(d): D, Path(name): Path<String>) -> ApiResult<StatusCode> {
-    detached(async move { workspace::delete(&d, &name).await }).await?;
+    d.delete_workspace(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -82,12 +72,7 @@ pub async fn suspend(
     body: Option<Json<SuspendWorkspaceBody>>,
 ) -> ApiResult<Json<WorkspaceInfo>> {
     let _ = body;
-    let w = detached({
-        let d = d.clone();
-        async move { workspace::suspend(&d, &name).await }
-    })
-    .await?;
-    Ok(Json(workspace::info(&d, w)))
+    Ok(Json(d.suspend_workspace(&name).await?))
 }
 
 /// `POST /v1/workspaces/:name/resume`.
@@ -99,10 +84,5 @@ pub async fn suspend(
         (status = 409, description = "Another operation on it is under way", body = forkd_api::ErrorBody),
     ))]
 pub async fn resume(State(d): D, Path(name): Path<String>) -> ApiResult<Json<WorkspaceInfo>> {
-    let w = detached({
-        let d = d.clone();
-        async move { workspace::resume(&d, &name).await }
-    })
-    .await?;
-    Ok(Json(workspace::info(&d, w)))
+    Ok(Json(d.resume_workspace(&name).await?))
 }

@@ -16,14 +16,15 @@
 
 use super::error::{E2bError, E2bResult};
 use super::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::daemon::error::{detached, ApiError};
-use crate::daemon::lifecycle::{self, SpawnRequest, MAX_TTL_SECS};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use forkd_api::BranchBody;
+use forkd_node::limits::{check_env, check_metadata, MAX_TTL_SECS};
+use forkd_node::{SandboxRecord, SpawnRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -34,10 +35,6 @@ type E = State<Arc<E2b>>;
 
 /// The TTL of a sandbox whose create sets no `timeout` (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-/// Most metadata pairs per sandbox, and their sizes.
-pub const MAX_METADATA: usize = 64;
-/// Most `envVars` per sandbox.
-pub const MAX_ENV_VARS: usize = 128;
 /// Most sandboxes on one list page.
 pub const MAX_PAGE: usize = 100;
 
@@ -112,42 +109,8 @@ fn check_timeout(t: u64) -> R<u64> {
     Ok(t)
 }
 
-fn check_metadata(m: &BTreeMap<String, String>) -> R<()> {
-    if m.len() > MAX_METADATA {
-        return Err(bad(format!("metadata: at most {MAX_METADATA} keys")));
-    }
-    for (k, v) in m {
-        if k.is_empty() || k.len() > 256 || v.len() > 4096 {
-            return Err(bad(format!(
-                "metadata {k:?}: keys must be 1-256 bytes, values at most 4096"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Environment names a shell accepts; values without NUL, bounded.
-pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
-    if env.len() > MAX_ENV_VARS {
-        return Err(format!("at most {MAX_ENV_VARS} environment variables"));
-    }
-    for (k, v) in env {
-        let name_ok = !k.is_empty()
-            && k.len() <= 256
-            && !k.as_bytes()[0].is_ascii_digit()
-            && k.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_');
-        if !name_ok {
-            return Err(format!(
-                "environment variable name {k:?}: letters, digits and '_', not starting with a digit"
-            ));
-        }
-        if v.len() > 32 * 1024 || v.contains('\0') {
-            return Err(format!(
-                "environment variable {k}: value longer than 32 KiB or containing NUL"
-            ));
-        }
-    }
-    Ok(())
+fn metadata_ok(m: &BTreeMap<String, String>) -> R<()> {
+    check_metadata(m).map_err(bad)
 }
 
 /// `POST /sandboxes`, `POST /v2/sandboxes`: a sandbox of the template
@@ -155,7 +118,7 @@ pub fn check_env(env: &BTreeMap<String, String>) -> Result<(), String> {
 async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<Value>)> {
     let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let metadata = b.metadata.unwrap_or_default();
-    check_metadata(&metadata)?;
+    metadata_ok(&metadata)?;
     let env = b.env_vars.unwrap_or_default();
     check_env(&env).map_err(|m| bad(format!("envVars: {m}")))?;
     if b.auto_pause == Some(true) {
@@ -166,37 +129,38 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
     if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
         return Err(bad("volumeMounts are not supported by poold (docs/e2b.md)"));
     }
+    // The metadata, envs and template alias are the node's, persisted
+    // with the sandbox: they survive a poold restart.
     let req = SpawnRequest {
         tag: b.template_id.clone(),
         n: 1,
         ttl_secs: Some(timeout),
+        metadata,
+        envs: env,
+        alias: Some(b.template_id),
         ..Default::default()
     };
-    let d = e.d.clone();
-    let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
+    let recs = e.node.spawn(req).await?;
     let Some(rec) = recs.into_iter().next() else {
-        return Err(E2bError(ApiError::internal("spawn returned no sandbox")));
+        return Err(E2bError::from(forkd_node::Error::internal(
+            "spawn returned no sandbox",
+        )));
     };
-    let sb = Arc::new(E2bSandbox::new(&rec.id, b.template_id, metadata, env));
-    e.insert(sb.clone());
-    if e.d.sandboxes.get(&rec.id).is_none() {
-        // Deleted through /v1 in between: do not keep a record of it.
-        e.forget(&rec.id);
-    }
-    Ok((StatusCode::CREATED, Json(sandbox_json(&sb))))
+    Ok((StatusCode::CREATED, Json(sandbox_json(&rec))))
 }
 
 /// The `Sandbox` answer of create and connect.
-fn sandbox_json(sb: &E2bSandbox) -> Value {
+fn sandbox_json(rec: &SandboxRecord) -> Value {
+    let template = rec.alias.as_deref().unwrap_or(&rec.snapshot_tag);
     json!({
-        "templateID": sb.template,
-        "sandboxID": sb.id,
+        "templateID": template,
+        "sandboxID": rec.id,
         "clientID": "forkd",
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": sb.token,
+        "envdAccessToken": rec.access_token.as_str(),
         "trafficAccessToken": null,
         "domain": null,
-        "alias": sb.template,
+        "alias": template,
     })
 }
 
@@ -205,18 +169,18 @@ fn rfc3339(unix: u64) -> String {
 }
 
 /// `SandboxDetail` / `ListedSandbox`.
-async fn detail_json(e: &E2b, sb: &E2bSandbox) -> Option<Value> {
-    let rec = e.d.sandboxes.get(&sb.id)?.record();
-    let (cpus, mem) = shape(e, &rec).await;
+async fn detail_json(e: &E2b, sb: &E2bSandbox) -> Value {
+    let rec = &sb.rec;
+    let (cpus, mem) = shape(e, rec).await;
     let end = if rec.expires_at_unix != 0 {
         rec.expires_at_unix
     } else {
         rec.created_at_unix.saturating_add(MAX_TTL_SECS)
     };
-    Some(json!({
-        "templateID": sb.template,
-        "alias": sb.template,
-        "sandboxID": sb.id,
+    json!({
+        "templateID": sb.template(),
+        "alias": sb.template(),
+        "sandboxID": sb.id(),
         "clientID": "forkd",
         "startedAt": rfc3339(rec.created_at_unix),
         "endAt": rfc3339(end),
@@ -224,19 +188,16 @@ async fn detail_json(e: &E2b, sb: &E2bSandbox) -> Option<Value> {
         "memoryMB": mem,
         "diskSizeMB": 0,
         "envdVersion": ENVD_VERSION,
-        "envdAccessToken": sb.token,
-        "metadata": sb.metadata,
+        "envdAccessToken": rec.access_token.as_str(),
+        "metadata": rec.metadata,
         "state": "running",
-    }))
+    })
 }
 
 /// vCPUs and MiB of RAM of a sandbox: its limits where it has them, else
 /// its snapshot's machine.
-async fn shape(e: &E2b, rec: &crate::daemon::state::SandboxRecord) -> (u64, u64) {
-    let machine = lifecycle::source(&e.d, &rec.snapshot_tag)
-        .await
-        .ok()
-        .map(|s| s.config.machine);
+async fn shape(e: &E2b, rec: &SandboxRecord) -> (u64, u64) {
+    let machine = e.node.snapshot_machine(&rec.snapshot_tag).await.ok();
     let cpus = rec
         .cpus
         .map(|c| c.ceil() as u64)
@@ -249,8 +210,8 @@ async fn shape(e: &E2b, rec: &crate::daemon::state::SandboxRecord) -> (u64, u64)
     (cpus, mem)
 }
 
-fn sandbox_or_404(e: &E2b, id: &str) -> R<Arc<E2bSandbox>> {
-    e.record(id).ok_or_else(|| {
+fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
+    e.sandbox(id).ok_or_else(|| {
         E2bError::not_found(format!(
             "sandbox {id:?} not found (killed, expired, or never created)"
         ))
@@ -260,22 +221,19 @@ fn sandbox_or_404(e: &E2b, id: &str) -> R<Arc<E2bSandbox>> {
 /// `GET /sandboxes/{id}`.
 async fn info(State(e): E, Path(id): Path<String>) -> R<Json<Value>> {
     let sb = sandbox_or_404(&e, &id)?;
-    let v = detail_json(&e, &sb)
-        .await
-        .ok_or_else(|| E2bError::not_found(format!("sandbox {id:?} not found")))?;
-    Ok(Json(v))
+    Ok(Json(detail_json(&e, &sb).await))
 }
 
 /// `DELETE /sandboxes/{id}`: 204, or 404 when there is no such sandbox.
 async fn kill(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
-    let d = e.d.clone();
-    let id2 = id.clone();
-    let gone = detached(async move { Ok(lifecycle::destroy(&d, &id2).await) }).await?;
+    let gone = e.node.destroy(&id).await;
     e.forget(&id);
-    if gone {
-        Ok(StatusCode::NO_CONTENT)
-    } else {
-        Err(E2bError::not_found(format!("sandbox {id:?} not found")))
+    match gone {
+        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Err(forkd_node::Error::NotFound { .. }) => {
+            Err(E2bError::not_found(format!("sandbox {id:?} not found")))
+        }
+        Err(err) => Err(err.into()),
     }
 }
 
@@ -292,7 +250,7 @@ async fn set_timeout(
 ) -> R<StatusCode> {
     let t = check_timeout(b.timeout)?;
     sandbox_or_404(&e, &id)?;
-    lifecycle::set_ttl(&e.d, &id, t).await?;
+    e.node.set_ttl(&id, t).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -302,9 +260,9 @@ struct ConnectBody {
     timeout: Option<u64>,
 }
 
-/// `POST [/v2]/sandboxes/{id}/connect`: the sandbox with its token (made
-/// now for one spawned through `/v1`); a `timeout` extends its TTL, never
-/// shortens it.
+/// `POST [/v2]/sandboxes/{id}/connect`: the sandbox with its token (every
+/// sandbox has one, those spawned through `/v1` too, and keeps it across
+/// poold restarts); a `timeout` extends its TTL, never shortens it.
 async fn connect(State(e): E, Path(id): Path<String>, body: axum::body::Bytes) -> R<Json<Value>> {
     let b: ConnectBody = if body.iter().all(u8::is_ascii_whitespace) {
         ConnectBody::default()
@@ -315,12 +273,12 @@ async fn connect(State(e): E, Path(id): Path<String>, body: axum::body::Bytes) -
     if let Some(t) = b.timeout {
         let t = check_timeout(t)?;
         let now = forkd_snapshot::unix_now();
-        let cur = e.d.sandboxes.get(&id).map(|s| s.record().expires_at_unix);
-        if cur.is_some_and(|c| c != 0 && c < now + t) {
-            lifecycle::set_ttl(&e.d, &id, t).await?;
+        let cur = sb.rec.expires_at_unix;
+        if cur != 0 && cur < now + t {
+            e.node.set_ttl(&id, t).await?;
         }
     }
-    Ok(Json(sandbox_json(&sb)))
+    Ok(Json(sandbox_json(&sb.rec)))
 }
 
 /// Most children of one fork (the SDK's own bound).
@@ -358,31 +316,27 @@ async fn fork(
     let timeout = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
     let parent = sandbox_or_404(&e, &id)?;
     let tag = format!("e2b-fork-{}", forkd_snapshot::random_hex(8));
-    let d = e.d.clone();
-    let (id2, tag2) = (id.clone(), tag.clone());
-    detached(async move { crate::daemon::api::branch::branch_to(d, id2, tag2).await }).await?;
+    let b = BranchBody {
+        tag: Some(tag.clone()),
+        ..Default::default()
+    };
+    e.node.branch(&id, b).await?;
     let req = SpawnRequest {
         tag: tag.clone(),
         n: count,
         ttl_secs: Some(timeout),
+        metadata: parent.rec.metadata.clone(),
+        envs: parent.rec.envs.clone(),
+        alias: Some(parent.template().to_string()),
         ..Default::default()
     };
-    let d = e.d.clone();
-    let out = match detached(async move { lifecycle::spawn(&d, req).await }).await {
+    let out = match e.node.spawn(req).await {
         Ok(recs) => recs
             .iter()
-            .map(|r| {
-                let sb = Arc::new(E2bSandbox::new(
-                    &r.id,
-                    parent.template.clone(),
-                    parent.metadata.clone(),
-                    parent.env.clone(),
-                ));
-                e.insert(sb.clone());
-                json!({"sandbox": sandbox_json(&sb)})
-            })
+            .map(|r| json!({"sandbox": sandbox_json(r)}))
             .collect(),
         Err(err) => {
+            let err = E2bError::from(err);
             let one = json!({"error": {"code": err.status.as_u16(), "message": err.message}});
             vec![one; count]
         }
@@ -394,18 +348,19 @@ async fn fork(
 /// are killed or expire; a paused copy is a branch (`POST /v1/sandboxes/{id}/branch`).
 async fn pause(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
     sandbox_or_404(&e, &id)?;
-    Err(E2bError(ApiError::new(
+    Err(E2bError::new(
         StatusCode::NOT_IMPLEMENTED,
         "poold does not pause sandboxes: to keep one's state, branch it into a snapshot (POST /v1/sandboxes/{id}/branch) and create from that tag later",
-    )))
+    ))
 }
 
 /// `POST /sandboxes/{id}/resume`: every sandbox poold has is running.
 async fn resume(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
     sandbox_or_404(&e, &id)?;
-    Err(E2bError(ApiError::conflict(format!(
-        "sandbox {id:?} is running (poold never pauses sandboxes)"
-    ))))
+    Err(E2bError::new(
+        StatusCode::CONFLICT,
+        format!("sandbox {id:?} is running (poold never pauses sandboxes)"),
+    ))
 }
 
 /// The list filters, from the query string.
@@ -446,7 +401,7 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
             _ => {}
         }
     }
-    check_metadata(&out.metadata)?;
+    metadata_ok(&out.metadata)?;
     Ok(out)
 }
 
@@ -460,7 +415,7 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     {
         return Ok(Json(Vec::<Value>::new()).into_response());
     }
-    let all = e.d.sandboxes.all();
+    let all = e.node.list();
     let start = match &q.next {
         None => 0,
         Some(t) => all
@@ -473,11 +428,11 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     let mut last = None;
     let mut more = false;
     for s in &all[start..] {
-        let Some(sb) = e.record(&s.id) else { continue };
+        let Some(sb) = e.sandbox(&s.id) else { continue };
         if !q
             .metadata
             .iter()
-            .all(|(k, v)| sb.metadata.get(k) == Some(v))
+            .all(|(k, v)| sb.rec.metadata.get(k) == Some(v))
         {
             continue;
         }
@@ -485,10 +440,8 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
             more = true;
             break;
         }
-        if let Some(v) = detail_json(&e, &sb).await {
-            page.push(v);
-            last = Some(sb.id.clone());
-        }
+        page.push(detail_json(&e, &sb).await);
+        last = Some(sb.id().to_string());
     }
     let mut r = Json(page).into_response();
     if let (true, Some(t)) = (more, last) {

@@ -4,41 +4,121 @@
 //! Two shapes, as the SDK expects them:
 //! - [`E2bError`]: the REST shape `{"code": <status>, "message"}` of the
 //!   control plane, envd's `/files` and the code interpreter's `/execute`;
-//!   poold's own [`ApiError`]s (spawn, TTL, agent failures) convert into it
-//!   keeping their status;
 //! - [`RpcError`]: a Connect error (`{"code": "not_found", "message"}`),
 //!   answered with its code's status on unary calls and inside the
 //!   end-of-stream message on streaming ones.
 //!
-//! Agent failures map to both here ([`E2bError::from_agent`],
-//! [`from_agent`]), so a missing guest file is a 404 / `not_found` whichever
-//! way the SDK asked.
+//! A node error becomes either through one function, [`from_node`], whose
+//! table is the unit test below: a missing guest file is a 404 /
+//! `not_found` whichever way the SDK asked, and the REST shape keeps the
+//! statuses forkd's `/v1` gives the same errors.
 
 use super::connect;
-use crate::daemon::error::{agent_error, ApiError};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
+use forkd_node::error::GuestErrorKind as K;
+use forkd_node::Error;
 use serde_json::{json, Value};
 
 /// A REST error answer: `{"code": <status>, "message"}`.
 #[derive(Debug)]
-pub struct E2bError(pub ApiError);
+pub struct E2bError {
+    /// The HTTP status (also the body's `code`).
+    pub status: StatusCode,
+    /// What went wrong and what to do.
+    pub message: String,
+}
 
 /// Result of a REST handler.
 pub type E2bResult<T> = Result<T, E2bError>;
 
-impl From<ApiError> for E2bError {
-    fn from(e: ApiError) -> E2bError {
-        E2bError(e)
+/// A node error on E2B's two wires (see [`from_node`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Wire {
+    /// The REST shape's status.
+    pub status: StatusCode,
+    /// The REST shape's message.
+    pub message: String,
+    /// The Connect code.
+    pub code: Code,
+    /// The Connect message (envd's words: an agent's message without its kind).
+    pub rpc_message: String,
+}
+
+/// How a node error goes on E2B's wires: the one table.
+pub fn from_node(e: Error) -> Wire {
+    let (status, code) = match &e {
+        Error::NotFound { .. } => (StatusCode::NOT_FOUND, Code::NotFound),
+        Error::Invalid { .. } => (StatusCode::BAD_REQUEST, Code::InvalidArgument),
+        Error::WrongState(_) => (StatusCode::BAD_REQUEST, Code::FailedPrecondition),
+        Error::Conflict(_) => (StatusCode::CONFLICT, Code::AlreadyExists),
+        Error::Incompatible(_) => (StatusCode::CONFLICT, Code::FailedPrecondition),
+        Error::AtCapacity(_) => (StatusCode::SERVICE_UNAVAILABLE, Code::ResourceExhausted),
+        Error::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, Code::Unavailable),
+        Error::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, Code::ResourceExhausted),
+        Error::Guest(a) => match a.kind {
+            K::BadRequest => (StatusCode::BAD_REQUEST, Code::InvalidArgument),
+            K::NotFound => (StatusCode::NOT_FOUND, Code::NotFound),
+            K::PermissionDenied => (StatusCode::FORBIDDEN, Code::PermissionDenied),
+            K::AlreadyExists => (StatusCode::CONFLICT, Code::AlreadyExists),
+            K::NotADirectory | K::IsADirectory | K::DirectoryNotEmpty => {
+                (StatusCode::CONFLICT, Code::InvalidArgument)
+            }
+            K::Timeout => (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded),
+            K::NotReady => (StatusCode::CONFLICT, Code::Unavailable),
+            K::Unsupported => (StatusCode::CONFLICT, Code::Unimplemented),
+            K::Io | K::Internal => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+        },
+        Error::GuestTimeout(_) => (StatusCode::GATEWAY_TIMEOUT, Code::DeadlineExceeded),
+        Error::GuestUnreachable(_) => (StatusCode::INTERNAL_SERVER_ERROR, Code::Unavailable),
+        Error::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, Code::Internal),
+    };
+    let (message, rpc_message) = match e {
+        Error::Guest(a) => (a.to_string(), a.message),
+        Error::GuestUnreachable(m) => (
+            format!("sandbox agent unreachable: {m}"),
+            format!("the sandbox's agent cannot be reached: {m}"),
+        ),
+        Error::TooLarge { what, size, limit } => {
+            let m = format!("{what} is {size} bytes; one download is at most {limit}");
+            (m.clone(), m)
+        }
+        e => {
+            let m = e.to_string();
+            (m.clone(), m)
+        }
+    };
+    Wire {
+        status,
+        message,
+        code,
+        rpc_message,
+    }
+}
+
+impl From<Error> for E2bError {
+    fn from(e: Error) -> E2bError {
+        let w = from_node(e);
+        E2bError::new(w.status, w.message)
+    }
+}
+
+impl From<Error> for RpcError {
+    fn from(e: Error) -> RpcError {
+        let w = from_node(e);
+        RpcError::new(w.code, w.rpc_message)
     }
 }
 
 impl E2bError {
     /// An error with `status` and `message`.
     pub fn new(status: StatusCode, message: impl Into<String>) -> E2bError {
-        E2bError(ApiError::new(status, message))
+        E2bError {
+            status,
+            message: message.into(),
+        }
     }
 
     /// 400: the request is malformed; the message says what to send.
@@ -61,21 +141,16 @@ impl E2bError {
     pub fn sandbox_gone(message: impl Into<String>) -> E2bError {
         E2bError::new(StatusCode::BAD_GATEWAY, message)
     }
-
-    /// An agent call's failure, with the status poold's `/v1` gives it.
-    pub fn from_agent(e: forkd_vmm::CallError) -> E2bError {
-        E2bError(agent_error(e))
-    }
 }
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
         let mut r = (
-            self.0.status,
-            Json(json!({"code": self.0.status.as_u16(), "message": self.0.message})),
+            self.status,
+            Json(json!({"code": self.status.as_u16(), "message": self.message})),
         )
             .into_response();
-        if self.0.status == StatusCode::SERVICE_UNAVAILABLE {
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
             // At capacity or short of memory: the SDK would retry at once.
             r.headers_mut()
                 .insert("retry-after", HeaderValue::from_static("5"));
@@ -101,6 +176,8 @@ pub enum Code {
     PermissionDenied,
     /// A per-sandbox bound was reached.
     ResourceExhausted,
+    /// The operation does not apply in the current state.
+    FailedPrecondition,
     /// Not served by poold (see docs/e2b.md).
     Unimplemented,
     /// A bug or broken state.
@@ -122,6 +199,7 @@ impl Code {
             Code::AlreadyExists => "already_exists",
             Code::PermissionDenied => "permission_denied",
             Code::ResourceExhausted => "resource_exhausted",
+            Code::FailedPrecondition => "failed_precondition",
             Code::Unimplemented => "unimplemented",
             Code::Internal => "internal",
             Code::Unavailable => "unavailable",
@@ -139,6 +217,7 @@ impl Code {
             Code::AlreadyExists => StatusCode::CONFLICT,
             Code::PermissionDenied => StatusCode::FORBIDDEN,
             Code::ResourceExhausted => StatusCode::TOO_MANY_REQUESTS,
+            Code::FailedPrecondition => StatusCode::PRECONDITION_FAILED,
             Code::Unimplemented => StatusCode::NOT_IMPLEMENTED,
             Code::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             Code::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
@@ -207,34 +286,6 @@ impl IntoResponse for RpcError {
     }
 }
 
-/// Maps an agent call's failure to the Connect code envd would give.
-pub fn from_agent(e: forkd_vmm::CallError) -> RpcError {
-    use forkd_vmm::CallError;
-    use rootfs_init::protocol::ErrorKind as K;
-    match e {
-        CallError::Agent(a) => {
-            let code = match a.kind {
-                K::BadRequest | K::NotADirectory | K::IsADirectory | K::DirectoryNotEmpty => {
-                    Code::InvalidArgument
-                }
-                K::NotFound => Code::NotFound,
-                K::PermissionDenied => Code::PermissionDenied,
-                K::AlreadyExists => Code::AlreadyExists,
-                K::Timeout => Code::DeadlineExceeded,
-                K::NotReady => Code::Unavailable,
-                K::Unsupported => Code::Unimplemented,
-                K::Io | K::Internal => Code::Internal,
-            };
-            RpcError::new(code, a.message)
-        }
-        CallError::Timeout(_) => RpcError::new(Code::DeadlineExceeded, e.to_string()),
-        CallError::Channel(_) => RpcError::new(
-            Code::Unavailable,
-            format!("the sandbox's agent cannot be reached: {e}"),
-        ),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -259,15 +310,81 @@ mod tests {
         assert_eq!(Code::Canceled.http_status().as_u16(), 499);
     }
 
+    fn guest(kind: K) -> Error {
+        Error::Guest(forkd_node::error::AgentError::new(kind, "/x: gone"))
+    }
+
+    /// The whole table: each kind of node error on both wires.
     #[test]
-    fn agent_errors_map_to_envd_codes() {
-        use rootfs_init::protocol::{AgentError, ErrorKind};
-        let e = from_agent(forkd_vmm::CallError::Agent(AgentError::new(
-            ErrorKind::NotFound,
-            "/x: gone",
-        )));
-        assert_eq!((e.code, e.message.as_str()), (Code::NotFound, "/x: gone"));
-        let e = from_agent(forkd_vmm::CallError::Channel("closed".into()));
-        assert_eq!(e.code, Code::Unavailable);
+    fn node_errors_on_both_wires() {
+        use forkd_node::Kind;
+        let table: Vec<(Error, u16, &str, Code, &str)> = vec![
+            (
+                Error::not_found(Kind::Sandbox, "sb-1"),
+                404,
+                "sandbox \"sb-1\" not found",
+                Code::NotFound,
+                "sandbox \"sb-1\" not found",
+            ),
+            (Error::invalid("n", "n must be ≥ 1"), 400, "n must be ≥ 1", Code::InvalidArgument, "n must be ≥ 1"),
+            (Error::WrongState("w".into()), 400, "w", Code::FailedPrecondition, "w"),
+            (Error::Conflict("c".into()), 409, "c", Code::AlreadyExists, "c"),
+            (Error::Incompatible("q".into()), 409, "q", Code::FailedPrecondition, "q"),
+            (Error::AtCapacity("full".into()), 503, "full", Code::ResourceExhausted, "full"),
+            (Error::Unavailable("floor".into()), 503, "floor", Code::Unavailable, "floor"),
+            (
+                Error::TooLarge {
+                    what: "/big".into(),
+                    size: 10,
+                    limit: 5,
+                },
+                413,
+                "/big is 10 bytes; one download is at most 5",
+                Code::ResourceExhausted,
+                "/big is 10 bytes; one download is at most 5",
+            ),
+            (guest(K::BadRequest), 400, "bad_request: /x: gone", Code::InvalidArgument, "/x: gone"),
+            (guest(K::NotFound), 404, "not_found: /x: gone", Code::NotFound, "/x: gone"),
+            (guest(K::PermissionDenied), 403, "permission_denied: /x: gone", Code::PermissionDenied, "/x: gone"),
+            (guest(K::AlreadyExists), 409, "already_exists: /x: gone", Code::AlreadyExists, "/x: gone"),
+            (guest(K::NotADirectory), 409, "not_a_directory: /x: gone", Code::InvalidArgument, "/x: gone"),
+            (guest(K::IsADirectory), 409, "is_a_directory: /x: gone", Code::InvalidArgument, "/x: gone"),
+            (guest(K::DirectoryNotEmpty), 409, "directory_not_empty: /x: gone", Code::InvalidArgument, "/x: gone"),
+            (guest(K::Timeout), 504, "timeout: /x: gone", Code::DeadlineExceeded, "/x: gone"),
+            (guest(K::NotReady), 409, "not_ready: /x: gone", Code::Unavailable, "/x: gone"),
+            (guest(K::Unsupported), 409, "unsupported: /x: gone", Code::Unimplemented, "/x: gone"),
+            (guest(K::Io), 500, "io: /x: gone", Code::Internal, "/x: gone"),
+            (guest(K::Internal), 500, "internal: /x: gone", Code::Internal, "/x: gone"),
+            (
+                Error::GuestTimeout("no reply".into()),
+                504,
+                "no reply",
+                Code::DeadlineExceeded,
+                "no reply",
+            ),
+            (
+                Error::GuestUnreachable("agent channel: closed".into()),
+                500,
+                "sandbox agent unreachable: agent channel: closed",
+                Code::Unavailable,
+                "the sandbox's agent cannot be reached: agent channel: closed",
+            ),
+            (
+                Error::internal("boom"),
+                500,
+                "boom",
+                Code::Internal,
+                "boom",
+            ),
+        ];
+        for (e, status, message, code, rpc_message) in table {
+            let what = format!("{e:?}");
+            let w = from_node(e);
+            assert_eq!(
+                (w.status.as_u16(), w.message.as_str(), w.code, w.rpc_message.as_str()),
+                (status, message, code, rpc_message),
+                "{what}"
+            );
+        }
     }
 }

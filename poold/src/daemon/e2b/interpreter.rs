@@ -12,12 +12,12 @@
 //! are refused.
 
 use super::error::E2bError;
-use super::E2bSandbox;
+use super::sandbox::Guest;
 use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use forkd_vmm::AgentClient;
-use rootfs_init::protocol::EvalResult;
+use forkd_node::error::GuestErrorKind;
+use forkd_node::{EvalResult, Error};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -44,12 +44,12 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 }
 
 /// Serves a request for port 49999.
-pub async fn handle(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response {
+pub async fn handle(g: Guest<'_>, req: Request) -> Response {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
     if m == Method::GET && p == "/health" {
         StatusCode::NO_CONTENT.into_response()
     } else if m == Method::POST && p == "/execute" {
-        execute(sb, agent, req).await
+        execute(g, req).await
     } else {
         error(
             StatusCode::NOT_FOUND,
@@ -58,7 +58,7 @@ pub async fn handle(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Respo
     }
 }
 
-async fn execute(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response {
+async fn execute(g: Guest<'_>, req: Request) -> Response {
     let body = match axum::body::to_bytes(req.into_body(), MAX_CODE_BYTES + 4096).await {
         Ok(b) => b,
         Err(_) => {
@@ -90,16 +90,15 @@ async fn execute(sb: &E2bSandbox, agent: &AgentClient, req: Request) -> Response
             "envs for run_code are not supported (the warm interpreter's environment is fixed); set os.environ in the code",
         );
     }
-    let r = match agent.eval(&b.code, Some(TIMEOUT_MS)).await {
+    let r = match g.node.eval(g.id(), &b.code, Some(TIMEOUT_MS)).await {
         Ok(r) => r,
-        Err(forkd_vmm::CallError::Agent(a))
-            if a.kind == rootfs_init::protocol::ErrorKind::Timeout =>
-        {
+        // The code interpreter answers its own timeout as a 502.
+        Err(Error::Guest(a)) if a.kind == GuestErrorKind::Timeout => {
             return error(StatusCode::BAD_GATEWAY, a.message)
         }
-        Err(e) => return E2bError::from_agent(e).into_response(),
+        Err(e) => return E2bError::from(e).into_response(),
     };
-    let count = sb.executions.fetch_add(1, Ordering::Relaxed) + 1;
+    let count = g.sb.session.executions.fetch_add(1, Ordering::Relaxed) + 1;
     let mut out = Vec::new();
     for line in lines(&r, count, &now()) {
         out.extend_from_slice(line.to_string().as_bytes());

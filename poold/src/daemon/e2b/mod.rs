@@ -13,16 +13,18 @@
 //!   (else by the access token) and `E2b-Sandbox-Port`.
 //!
 //! Invariants:
-//! - every sandbox reachable here has its own random 128-bit access token,
-//!   compared in constant time; a request without the right one gets 401
-//!   and learns nothing about other sandboxes;
-//! - the rest of the daemon is touched only through `lifecycle::spawn`,
-//!   `lifecycle::destroy`, `lifecycle::set_ttl`, the sandbox table and each
-//!   sandbox's agent client; an E2B record whose sandbox is gone (deleted
-//!   through `/v1`, expired) is dropped at its next lookup;
+//! - every sandbox has its own random 128-bit access token, kept in the
+//!   node's record with its metadata, create-time envs and template alias
+//!   (`forkd_node::SandboxRecord`), so all of them survive a poold restart;
+//!   tokens are compared in constant time, and a request without the right
+//!   one gets 401 and learns nothing about other sandboxes;
+//! - the node is reached only through its operations (`forkd_node::Node`);
+//!   what lives here is what ends with the process: each sandbox's
+//!   processes started through envd and its count of executions, dropped
+//!   with the sandbox;
 //! - what a client or guest can make poold hold is bounded: processes per
 //!   sandbox ([`process::MAX_PROCESSES`]), output queued per subscriber,
-//!   request bodies, metadata and env sizes.
+//!   request bodies, metadata and env sizes (`forkd_node::limits`).
 
 pub mod connect;
 pub mod control;
@@ -31,10 +33,12 @@ pub mod interpreter;
 pub mod process;
 pub mod sandbox;
 
-use super::Daemon;
+use crate::daemon::hosts::HostPolicy;
+use crate::daemon::transfers::Transfers;
 use anyhow::{bail, Context, Result};
+use forkd_node::{Node, SandboxRecord};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
@@ -94,48 +98,75 @@ impl E2bConfig {
     }
 }
 
-/// What E2B knows of a sandbox beyond poold's record.
-pub struct E2bSandbox {
-    /// poold's sandbox id (also the E2B `sandboxID`).
-    pub id: String,
-    /// `envdAccessToken`: 32 random hex digits.
-    pub token: String,
-    /// The template (snapshot tag) it was created from.
-    pub template: String,
-    /// The create request's metadata.
-    pub metadata: BTreeMap<String, String>,
-    /// Environment every process in the sandbox gets.
-    pub env: BTreeMap<String, String>,
+/// What the E2B front-end keeps of a sandbox in memory: what ends with
+/// the process (its streamed processes' events cannot outlive the agent
+/// channels of this poold).
+#[derive(Default)]
+pub struct Session {
     /// Its processes started through envd's process service.
     pub processes: process::Table,
     /// Code interpreter executions so far (`execution_count`).
     pub executions: AtomicU64,
 }
 
-/// The E2B side of the daemon: the daemon and the E2B records.
+/// A live sandbox as the E2B endpoints see it: the node's record and this
+/// process's session of it.
+pub struct E2bSandbox {
+    /// The node's record (id, token, metadata, envs, template alias).
+    pub rec: SandboxRecord,
+    /// Its session.
+    pub session: Arc<Session>,
+}
+
+impl E2bSandbox {
+    /// Its id (also the E2B `sandboxID`).
+    pub fn id(&self) -> &str {
+        &self.rec.id
+    }
+
+    /// The template it was created from: its alias, else its snapshot tag.
+    pub fn template(&self) -> &str {
+        self.rec.alias.as_deref().unwrap_or(&self.rec.snapshot_tag)
+    }
+}
+
+/// The E2B side of poold: the node, the API key and the sessions.
 pub struct E2b {
-    /// The daemon.
-    pub d: Arc<Daemon>,
+    /// The node.
+    pub node: Arc<Node>,
     /// The key `X-API-KEY` must match; None: any key.
     api_key: Option<String>,
-    records: RwLock<HashMap<String, Arc<E2bSandbox>>>,
+    sessions: RwLock<HashMap<String, Arc<Session>>>,
+    /// Which `Host` values both listeners answer.
+    hosts: HostPolicy,
+    /// The large-request slots (shared with `/v1`).
+    transfers: Arc<Transfers>,
 }
 
 impl E2b {
-    /// The E2B side of `d`, reading the API key file if one is configured.
-    pub fn new(d: Arc<Daemon>) -> Result<Arc<E2b>> {
-        let api_key = match &d.cfg.e2b.api_key_file {
+    /// The E2B side of `node`, reading the API key file if one is
+    /// configured (else `token`, poold's bearer token, is the key).
+    pub fn new(
+        node: Arc<Node>,
+        cfg: &E2bConfig,
+        token: Option<String>,
+        hosts: HostPolicy,
+        transfers: Arc<Transfers>,
+    ) -> Result<Arc<E2b>> {
+        let api_key = match &cfg.api_key_file {
             Some(f) => {
                 let k = forkd_hub::auth::read_token_file(f)?;
                 forkd_hub::auth::check_token(&k).context("e2b.api_key_file")?;
                 Some(k)
             }
-            None => d.token.clone(),
+            None => token,
         };
         Ok(Arc::new(E2b {
-            d,
+            node,
             api_key,
-            records: RwLock::new(HashMap::new()),
+            sessions: RwLock::new(HashMap::new()),
+            hosts,
+            transfers,
         }))
     }
 
@@ -148,81 +179,46 @@ impl E2b {
         }
     }
 
-    /// The E2B record of sandbox `id`, made (with a fresh token) when a
-    /// live sandbox has none yet; None when the sandbox does not exist.
-    pub fn record(&self, id: &str) -> Option<Arc<E2bSandbox>> {
-        let Some(sb) = self.d.sandboxes.get(id) else {
-            self.records.write().unwrap().remove(id);
-            return None;
-        };
-        let mut m = self.records.write().unwrap();
-        let rec = m.entry(id.to_string()).or_insert_with(|| {
-            let template = sb.record().snapshot_tag;
-            Arc::new(E2bSandbox::new(
-                id,
-                template,
-                BTreeMap::new(),
-                BTreeMap::new(),
-            ))
-        });
-        Some(rec.clone())
-    }
-
-    /// The existing E2B record of `id` (none is made).
-    pub fn existing(&self, id: &str) -> Option<Arc<E2bSandbox>> {
-        if self.d.sandboxes.get(id).is_none() {
-            self.records.write().unwrap().remove(id);
-            return None;
-        }
-        self.records.read().unwrap().get(id).cloned()
-    }
-
-    /// Records a sandbox created through the E2B API, and drops the
-    /// records of sandboxes that are gone (so records never outnumber live
-    /// sandboxes by more than those gone since the last create).
-    pub fn insert(&self, rec: Arc<E2bSandbox>) {
-        let mut m = self.records.write().unwrap();
-        m.retain(|id, _| self.d.sandboxes.get(id).is_some());
-        m.insert(rec.id.clone(), rec);
-    }
-
-    /// Forgets sandbox `id`.
-    pub fn forget(&self, id: &str) {
-        self.records.write().unwrap().remove(id);
-    }
-
-    /// The sandbox whose token is `token` (every record compared in
-    /// constant time, so timing tells nothing about which one matched).
-    pub fn by_token(&self, token: &[u8]) -> Option<Arc<E2bSandbox>> {
-        let m = self.records.read().unwrap();
-        let mut found = None;
-        for r in m.values() {
-            if bool::from(r.token.as_bytes().ct_eq(token)) {
-                found = Some(r.clone());
+    /// The live sandbox `id`; None when there is no such sandbox.
+    pub fn sandbox(&self, id: &str) -> Option<E2bSandbox> {
+        match self.node.get(id) {
+            Ok(rec) => Some(self.with_session(rec)),
+            Err(_) => {
+                self.forget(id);
+                None
             }
         }
-        drop(m);
-        found.filter(|r| self.d.sandboxes.get(&r.id).is_some())
     }
-}
 
-impl E2bSandbox {
-    /// A record with a fresh access token.
-    pub fn new(
-        id: &str,
-        template: String,
-        metadata: BTreeMap<String, String>,
-        env: BTreeMap<String, String>,
-    ) -> E2bSandbox {
-        E2bSandbox {
-            id: id.to_string(),
-            token: forkd_snapshot::random_hex(16),
-            template,
-            metadata,
-            env,
-            processes: process::Table::default(),
-            executions: AtomicU64::new(0),
+    /// The sandbox whose token is `token` (every one compared in constant
+    /// time, so timing tells nothing about which one matched).
+    pub fn by_token(&self, token: &[u8]) -> Option<E2bSandbox> {
+        self.node
+            .find_by_token(token)
+            .map(|rec| self.with_session(rec))
+    }
+
+    /// `rec` with its session, made when it has none yet. Sessions of
+    /// sandboxes that are gone are dropped as new ones are made, so they
+    /// never outnumber live sandboxes by more than those gone since.
+    fn with_session(&self, rec: SandboxRecord) -> E2bSandbox {
+        if let Some(s) = self.sessions.read().unwrap().get(&rec.id) {
+            return E2bSandbox {
+                session: s.clone(),
+                rec,
+            };
         }
+        let mut m = self.sessions.write().unwrap();
+        if !m.contains_key(&rec.id) {
+            m.retain(|id, _| self.node.get(id).is_ok());
+        }
+        let session = m.entry(rec.id.clone()).or_default().clone();
+        E2bSandbox { session, rec }
+    }
+
+    /// Forgets sandbox `id`'s session.
+    pub fn forget(&self, id: &str) {
+        self.sessions.write().unwrap().remove(id);
     }
 }
 
@@ -234,11 +230,17 @@ pub struct Bound {
 }
 
 /// Binds both E2B listeners when `[e2b]` configures them.
-pub async fn bind(d: &Arc<Daemon>) -> Result<Option<Bound>> {
-    let Some((api, sbx)) = d.cfg.e2b.addrs()? else {
+pub async fn bind(
+    node: &Arc<Node>,
+    cfg: &E2bConfig,
+    token: Option<String>,
+    hosts: HostPolicy,
+    transfers: Arc<Transfers>,
+) -> Result<Option<Bound>> {
+    let Some((api, sbx)) = cfg.addrs()? else {
         return Ok(None);
     };
-    let e = E2b::new(d.clone())?;
+    let e = E2b::new(node.clone(), cfg, token, hosts, transfers)?;
     let control = tokio::net::TcpListener::bind(api)
         .await
         .with_context(|| format!("binding the E2B API on {api}"))?;
@@ -264,20 +266,19 @@ impl Bound {
 
     /// Serves both planes until SIGINT/SIGTERM.
     pub async fn serve(self) -> Result<()> {
-        let policy = Arc::new(super::hosts::HostPolicy::tcp(&self.e.d.cfg.allowed_hosts));
+        let policy = Arc::new(self.e.hosts.clone());
         let host_check = |r: axum::Router| {
             r.layer(axum::middleware::from_fn_with_state(
                 policy.clone(),
-                super::hosts::check_host,
+                crate::daemon::hosts::check_host,
             ))
         };
         let control = host_check(control::routes(self.e.clone()));
-        let plane = host_check(sandbox::routes(self.e.clone()));
+        let plane = host_check(sandbox::routes(self.e.clone(), self.e.transfers.clone()));
         tracing::info!("{}", self.banner());
-        let a = axum::serve(self.control, control)
-            .with_graceful_shutdown(super::server::shutdown_signal());
-        let b =
-            axum::serve(self.plane, plane).with_graceful_shutdown(super::server::shutdown_signal());
+        let shutdown = crate::daemon::listen::shutdown_signal;
+        let a = axum::serve(self.control, control).with_graceful_shutdown(shutdown());
+        let b = axum::serve(self.plane, plane).with_graceful_shutdown(shutdown());
         tokio::try_join!(async { a.await.context("serving the E2B API") }, async {
             b.await.context("serving the E2B sandbox plane")
         })?;

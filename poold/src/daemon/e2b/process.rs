@@ -17,12 +17,10 @@
 //!   agent's own unread bound is never hit by a slow client.
 
 use super::connect;
-use super::error::{from_agent, Code, RpcError, RpcResult};
-use super::E2bSandbox;
+use super::error::{Code, RpcError, RpcResult};
 use base64::Engine;
 use bytes::Bytes;
-use forkd_vmm::AgentClient;
-use rootfs_init::protocol::{ExecResult, ExecSpec, Reply};
+use forkd_node::{ExecEvent, ExecResult, ExecSpec, Node, ProcessControl};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -135,8 +133,8 @@ pub struct Proc {
     pub tag: Option<String>,
     /// What was started.
     pub config: ProcessConfig,
-    /// The agent request id of its exec (for signals and stdin).
-    target: u64,
+    /// Its stdin and signals.
+    control: Option<ProcessControl>,
     state: Mutex<ProcState>,
 }
 
@@ -200,11 +198,13 @@ pub struct Table {
 }
 
 impl Table {
-    /// Starts `spec` (streaming) and returns the process once the agent
-    /// reported its pid, with a subscriber attached from its first output.
+    /// Starts `spec` (streaming) in sandbox `id` and returns the process
+    /// once the agent reported its pid, with a subscriber attached from its
+    /// first output.
     pub async fn start(
         &self,
-        agent: &AgentClient,
+        node: &Node,
+        id: &str,
         spec: ExecSpec,
         config: ProcessConfig,
         tag: Option<String>,
@@ -218,14 +218,12 @@ impl Table {
                 ),
             ));
         }
-        let (target, mut events) = agent.exec_stream(spec, &[]).map_err(from_agent)?;
-        let first = tokio::time::timeout(Duration::from_secs(30), events.recv()).await;
+        let mut events = node.exec_stream(id, spec, &[])?;
+        let first = tokio::time::timeout(Duration::from_secs(30), events.next()).await;
         let pid = match first {
-            Ok(Some((Reply::Started { pid }, _))) => pid,
-            Ok(Some((Reply::Error { error }, _))) => {
-                return Err(from_agent(forkd_vmm::CallError::Agent(error)))
-            }
-            Ok(Some((other, _))) => {
+            Ok(Some(ExecEvent::Started { pid })) => pid,
+            Ok(Some(ExecEvent::Failed(e))) => return Err(e.into()),
+            Ok(Some(other)) => {
                 return Err(RpcError::new(
                     Code::Internal,
                     format!("the agent answered {other:?} before the process started"),
@@ -248,7 +246,7 @@ impl Table {
             pid,
             tag,
             config,
-            target,
+            control: Some(events.control()),
             state: Mutex::new(ProcState::default()),
         });
         let rx = p.subscribe()?;
@@ -257,17 +255,12 @@ impl Table {
         let pump = p.clone();
         tokio::spawn(async move {
             let end = loop {
-                match events.recv().await {
-                    Some((Reply::Stdout, b)) => pump.publish(Ev::Stdout(b)),
-                    Some((Reply::Stderr, b)) => pump.publish(Ev::Stderr(b)),
-                    Some((Reply::Started { .. }, _)) => {}
-                    Some((Reply::Ok { result }, _)) => {
-                        break match serde_json::from_value::<ExecResult>(result) {
-                            Ok(r) => End::from_result(&r),
-                            Err(e) => End::failed(format!("unreadable exec result: {e}")),
-                        }
-                    }
-                    Some((Reply::Error { error }, _)) => break End::failed(error.to_string()),
+                match events.next().await {
+                    Some(ExecEvent::Stdout(b)) => pump.publish(Ev::Stdout(b)),
+                    Some(ExecEvent::Stderr(b)) => pump.publish(Ev::Stderr(b)),
+                    Some(ExecEvent::Started { .. }) => {}
+                    Some(ExecEvent::Exited(r)) => break End::from_result(&r),
+                    Some(ExecEvent::Failed(e)) => break End::failed(e.to_string()),
                     None => break End::failed("the sandbox's agent channel closed".into()),
                 }
             };
@@ -413,10 +406,10 @@ pub struct StartRequest {
     pub stdin: Option<bool>,
 }
 
-/// The exec spec of a `Start`: the sandbox's env under the request's,
-/// `cwd` resolved against `home`, the deadline as the exec timeout.
+/// The exec spec of a `Start`: the request's env (the node adds the
+/// sandbox's create-time envs under it), `cwd` resolved against `home`,
+/// the deadline as the exec timeout.
 pub fn exec_spec(
-    sb: &E2bSandbox,
     req: &StartRequest,
     home: &str,
     timeout: Option<Duration>,
@@ -437,10 +430,9 @@ pub fn exec_spec(
     if req.tag.as_ref().is_some_and(|t| t.len() > 256) {
         return Err(RpcError::invalid("tag: at most 256 bytes"));
     }
-    super::control::check_env(&req.process.envs)
+    forkd_node::limits::check_env(&req.process.envs)
         .map_err(|m| RpcError::invalid(format!("process.envs: {m}")))?;
-    let mut env = sb.env.clone();
-    env.extend(req.process.envs.clone());
+    let mut env = req.process.envs.clone();
     env.insert("HOME".into(), home.to_string());
     let cwd = super::sandbox::resolve_path(req.process.cwd.as_deref().unwrap_or(""), home)?;
     let mut argv = vec![req.process.cmd.clone()];
@@ -495,26 +487,25 @@ pub fn parse_signal(v: &Value) -> RpcResult<i32> {
     }
 }
 
-/// Sends `signal` to the process group of `p`.
-pub async fn signal(agent: &AgentClient, p: &Proc, signal: i32) -> RpcResult<()> {
-    if !p.running() {
-        return Err(RpcError::new(
+/// The control of `p` while it runs.
+fn running(p: &Proc) -> RpcResult<&ProcessControl> {
+    match &p.control {
+        Some(c) if p.running() => Ok(c),
+        _ => Err(RpcError::new(
             Code::NotFound,
             format!("process {} has ended", p.pid),
-        ));
+        )),
     }
-    agent.signal(p.target, signal).await.map_err(from_agent)
+}
+
+/// Sends `signal` to the process group of `p`.
+pub async fn signal(p: &Proc, signal: i32) -> RpcResult<()> {
+    Ok(running(p)?.signal(signal).await?)
 }
 
 /// Writes `data` (and EOF when `eof`) to the stdin of `p`.
-pub async fn input(agent: &AgentClient, p: &Proc, data: &[u8], eof: bool) -> RpcResult<()> {
-    if !p.running() {
-        return Err(RpcError::new(
-            Code::NotFound,
-            format!("process {} has ended", p.pid),
-        ));
-    }
-    agent.stdin(p.target, data, eof).await.map_err(from_agent)
+pub async fn input(p: &Proc, data: &[u8], eof: bool) -> RpcResult<()> {
+    Ok(running(p)?.stdin(data, eof).await?)
 }
 
 #[cfg(test)]
@@ -560,7 +551,7 @@ mod tests {
             pid: 7,
             tag: None,
             config: ProcessConfig::default(),
-            target: 1,
+            control: None,
             state: Mutex::new(ProcState::default()),
         };
         let mut slow = p.subscribe().unwrap();
@@ -589,7 +580,7 @@ mod tests {
             pid: 7,
             tag: None,
             config: ProcessConfig::default(),
-            target: 1,
+            control: None,
             state: Mutex::new(ProcState::default()),
         };
         let _subs: Vec<_> = (0..MAX_SUBSCRIBERS)

@@ -10,23 +10,23 @@
 //! (the guest agent's user); asking for another user is refused.
 
 use super::connect;
-use super::error::{from_agent, Code, E2bError, E2bResult, RpcError, RpcResult};
+use super::error::{Code, E2bError, E2bResult, RpcError, RpcResult};
 use super::process::{self, StartRequest};
 use super::{E2b, E2bSandbox, ENVD_PORT, INTERPRETER_PORT};
-use crate::daemon::api::files::MAX_FILE_BYTES;
+use crate::daemon::transfers::Transfers;
 use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use base64::Engine;
-use forkd_vmm::AgentClient;
-use rootfs_init::protocol::{DirEntry, ExecSpec, FileKind, FileStat};
+use forkd_node::limits::MAX_FILE_BYTES;
+use forkd_node::{ExecSpec, FileStat, Node};
+use rootfs_init::protocol::{DirEntry, FileKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
-use subtle::ConstantTimeEq;
 
 /// The only user processes run as, and its home (relative paths resolve
 /// against it).
@@ -40,21 +40,21 @@ pub const DEADLINE_GRACE_MS: u64 = 500;
 pub const MAX_LIST_ENTRIES: usize = 10_000;
 
 /// The sandbox plane: everything goes through [`handle`].
-pub fn routes(e: Arc<E2b>) -> Router {
+pub fn routes(e: Arc<E2b>, transfers: Arc<Transfers>) -> Router {
     Router::new()
         .fallback(handle)
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_FILE_BYTES + 64 * 1024,
         ))
         .layer(axum::middleware::from_fn_with_state(
-            e.d.clone(),
+            transfers,
             crate::daemon::transfers::turn,
         ))
         .with_state(e)
 }
 
 /// The sandbox and port a request is for, after the token check.
-fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), E2bError> {
+fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
     let port = match h.get("e2b-sandbox-port") {
         None => ENVD_PORT,
         Some(v) => v
@@ -72,12 +72,12 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(Arc<E2bSandbox>, u16), E2bError> {
     let sb = match h.get("e2b-sandbox-id") {
         Some(id) => {
             let id = id.to_str().unwrap_or("");
-            let sb = e.existing(id).ok_or_else(|| {
-                E2bError::sandbox_gone(format!("sandbox {id:?} not found: killed, expired, or not connected through the E2B API"),
-                )
+            let sb = e.sandbox(id).ok_or_else(|| {
+                E2bError::sandbox_gone(format!(
+                    "sandbox {id:?} not found: killed, expired, or never created"
+                ))
             })?;
-            let ok = token.is_some_and(|t| bool::from(sb.token.as_bytes().ct_eq(t)));
-            if !ok {
+            if !token.is_some_and(|t| sb.rec.access_token.matches(t)) {
                 return Err(unauthorized());
             }
             sb
@@ -92,14 +92,13 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };
-    let Some(live) = e.d.sandboxes.get(&sb.id) else {
-        return E2bError::sandbox_gone(format!("sandbox {} is gone", sb.id)).into_response();
+    let g = Guest {
+        node: &e.node,
+        sb: &sb,
     };
-    let agent = live.agent.clone();
-    drop(live);
     match port {
-        ENVD_PORT => envd(&sb, &agent, req).await,
-        INTERPRETER_PORT => super::interpreter::handle(&sb, &agent, req).await,
+        ENVD_PORT => envd(g, req).await,
+        INTERPRETER_PORT => super::interpreter::handle(g, req).await,
         p => E2bError::sandbox_gone(
             format!("port {p} is not served: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
         )
@@ -107,26 +106,42 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
     }
 }
 
-async fn envd(sb: &Arc<E2bSandbox>, agent: &AgentClient, req: Request) -> Response {
+/// One sandbox's guest, as a request reaches it: the node and the sandbox.
+#[derive(Clone, Copy)]
+pub struct Guest<'a> {
+    /// The node, whose operations reach the guest.
+    pub node: &'a Node,
+    /// The sandbox.
+    pub sb: &'a E2bSandbox,
+}
+
+impl Guest<'_> {
+    /// The sandbox's id.
+    pub fn id(&self) -> &str {
+        self.sb.id()
+    }
+}
+
+async fn envd(g: Guest<'_>, req: Request) -> Response {
     let path = req.uri().path().to_string();
     let (get, post) = (req.method() == Method::GET, req.method() == Method::POST);
     if get && path == "/health" {
         StatusCode::NO_CONTENT.into_response()
     } else if get && path == "/files" {
-        read_file(agent, req)
+        read_file(g, req)
             .await
             .unwrap_or_else(IntoResponse::into_response)
     } else if post && path == "/files" {
-        write_files(agent, req)
+        write_files(g, req)
             .await
             .unwrap_or_else(IntoResponse::into_response)
     } else if let Some(m) = path.strip_prefix("/process.Process/").filter(|_| post) {
-        rpc(sb, agent, m, true, req).await
+        rpc(g, m, true, req).await
     } else if let Some(m) = path
         .strip_prefix("/filesystem.Filesystem/")
         .filter(|_| post)
     {
-        rpc(sb, agent, m, false, req).await
+        rpc(g, m, false, req).await
     } else {
         E2bError::not_found(format!(
             "{} {path} is not an envd endpoint poold serves (docs/e2b.md)",
@@ -185,8 +200,7 @@ fn check_username(user: &str) -> RpcResult<()> {
 
 /// One Connect call: reads the body (one envelope for streams), dispatches.
 async fn rpc(
-    sb: &Arc<E2bSandbox>,
-    agent: &AgentClient,
+    g: Guest<'_>,
     method: &str,
     process: bool,
     req: Request,
@@ -244,9 +258,9 @@ async fn rpc(
         &body
     };
     let out = if process {
-        process_rpc(sb, agent, method, msg, timeout, keepalive).await
+        process_rpc(g, method, msg, timeout, keepalive).await
     } else {
-        fs_rpc(agent, method, msg)
+        fs_rpc(g, method, msg)
             .await
             .map(|v| connect::unary_ok(&v))
     };
@@ -271,8 +285,7 @@ struct Selector {
 }
 
 async fn process_rpc(
-    sb: &Arc<E2bSandbox>,
-    agent: &AgentClient,
+    g: Guest<'_>,
     method: &str,
     msg: &[u8],
     timeout: Option<Duration>,
@@ -283,10 +296,12 @@ async fn process_rpc(
         "Start" => {
             let req: StartRequest = connect::parse(msg)?;
             let kill_after = timeout.map(|t| t + Duration::from_millis(DEADLINE_GRACE_MS));
-            let spec = process::exec_spec(sb, &req, HOME, kill_after)?;
-            let (p, rx) = sb
+            let spec = process::exec_spec(&req, HOME, kill_after)?;
+            let (p, rx) = g
+                .sb
+                .session
                 .processes
-                .start(agent, spec, req.process, req.tag)
+                .start(g.node, g.id(), spec, req.process, req.tag)
                 .await?;
             Ok(stream_response(process::event_stream(
                 p.pid, rx, keepalive, deadline,
@@ -294,13 +309,13 @@ async fn process_rpc(
         }
         "Connect" => {
             let s: Selector = connect::parse(msg)?;
-            let p = sb.processes.find(&s.process)?;
+            let p = g.sb.session.processes.find(&s.process)?;
             let rx = p.subscribe()?;
             Ok(stream_response(process::event_stream(
                 p.pid, rx, keepalive, deadline,
             )))
         }
-        "List" => Ok(connect::unary_ok(&process::list_json(&sb.processes))),
+        "List" => Ok(connect::unary_ok(&process::list_json(&g.sb.session.processes))),
         "SendSignal" => {
             #[derive(Deserialize)]
             struct Req {
@@ -310,8 +325,8 @@ async fn process_rpc(
                 signal: Value,
             }
             let r: Req = connect::parse(msg)?;
-            let p = sb.processes.find(&r.process)?;
-            process::signal(agent, &p, process::parse_signal(&r.signal)?).await?;
+            let p = g.sb.session.processes.find(&r.process)?;
+            process::signal(&p, process::parse_signal(&r.signal)?).await?;
             Ok(connect::unary_ok(&json!({})))
         }
         "SendInput" => {
@@ -323,7 +338,7 @@ async fn process_rpc(
                 input: Value,
             }
             let r: Req = connect::parse(msg)?;
-            let p = sb.processes.find(&r.process)?;
+            let p = g.sb.session.processes.find(&r.process)?;
             if r.input.get("pty").is_some() {
                 return Err(RpcError::unimplemented("pty input"));
             }
@@ -333,13 +348,13 @@ async fn process_rpc(
                     .map_err(|e| RpcError::invalid(format!("input.stdin is not base64: {e}")))?,
                 None => Vec::new(),
             };
-            process::input(agent, &p, &data, false).await?;
+            process::input(&p, &data, false).await?;
             Ok(connect::unary_ok(&json!({})))
         }
         "CloseStdin" => {
             let s: Selector = connect::parse(msg)?;
-            let p = sb.processes.find(&s.process)?;
-            process::input(agent, &p, &[], true).await?;
+            let p = g.sb.session.processes.find(&s.process)?;
+            process::input(&p, &[], true).await?;
             Ok(connect::unary_ok(&json!({})))
         }
         other => Err(RpcError::unimplemented(&format!("process.Process/{other}"))),
@@ -427,34 +442,34 @@ struct PathReq {
     depth: Option<u32>,
 }
 
-async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Value> {
-    let a = from_agent;
+async fn fs_rpc(g: Guest<'_>, method: &str, msg: &[u8]) -> RpcResult<Value> {
+    let (node, id) = (g.node, g.id());
     match method {
         "Stat" => {
             let r: PathReq = connect::parse(msg)?;
             let p = resolve_path(&r.path, HOME)?;
-            let st = agent.stat(&p).await.map_err(a)?;
+            let st = node.stat(id, &p).await?;
             Ok(json!({"entry": stat_entry(&st)}))
         }
         "ListDir" => {
             let r: PathReq = connect::parse(msg)?;
             let p = resolve_path(&r.path, HOME)?;
             let depth = r.depth.unwrap_or(1).clamp(1, 64);
-            Ok(json!({"entries": list_dir(agent, &p, depth).await?}))
+            Ok(json!({"entries": list_dir(g, &p, depth).await?}))
         }
         "MakeDir" => {
             let r: PathReq = connect::parse(msg)?;
             let p = resolve_path(&r.path, HOME)?;
-            if agent.stat(&p).await.is_ok() {
+            if node.stat(id, &p).await.is_ok() {
                 return Err(RpcError::new(Code::AlreadyExists, format!("{p} exists")));
             }
-            let st = agent.mkdir(&p, true).await.map_err(a)?;
+            let st = node.mkdir(id, &p, true).await?;
             Ok(json!({"entry": stat_entry(&st)}))
         }
         "Remove" => {
             let r: PathReq = connect::parse(msg)?;
             let p = resolve_path(&r.path, HOME)?;
-            agent.remove(&p, true).await.map_err(a)?;
+            node.remove(id, &p, true).await?;
             Ok(json!({}))
         }
         "Move" => {
@@ -468,8 +483,8 @@ async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Valu
                 resolve_path(&r.source, HOME)?,
                 resolve_path(&r.destination, HOME)?,
             );
-            rename(agent, &src, &dst).await?;
-            let st = agent.stat(&dst).await.map_err(a)?;
+            rename(g, &src, &dst).await?;
+            let st = node.stat(id, &dst).await?;
             Ok(json!({"entry": stat_entry(&st)}))
         }
         other => Err(RpcError::unimplemented(&format!(
@@ -479,13 +494,13 @@ async fn fs_rpc(agent: &AgentClient, method: &str, msg: &[u8]) -> RpcResult<Valu
 }
 
 /// Lists `dir` down to `depth` levels, at most [`MAX_LIST_ENTRIES`].
-async fn list_dir(agent: &AgentClient, dir: &str, depth: u32) -> RpcResult<Vec<Value>> {
+async fn list_dir(g: Guest<'_>, dir: &str, depth: u32) -> RpcResult<Vec<Value>> {
     let mut out = Vec::new();
     let mut level = vec![dir.to_string()];
     for _ in 0..depth {
         let mut next = Vec::new();
         for d in &level {
-            let l = agent.list(d).await.map_err(from_agent)?;
+            let l = g.node.list_dir(g.id(), d).await?;
             for e in &l.entries {
                 if out.len() == MAX_LIST_ENTRIES {
                     return Err(RpcError::new(
@@ -507,8 +522,8 @@ async fn list_dir(agent: &AgentClient, dir: &str, depth: u32) -> RpcResult<Vec<V
 
 /// Renames `src` to `dst` with the guest's `mv -T` (rename(2), or a copy
 /// across filesystems; never moves into `dst` when it is a directory).
-async fn rename(agent: &AgentClient, src: &str, dst: &str) -> RpcResult<()> {
-    agent.stat(src).await.map_err(from_agent)?;
+async fn rename(g: Guest<'_>, src: &str, dst: &str) -> RpcResult<()> {
+    g.node.stat(g.id(), src).await?;
     let spec = ExecSpec {
         argv: Some(vec![
             "mv".into(),
@@ -520,7 +535,7 @@ async fn rename(agent: &AgentClient, src: &str, dst: &str) -> RpcResult<()> {
         timeout_ms: Some(120_000),
         ..Default::default()
     };
-    let out = agent.exec(spec, &[]).await.map_err(from_agent)?;
+    let out = g.node.exec(g.id(), spec, &[]).await?;
     if out.result.exit_code == Some(0) {
         Ok(())
     } else {
@@ -565,23 +580,11 @@ fn file_path(p: &str) -> E2bResult<String> {
 }
 
 /// `GET /files?path=`: the file's bytes.
-async fn read_file(agent: &AgentClient, req: Request) -> E2bResult<Response> {
+async fn read_file(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     let q = file_query(&req)?;
     let path = file_path(q.path.as_deref().unwrap_or(""))?;
-    let (r, bytes) = agent
-        .read_file(&path, 0, Some(MAX_FILE_BYTES as u64))
-        .await
-        .map_err(E2bError::from_agent)?;
-    if r.size > r.len {
-        return Err(E2bError::new(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            format!(
-                "{path} is {} bytes; one download is at most {MAX_FILE_BYTES}",
-                r.size
-            ),
-        ));
-    }
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], bytes).into_response())
+    let r = g.node.read_file(g.id(), &path, 0, None).await?;
+    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], r.bytes).into_response())
 }
 
 /// Most files in one multipart upload.
@@ -590,7 +593,7 @@ pub const MAX_UPLOAD_FILES: usize = 1000;
 /// `POST /files`: multipart (each part's file name is its destination when
 /// no `path` is given) or a raw body to `path`. The whole body is bounded
 /// by the route's body limit.
-async fn write_files(agent: &AgentClient, req: Request) -> E2bResult<Response> {
+async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     let q = file_query(&req)?;
     let multipart = req
         .headers()
@@ -653,10 +656,9 @@ async fn write_files(agent: &AgentClient, req: Request) -> E2bResult<Response> {
     }
     let mut out = Vec::new();
     for (path, data) in files {
-        agent
-            .write_file(&path, &data, None, false)
-            .await
-            .map_err(E2bError::from_agent)?;
+        g.node
+            .write_file(g.id(), &path, &data, None, false)
+            .await?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         out.push(json!({"name": name, "type": "file", "path": path}));
     }

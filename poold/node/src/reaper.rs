@@ -1,0 +1,146 @@
+//! What the node does by itself: TTLs (set through [`set_ttl`], acted on
+//! by the reaper), dead QEMUs and pooled children dropped, consoles kept
+//! bounded, and the store's GC after snapshot deletes.
+
+use crate::error::{Error, Result};
+use crate::limits::MAX_TTL_SECS;
+use crate::node::Node;
+use crate::state::SandboxRecord;
+use crate::teardown::{destroy, discard_pooled};
+use forkd_snapshot::unix_now;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Sets when sandbox `id` is killed automatically: `ttl_secs` from now (0
+/// clears it). Durable before it returns.
+pub(crate) async fn set_ttl(n: &Node, id: &str, ttl_secs: u64) -> Result<SandboxRecord> {
+    if ttl_secs > MAX_TTL_SECS {
+        return Err(Error::invalid(
+            "ttl_secs",
+            format!("ttl_secs must be at most {MAX_TTL_SECS} (10 years); 0 clears the TTL"),
+        ));
+    }
+    let sb = n.sandbox(id)?;
+    let expires = if ttl_secs == 0 {
+        0
+    } else {
+        unix_now().saturating_add(ttl_secs)
+    };
+    let rec = sb.set_expiry(expires);
+    let r2 = rec.clone();
+    n.state
+        .commit(move |s| {
+            // Only while it exists: a concurrent delete must not be undone.
+            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
+                *r = r2;
+            }
+        })
+        .await?;
+    Ok(rec)
+}
+
+/// Deletes coming in together are reclaimed by one GC this long after the
+/// first.
+const GC_DEBOUNCE: Duration = Duration::from_secs(2);
+
+/// Runs a store GC at start (what deletes made while poold was away left)
+/// and after snapshot deletes, so deleted snapshots free their disk without
+/// anyone running `forkd store gc`. GC takes the store's write turn, so it
+/// waits for a create in flight and a create waits for it.
+pub(crate) async fn gc_loop(n: Arc<Node>) {
+    loop {
+        match forkd_snapshot::store::with_rw(&n.paths, |store| Ok(store.gc()?)).await {
+            Ok(r) => {
+                if r.bytes_reclaimed > 0 || r.manifests_removed > 0 {
+                    tracing::info!(
+                        "store GC: {} manifests and {} chunks removed, {} packs deleted, {} MiB reclaimed in {} ms",
+                        r.manifests_removed,
+                        r.chunks_removed,
+                        r.packs_deleted,
+                        r.bytes_reclaimed >> 20,
+                        r.elapsed_ms
+                    );
+                }
+                for p in r.problems {
+                    tracing::warn!("store GC: {p} (run `forkd store verify`)");
+                }
+            }
+            Err(e) => tracing::warn!("store GC: {e:#}"),
+        }
+        n.gc_wake.notified().await;
+        tokio::time::sleep(GC_DEBOUNCE).await;
+    }
+}
+
+/// Every second: drops pooled children that died while parked, and
+/// destroys sandboxes whose TTL passed or whose QEMU exited.
+pub(crate) async fn reaper_loop(n: Arc<Node>) {
+    // Sandboxes whose destroy is under way.
+    let reaping = Arc::new(std::sync::Mutex::new(
+        std::collections::HashSet::<String>::new(),
+    ));
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let dead = n.pools.remove_dead();
+        if !dead.is_empty() {
+            tracing::warn!(
+                "{} pooled children died while parked; refilling",
+                dead.len()
+            );
+            discard_pooled(&n, dead);
+            n.refill_wake.notify_one();
+        }
+        let now = unix_now();
+        for sb in n.sandboxes.all() {
+            let r = sb.record();
+            rotate_console(&sb.console());
+            let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
+            let dead = !sb.is_alive();
+            if (expired || dead) && reaping.lock().unwrap().insert(r.id.clone()) {
+                tracing::info!(
+                    "sandbox {}: {}",
+                    r.id,
+                    if expired {
+                        "TTL expired"
+                    } else {
+                        "QEMU exited"
+                    }
+                );
+                // Each on its own task: one destroy that waits (a branch in
+                // progress holds the VM lock until its QMP calls time out)
+                // must not hold up every other expiry.
+                let (n, reaping) = (n.clone(), reaping.clone());
+                tokio::spawn(async move {
+                    destroy(&n, &r.id).await;
+                    reaping.lock().unwrap().remove(&r.id);
+                });
+            }
+        }
+    }
+}
+
+/// A console log is cut when it passes this size.
+const CONSOLE_MAX_BYTES: u64 = 16 << 20;
+
+/// Keeps a guest that floods its console from filling the disk: past
+/// [`CONSOLE_MAX_BYTES`] the last MiB goes to `console.log.1` and the log
+/// starts over (QEMU appends, so it keeps writing at the new end).
+fn rotate_console(path: &std::path::Path) {
+    let Ok(m) = std::fs::metadata(path) else {
+        return;
+    };
+    if m.len() <= CONSOLE_MAX_BYTES {
+        return;
+    }
+    use std::io::{Read, Seek, SeekFrom};
+    let keep = 1u64 << 20;
+    let mut tail = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let _ = f.seek(SeekFrom::Start(m.len() - keep));
+        let _ = f.take(keep).read_to_end(&mut tail);
+    }
+    let _ = forkd_vmm::private::write(&path.with_extension("log.1"), &tail);
+    if let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) {
+        let _ = f.set_len(0);
+    }
+}

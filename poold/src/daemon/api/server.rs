@@ -1,0 +1,88 @@
+//! forkd's `/v1` application: the routes ([`super::api::table`]), bearer
+//! auth on everything but `/healthz`, the `Host` check against DNS
+//! rebinding on every route ([`crate::daemon::hosts`]), an audit line per
+//! request (the outermost layer, so 421s and 401s are logged too), and
+//! errors always as `{"error": "..."}`.
+
+use crate::daemon::audit::Audit;
+use crate::daemon::hosts::HostPolicy;
+use crate::daemon::transfers::Transfers;
+use axum::extract::Request;
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use forkd_node::Node;
+use std::sync::Arc;
+
+/// What the `/v1` application needs besides the node.
+pub struct Options {
+    /// The bearer token; None: auth off.
+    pub token: Option<String>,
+    /// Which `Host` values it answers.
+    pub hosts: HostPolicy,
+    /// The audit log and request counter.
+    pub audit: Arc<Audit>,
+    /// The large-request slots (shared with the other listeners).
+    pub transfers: Arc<Transfers>,
+}
+
+/// The whole application: routes, auth, error shaping, host check, audit.
+pub fn app(node: Arc<Node>, o: Options) -> Router {
+    let api = super::routes(node.clone(), o.transfers).layer(middleware::from_fn_with_state(
+        Arc::new(o.token),
+        crate::daemon::auth::bearer,
+    ));
+    // No route of its own: every route is in `table` (documented).
+    Router::new()
+        .merge(super::public_routes(node))
+        .merge(api)
+        .layer(middleware::from_fn(json_errors))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(o.hosts),
+            crate::daemon::hosts::check_host,
+        ))
+        .layer(middleware::from_fn_with_state(
+            o.audit,
+            crate::daemon::audit::layer,
+        ))
+}
+
+/// Turns axum's plain-text rejections (bad JSON, unknown route, wrong
+/// method) into forkd's `{"error": "..."}`, with 400 for unparseable bodies.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let r = next.run(req).await;
+    let status = r.status();
+    let is_json = r
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return r;
+    }
+    let (parts, body) = r.into_parts();
+    let bytes = axum::body::to_bytes(body, 64 * 1024)
+        .await
+        .unwrap_or_default();
+    let mut msg = String::from_utf8_lossy(&bytes).trim().to_string();
+    if msg.is_empty() {
+        msg = status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase();
+    }
+    let status = if status == StatusCode::UNPROCESSABLE_ENTITY {
+        StatusCode::BAD_REQUEST
+    } else {
+        status
+    };
+    let mut out = (status, Json(serde_json::json!({ "error": msg }))).into_response();
+    for (k, v) in parts.headers.iter() {
+        if k != header::CONTENT_TYPE && k != header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out.extensions_mut().extend(parts.extensions);
+    out
+}
+
