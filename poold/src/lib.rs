@@ -1,9 +1,13 @@
-//! poold: the forkd daemon (the `/v1` REST API, warm pools, sandbox
-//! lifecycle, durable state) and the `forkd` CLI with its benchmarks.
-//!
-//! The machinery lives in the crates beside this one: `forkd-vmm` runs and
-//! talks to QEMU, `forkd-snapshot` makes and restores snapshots and images,
-//! `forkd-hub` moves snapshots between hosts. This crate decides *when*:
-//! it owns no QEMU command line and no store format.
+//! poold, the forkd daemon: its settings ([`config`]: the TOML file and
+//! the flags, [`cli`]) and the composition of the node core with its
+//! front-ends ([`run`]). Everything else is in the crates beside this one:
+//! `forkd-node` (the node core: sandboxes, pools, state), `forkd-rest`
+//! (forkd's `/v1` API), `forkd-e2b` (the E2B API) and `forkd-edge` (what
+//! the HTTP front-ends share); `forkd-vmm`, `forkd-snapshot` and
+//! `forkd-hub` below them. docs/design.md, "Crates", has the map.
 
-pub mod daemon;
+pub mod cli;
+pub mod config;
+mod run;
+
+pub use run::run;

@@ -109,7 +109,7 @@ fn configmap_poold_toml_is_a_config_poold_accepts() {
     let dir = tempfile_dir();
     let file = dir.join("poold.toml");
     std::fs::write(&file, &toml).unwrap();
-    let cfg = poold::daemon::config::Config::load(Some(&file))
+    let cfg = poold::config::Config::load(Some(&file))
         .unwrap_or_else(|e| panic!("deploy/kubernetes/configmap.yaml poold.toml: {e:#}\n{toml}"));
     let _ = std::fs::remove_dir_all(&dir);
     cfg.validate()

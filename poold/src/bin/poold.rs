@@ -1,4 +1,4 @@
-//! The poold daemon (REST API, pools, sandbox lifecycle).
+//! The poold daemon: the node core and its REST and E2B front-ends.
 fn main() -> std::process::ExitCode {
-    poold::daemon::cli::main()
+    poold::cli::main()
 }

@@ -15,8 +15,8 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use serde::Deserialize;
 use forkd_node::{check_path, Node};
+use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
 

@@ -33,22 +33,8 @@ impl ApiError {
     pub fn bad_request(m: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::BAD_REQUEST, m)
     }
-    pub fn not_found(m: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::NOT_FOUND, m)
-    }
-    pub fn conflict(m: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::CONFLICT, m)
-    }
-    pub fn unavailable(m: impl Into<String>) -> ApiError {
-        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, m)
-    }
     pub fn internal(e: impl std::fmt::Display) -> ApiError {
         ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
-    }
-    /// The answer to a failed operation of the crates below: classified by
-    /// the node ([`Error::from_anyhow`]), then [`answer`].
-    pub fn from_anyhow(e: anyhow::Error) -> ApiError {
-        answer(Error::from_anyhow(e))
     }
 }
 
@@ -102,28 +88,6 @@ impl IntoResponse for ApiError {
         )
             .into_response()
     }
-}
-
-/// The tag rule's error as a 400, in forkd's words.
-pub fn check_tag(tag: &str) -> ApiResult<()> {
-    Ok(forkd_node::error::check_tag(tag)?)
-}
-
-/// An agent call's failure, as `/v1` answers it.
-pub fn agent_error(e: forkd_vmm::CallError) -> ApiError {
-    answer(Error::from(e))
-}
-
-/// Runs a handler's work on a task of its own. axum drops a handler when
-/// its client disconnects; work that starts VMs, pauses a sandbox or
-/// deletes must not stop halfway, so it always runs to the end and leaves
-/// the daemon's state consistent (the answer is then simply not read).
-pub async fn detached<T: Send + 'static>(
-    work: impl std::future::Future<Output = ApiResult<T>> + Send + 'static,
-) -> ApiResult<T> {
-    tokio::spawn(work)
-        .await
-        .map_err(|e| ApiError::internal(format!("request task failed: {e}")))?
 }
 
 #[cfg(test)]
@@ -195,18 +159,11 @@ mod tests {
         for (e, status, message) in table {
             let what = format!("{e:?}");
             let a = answer(e);
-            assert_eq!((a.status.as_u16(), a.message.as_str()), (status, message), "{what}");
+            assert_eq!(
+                (a.status.as_u16(), a.message.as_str()),
+                (status, message),
+                "{what}"
+            );
         }
-    }
-
-    /// Errors of the crates below arrive classified by type.
-    #[test]
-    fn typed_errors_of_the_crates_below() {
-        let a = ApiError::from_anyhow(
-            forkd_snapshot::SnapshotError::NotFound { tag: "t".into() }.into(),
-        );
-        assert_eq!((a.status, a.message.as_str()), (StatusCode::NOT_FOUND, "snapshot \"t\" not found"));
-        let a = ApiError::from_anyhow(anyhow::anyhow!("no snapshot \"x\" is not built"));
-        assert_eq!(a.status, StatusCode::INTERNAL_SERVER_ERROR);
     }
 }

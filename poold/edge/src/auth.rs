@@ -16,7 +16,11 @@ pub struct AuthOutcome(pub &'static str);
 
 /// The middleware; its state is the token (None: auth off). A refusal is
 /// 401 with `{"error": "missing or wrong bearer token"}`.
-pub async fn bearer(State(token): State<Arc<Option<String>>>, mut req: Request, next: Next) -> Response {
+pub async fn bearer(
+    State(token): State<Arc<Option<String>>>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let outcome = match token.as_ref() {
         None => "none",
         Some(want) => {

@@ -13,7 +13,7 @@ use super::connect;
 use super::error::{Code, E2bError, E2bResult, RpcError, RpcResult};
 use super::process::{self, StartRequest};
 use super::{E2b, E2bSandbox, ENVD_PORT, INTERPRETER_PORT};
-use crate::daemon::transfers::Transfers;
+use forkd_edge::transfers::Transfers;
 use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
@@ -48,7 +48,7 @@ pub fn routes(e: Arc<E2b>, transfers: Arc<Transfers>) -> Router {
         ))
         .layer(axum::middleware::from_fn_with_state(
             transfers,
-            crate::daemon::transfers::turn,
+            forkd_edge::transfers::turn,
         ))
         .with_state(e)
 }

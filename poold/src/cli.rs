@@ -1,7 +1,7 @@
 //! poold's command line: every config setting can be given as a flag, which
 //! overrides the config file.
 
-use super::config::Config;
+use crate::config::Config;
 use clap::Parser;
 use forkd_snapshot::Paths;
 use std::path::PathBuf;
@@ -142,7 +142,7 @@ impl Args {
 }
 
 /// `TAG=MIN[:MAX][,cold]`: `cold` parks children without the warm-up run.
-fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
+fn parse_pool(s: &str) -> anyhow::Result<(String, crate::config::PoolSpec)> {
     let bad = || {
         anyhow::anyhow!(
             "bad --pool {s:?}: expected TAG=MIN or TAG=MIN:MAX, optionally followed by ,cold"
@@ -163,7 +163,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
     };
     Ok((
         tag.to_string(),
-        super::config::PoolSpec {
+        crate::config::PoolSpec {
             min_ready: min,
             max_ready: max,
             warm,
@@ -209,7 +209,7 @@ pub fn main() -> ExitCode {
     };
     let result = args
         .config()
-        .and_then(|cfg| tokio::runtime::Runtime::new()?.block_on(super::run(paths, cfg)));
+        .and_then(|cfg| tokio::runtime::Runtime::new()?.block_on(crate::run(paths, cfg)));
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,21 +1,11 @@
-//! poold: the node core (`forkd_node`) composed with its front-ends: forkd's
-//! `/v1` REST API ([`api`]) and the E2B API ([`e2b`]), behind the shared
-//! HTTP edge (listeners, TLS, bearer auth, the Host check, audit, bounded
-//! transfers).
+//! The composition: the node core (`forkd_node`) with its front-ends,
+//! forkd's `/v1` REST API (`forkd_rest`) and the E2B API (`forkd_e2b`),
+//! behind the shared HTTP edge (`forkd_edge`: listeners, TLS, bearer auth,
+//! the Host check, audit, bounded transfers).
 
-pub mod api;
-pub mod audit;
-pub mod auth;
-pub mod cli;
-pub mod config;
-pub mod e2b;
-pub mod hosts;
-pub mod listen;
-pub mod tls;
-pub mod transfers;
-
+use crate::config::Config;
 use anyhow::Result;
-use config::Config;
+use forkd_edge::{audit, hosts, listen, tls, transfers};
 use forkd_node::Node;
 use forkd_snapshot::Paths;
 
@@ -68,7 +58,7 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
     let node = Node::open(paths, cfg.node()).await?;
     let audit = audit::Audit::new(audit::AuditLog::open(&audit_path)?, node.metrics_registry())?;
     let transfers = transfers::Transfers::new(cfg.transfer_concurrency);
-    let e2b = e2b::bind(
+    let e2b = forkd_e2b::bind(
         &node,
         &cfg.e2b,
         token.clone(),
@@ -77,9 +67,9 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
     )
     .await?;
     node.start_background();
-    let rest = api::server::app(
+    let rest = forkd_rest::server::app(
         node,
-        api::server::Options {
+        forkd_rest::server::Options {
             token,
             hosts: host_policy(&cfg),
             audit,

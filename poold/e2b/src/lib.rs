@@ -1,8 +1,10 @@
-//! The E2B API, served natively so the unmodified E2B SDK (`e2b`,
+//! forkd-e2b: the E2B API, served natively so the unmodified E2B SDK (`e2b`,
 //! `e2b-code-interpreter`) runs against poold with `E2B_API_URL` and
 //! `E2B_SANDBOX_URL` pointed at it (docs/e2b.md).
 //!
-//! Two listeners, started by [`serve`] when `[e2b]` configures them:
+//! Two listeners, bound by [`bind`] when `[e2b]` configures them and served
+//! by [`Bound::serve`]; the node's errors become E2B's in one function,
+//! [`error::from_node`]:
 //! - the control plane ([`control`]): create (a template is a snapshot tag;
 //!   a create is a pool hit when the pool has a child), kill, list, get,
 //!   connect, set_timeout; `X-API-KEY` checked against the key file or
@@ -33,8 +35,8 @@ pub mod interpreter;
 pub mod process;
 pub mod sandbox;
 
-use crate::daemon::hosts::HostPolicy;
-use crate::daemon::transfers::Transfers;
+use forkd_edge::hosts::HostPolicy;
+use forkd_edge::transfers::Transfers;
 use anyhow::{bail, Context, Result};
 use forkd_node::{Node, SandboxRecord};
 use serde::{Deserialize, Serialize};
@@ -270,13 +272,13 @@ impl Bound {
         let host_check = |r: axum::Router| {
             r.layer(axum::middleware::from_fn_with_state(
                 policy.clone(),
-                crate::daemon::hosts::check_host,
+                forkd_edge::hosts::check_host,
             ))
         };
         let control = host_check(control::routes(self.e.clone()));
         let plane = host_check(sandbox::routes(self.e.clone(), self.e.transfers.clone()));
         tracing::info!("{}", self.banner());
-        let shutdown = crate::daemon::listen::shutdown_signal;
+        let shutdown = forkd_edge::listen::shutdown_signal;
         let a = axum::serve(self.control, control).with_graceful_shutdown(shutdown());
         let b = axum::serve(self.plane, plane).with_graceful_shutdown(shutdown());
         tokio::try_join!(async { a.await.context("serving the E2B API") }, async {

@@ -100,7 +100,7 @@ pub struct Config {
     /// Child networking (docs/network.md).
     pub net: NetConfig,
     /// The E2B API's listeners and key (docs/e2b.md).
-    pub e2b: crate::daemon::e2b::E2bConfig,
+    pub e2b: forkd_e2b::E2bConfig,
 }
 
 impl Default for Config {

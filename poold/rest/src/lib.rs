@@ -1,7 +1,11 @@
-//! The HTTP routes. forkd's `/v1` API (same paths, JSON fields, status
-//! codes and `{"error": "..."}` bodies) plus our own pools, files,
-//! streaming exec, logs and TTLs. Reference: docs/api.md; the machine
-//! readable one is the OpenAPI document at `GET /openapi.json`.
+//! forkd-rest: the front-end for forkd's `/v1` API (same paths, JSON
+//! fields, status codes and `{"error": "..."}` bodies) plus our own pools,
+//! files, streaming exec, logs and TTLs, over the node core
+//! (`forkd_node::Node`). Handlers only translate: a request into a node
+//! operation, its answer into JSON, its error through [`error::answer`],
+//! the one mapping. Reference: docs/api.md; the machine readable one is
+//! the OpenAPI document at `GET /openapi.json`. [`server::app`] puts the
+//! routes behind the shared edge (`forkd-edge`).
 //!
 //! # Adding a route
 //!
@@ -174,14 +178,16 @@ pub fn public_routes(d: Arc<Node>) -> Router {
 
 /// Every route but `/healthz` (which needs no auth; see `server`), each
 /// large request holding one of `transfers`' slots.
-pub fn routes(d: Arc<Node>, transfers: Arc<crate::daemon::transfers::Transfers>) -> Router {
+pub fn routes(d: Arc<Node>, transfers: Arc<forkd_edge::transfers::Transfers>) -> Router {
     let (r, _) = table().authed.split_for_parts();
-    r.layer(DefaultBodyLimit::max(forkd_node::limits::MAX_FILE_BYTES + 4096))
-        .layer(axum::middleware::from_fn_with_state(
-            transfers,
-            crate::daemon::transfers::turn,
-        ))
-        .with_state(d)
+    r.layer(DefaultBodyLimit::max(
+        forkd_node::limits::MAX_FILE_BYTES + 4096,
+    ))
+    .layer(axum::middleware::from_fn_with_state(
+        transfers,
+        forkd_edge::transfers::turn,
+    ))
+    .with_state(d)
 }
 
 /// `GET /healthz`: poold answers.

@@ -1,17 +1,17 @@
-//! forkd's `/v1` application: the routes ([`super::api::table`]), bearer
-//! auth on everything but `/healthz`, the `Host` check against DNS
-//! rebinding on every route ([`crate::daemon::hosts`]), an audit line per
+//! forkd's `/v1` application: the routes ([`crate::table`]), bearer auth on
+//! everything but `/healthz`, the `Host` check against DNS rebinding on
+//! every route (`forkd_edge::hosts`), an audit line per
 //! request (the outermost layer, so 421s and 401s are logged too), and
 //! errors always as `{"error": "..."}`.
 
-use crate::daemon::audit::Audit;
-use crate::daemon::hosts::HostPolicy;
-use crate::daemon::transfers::Transfers;
 use axum::extract::Request;
 use axum::http::{header, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
+use forkd_edge::audit::Audit;
+use forkd_edge::hosts::HostPolicy;
+use forkd_edge::transfers::Transfers;
 use forkd_node::Node;
 use std::sync::Arc;
 
@@ -31,7 +31,7 @@ pub struct Options {
 pub fn app(node: Arc<Node>, o: Options) -> Router {
     let api = super::routes(node.clone(), o.transfers).layer(middleware::from_fn_with_state(
         Arc::new(o.token),
-        crate::daemon::auth::bearer,
+        forkd_edge::auth::bearer,
     ));
     // No route of its own: every route is in `table` (documented).
     Router::new()
@@ -40,11 +40,11 @@ pub fn app(node: Arc<Node>, o: Options) -> Router {
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(
             Arc::new(o.hosts),
-            crate::daemon::hosts::check_host,
+            forkd_edge::hosts::check_host,
         ))
         .layer(middleware::from_fn_with_state(
             o.audit,
-            crate::daemon::audit::layer,
+            forkd_edge::audit::layer,
         ))
 }
 
@@ -85,4 +85,3 @@ async fn json_errors(req: Request, next: Next) -> Response {
     out.extensions_mut().extend(parts.extensions);
     out
 }
-
