@@ -7,7 +7,7 @@
 //! marks the end-of-stream message; `0x01` (compressed) is refused, since
 //! the SDK never compresses and poold advertises identity only.
 
-use super::error::{Code, RpcError, RpcResult};
+use crate::error::{Code, RpcError, RpcResult};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use bytes::{BufMut, Bytes, BytesMut};

@@ -14,8 +14,8 @@
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
 //! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
 
-use super::error::{E2bError, E2bResult};
-use super::{E2b, E2bSandbox, ENVD_VERSION};
+use crate::error::{E2bError, E2bResult};
+use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};

@@ -13,7 +13,7 @@
 //! `not_found` whichever way the SDK asked, and the REST shape keeps the
 //! statuses forkd's `/v1` gives the same errors.
 
-use super::connect;
+use crate::connect;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -326,12 +326,48 @@ mod tests {
                 Code::NotFound,
                 "sandbox \"sb-1\" not found",
             ),
-            (Error::invalid("n", "n must be ≥ 1"), 400, "n must be ≥ 1", Code::InvalidArgument, "n must be ≥ 1"),
-            (Error::WrongState("w".into()), 400, "w", Code::FailedPrecondition, "w"),
-            (Error::Conflict("c".into()), 409, "c", Code::AlreadyExists, "c"),
-            (Error::Incompatible("q".into()), 409, "q", Code::FailedPrecondition, "q"),
-            (Error::AtCapacity("full".into()), 503, "full", Code::ResourceExhausted, "full"),
-            (Error::Unavailable("floor".into()), 503, "floor", Code::Unavailable, "floor"),
+            (
+                Error::invalid("n", "n must be ≥ 1"),
+                400,
+                "n must be ≥ 1",
+                Code::InvalidArgument,
+                "n must be ≥ 1",
+            ),
+            (
+                Error::WrongState("w".into()),
+                400,
+                "w",
+                Code::FailedPrecondition,
+                "w",
+            ),
+            (
+                Error::Conflict("c".into()),
+                409,
+                "c",
+                Code::AlreadyExists,
+                "c",
+            ),
+            (
+                Error::Incompatible("q".into()),
+                409,
+                "q",
+                Code::FailedPrecondition,
+                "q",
+            ),
+            (
+                Error::AtCapacity("full".into()),
+                503,
+                "full",
+                Code::ResourceExhausted,
+                "full",
+            ),
+            (
+                Error::Unavailable("floor".into()),
+                503,
+                "floor",
+                Code::Unavailable,
+                "floor",
+            ),
             (
                 Error::TooLarge {
                     what: "/big".into(),
@@ -343,18 +379,90 @@ mod tests {
                 Code::ResourceExhausted,
                 "/big is 10 bytes; one download is at most 5",
             ),
-            (guest(K::BadRequest), 400, "bad_request: /x: gone", Code::InvalidArgument, "/x: gone"),
-            (guest(K::NotFound), 404, "not_found: /x: gone", Code::NotFound, "/x: gone"),
-            (guest(K::PermissionDenied), 403, "permission_denied: /x: gone", Code::PermissionDenied, "/x: gone"),
-            (guest(K::AlreadyExists), 409, "already_exists: /x: gone", Code::AlreadyExists, "/x: gone"),
-            (guest(K::NotADirectory), 409, "not_a_directory: /x: gone", Code::InvalidArgument, "/x: gone"),
-            (guest(K::IsADirectory), 409, "is_a_directory: /x: gone", Code::InvalidArgument, "/x: gone"),
-            (guest(K::DirectoryNotEmpty), 409, "directory_not_empty: /x: gone", Code::InvalidArgument, "/x: gone"),
-            (guest(K::Timeout), 504, "timeout: /x: gone", Code::DeadlineExceeded, "/x: gone"),
-            (guest(K::NotReady), 409, "not_ready: /x: gone", Code::Unavailable, "/x: gone"),
-            (guest(K::Unsupported), 409, "unsupported: /x: gone", Code::Unimplemented, "/x: gone"),
-            (guest(K::Io), 500, "io: /x: gone", Code::Internal, "/x: gone"),
-            (guest(K::Internal), 500, "internal: /x: gone", Code::Internal, "/x: gone"),
+            (
+                guest(K::BadRequest),
+                400,
+                "bad_request: /x: gone",
+                Code::InvalidArgument,
+                "/x: gone",
+            ),
+            (
+                guest(K::NotFound),
+                404,
+                "not_found: /x: gone",
+                Code::NotFound,
+                "/x: gone",
+            ),
+            (
+                guest(K::PermissionDenied),
+                403,
+                "permission_denied: /x: gone",
+                Code::PermissionDenied,
+                "/x: gone",
+            ),
+            (
+                guest(K::AlreadyExists),
+                409,
+                "already_exists: /x: gone",
+                Code::AlreadyExists,
+                "/x: gone",
+            ),
+            (
+                guest(K::NotADirectory),
+                409,
+                "not_a_directory: /x: gone",
+                Code::InvalidArgument,
+                "/x: gone",
+            ),
+            (
+                guest(K::IsADirectory),
+                409,
+                "is_a_directory: /x: gone",
+                Code::InvalidArgument,
+                "/x: gone",
+            ),
+            (
+                guest(K::DirectoryNotEmpty),
+                409,
+                "directory_not_empty: /x: gone",
+                Code::InvalidArgument,
+                "/x: gone",
+            ),
+            (
+                guest(K::Timeout),
+                504,
+                "timeout: /x: gone",
+                Code::DeadlineExceeded,
+                "/x: gone",
+            ),
+            (
+                guest(K::NotReady),
+                409,
+                "not_ready: /x: gone",
+                Code::Unavailable,
+                "/x: gone",
+            ),
+            (
+                guest(K::Unsupported),
+                409,
+                "unsupported: /x: gone",
+                Code::Unimplemented,
+                "/x: gone",
+            ),
+            (
+                guest(K::Io),
+                500,
+                "io: /x: gone",
+                Code::Internal,
+                "/x: gone",
+            ),
+            (
+                guest(K::Internal),
+                500,
+                "internal: /x: gone",
+                Code::Internal,
+                "/x: gone",
+            ),
             (
                 Error::GuestTimeout("no reply".into()),
                 504,
@@ -369,19 +477,18 @@ mod tests {
                 Code::Unavailable,
                 "the sandbox's agent cannot be reached: agent channel: closed",
             ),
-            (
-                Error::internal("boom"),
-                500,
-                "boom",
-                Code::Internal,
-                "boom",
-            ),
+            (Error::internal("boom"), 500, "boom", Code::Internal, "boom"),
         ];
         for (e, status, message, code, rpc_message) in table {
             let what = format!("{e:?}");
             let w = from_node(e);
             assert_eq!(
-                (w.status.as_u16(), w.message.as_str(), w.code, w.rpc_message.as_str()),
+                (
+                    w.status.as_u16(),
+                    w.message.as_str(),
+                    w.code,
+                    w.rpc_message.as_str()
+                ),
                 (status, message, code, rpc_message),
                 "{what}"
             );

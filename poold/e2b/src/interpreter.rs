@@ -11,13 +11,13 @@
 //! sandbox, the default: contexts, other languages and per-call env vars
 //! are refused.
 
-use super::error::E2bError;
-use super::sandbox::Guest;
+use crate::error::E2bError;
+use crate::state::Guest;
 use axum::extract::Request;
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use forkd_node::error::GuestErrorKind;
-use forkd_node::{EvalResult, Error};
+use forkd_node::{Error, EvalResult};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

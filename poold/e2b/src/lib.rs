@@ -28,201 +28,24 @@
 //!   sandbox ([`process::MAX_PROCESSES`]), output queued per subscriber,
 //!   request bodies, metadata and env sizes (`forkd_node::limits`).
 
+pub mod config;
 pub mod connect;
 pub mod control;
 pub mod error;
+pub mod guest;
 pub mod interpreter;
 pub mod process;
 pub mod sandbox;
+pub mod state;
 
+pub use config::E2bConfig;
+pub use state::{E2b, E2bSandbox, Session, ENVD_PORT, ENVD_VERSION, INTERPRETER_PORT};
+
+use anyhow::{Context, Result};
 use forkd_edge::hosts::HostPolicy;
 use forkd_edge::transfers::Transfers;
-use anyhow::{bail, Context, Result};
-use forkd_node::{Node, SandboxRecord};
-use serde::{Deserialize, Serialize};
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::path::PathBuf;
-use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
-use subtle::ConstantTimeEq;
-
-/// The envd version poold's sandbox plane claims: it gates SDK features,
-/// and 0.5.7 is the highest whose features poold serves (octet-stream
-/// uploads; no file metadata, which 0.6.2 would turn on).
-pub const ENVD_VERSION: &str = "0.5.7";
-/// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
-pub const ENVD_PORT: u16 = 49983;
-/// The code interpreter's port.
-pub const INTERPRETER_PORT: u16 = 49999;
-
-/// `[e2b]`: where the E2B listeners bind and how API keys are checked.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields, default)]
-pub struct E2bConfig {
-    /// The control plane (`E2B_API_URL`), e.g. `127.0.0.1:3000`; unset: off.
-    pub bind: Option<String>,
-    /// The sandbox plane (`E2B_SANDBOX_URL`), e.g. `127.0.0.1:3001`.
-    pub sandbox_bind: Option<String>,
-    /// A file holding the API key clients send as `X-API-KEY`; unset:
-    /// poold's bearer token is the key (and without one, any key is taken,
-    /// which only a loopback bind allows).
-    pub api_key_file: Option<PathBuf>,
-}
-
-impl E2bConfig {
-    /// Both addresses, parsed, when the E2B endpoints are on.
-    pub fn addrs(&self) -> Result<Option<(SocketAddr, SocketAddr)>> {
-        let parse = |what: &str, s: &str| -> Result<SocketAddr> {
-            s.parse()
-                .with_context(|| format!("bad e2b.{what} address {s:?} (want IP:PORT)"))
-        };
-        match (&self.bind, &self.sandbox_bind) {
-            (None, None) => Ok(None),
-            (Some(a), Some(b)) => Ok(Some((parse("bind", a)?, parse("sandbox_bind", b)?))),
-            _ => bail!(
-                "the E2B endpoints need both listeners: set e2b.bind and e2b.sandbox_bind (--e2b-bind, --e2b-sandbox-bind), or neither"
-            ),
-        }
-    }
-
-    /// Checks the addresses and that a non-loopback one has a key.
-    pub fn validate(&self, has_token: bool) -> Result<()> {
-        if let Some((a, b)) = self.addrs()? {
-            let loopback = a.ip().is_loopback() && b.ip().is_loopback();
-            if !loopback && self.api_key_file.is_none() && !has_token {
-                bail!(
-                    "refusing to serve the E2B API on a non-loopback address without an API key: set e2b.api_key_file (--e2b-api-key-file) or token_file"
-                );
-            }
-        }
-        Ok(())
-    }
-}
-
-/// What the E2B front-end keeps of a sandbox in memory: what ends with
-/// the process (its streamed processes' events cannot outlive the agent
-/// channels of this poold).
-#[derive(Default)]
-pub struct Session {
-    /// Its processes started through envd's process service.
-    pub processes: process::Table,
-    /// Code interpreter executions so far (`execution_count`).
-    pub executions: AtomicU64,
-}
-
-/// A live sandbox as the E2B endpoints see it: the node's record and this
-/// process's session of it.
-pub struct E2bSandbox {
-    /// The node's record (id, token, metadata, envs, template alias).
-    pub rec: SandboxRecord,
-    /// Its session.
-    pub session: Arc<Session>,
-}
-
-impl E2bSandbox {
-    /// Its id (also the E2B `sandboxID`).
-    pub fn id(&self) -> &str {
-        &self.rec.id
-    }
-
-    /// The template it was created from: its alias, else its snapshot tag.
-    pub fn template(&self) -> &str {
-        self.rec.alias.as_deref().unwrap_or(&self.rec.snapshot_tag)
-    }
-}
-
-/// The E2B side of poold: the node, the API key and the sessions.
-pub struct E2b {
-    /// The node.
-    pub node: Arc<Node>,
-    /// The key `X-API-KEY` must match; None: any key.
-    api_key: Option<String>,
-    sessions: RwLock<HashMap<String, Arc<Session>>>,
-    /// Which `Host` values both listeners answer.
-    hosts: HostPolicy,
-    /// The large-request slots (shared with `/v1`).
-    transfers: Arc<Transfers>,
-}
-
-impl E2b {
-    /// The E2B side of `node`, reading the API key file if one is
-    /// configured (else `token`, poold's bearer token, is the key).
-    pub fn new(
-        node: Arc<Node>,
-        cfg: &E2bConfig,
-        token: Option<String>,
-        hosts: HostPolicy,
-        transfers: Arc<Transfers>,
-    ) -> Result<Arc<E2b>> {
-        let api_key = match &cfg.api_key_file {
-            Some(f) => {
-                let k = forkd_hub::auth::read_token_file(f)?;
-                forkd_hub::auth::check_token(&k).context("e2b.api_key_file")?;
-                Some(k)
-            }
-            None => token,
-        };
-        Ok(Arc::new(E2b {
-            node,
-            api_key,
-            sessions: RwLock::new(HashMap::new()),
-            hosts,
-            transfers,
-        }))
-    }
-
-    /// Whether `got` (the `X-API-KEY` header) is the key.
-    pub fn key_ok(&self, got: Option<&[u8]>) -> bool {
-        match (&self.api_key, got) {
-            (None, _) => true,
-            (Some(want), Some(got)) => bool::from(want.as_bytes().ct_eq(got)),
-            (Some(_), None) => false,
-        }
-    }
-
-    /// The live sandbox `id`; None when there is no such sandbox.
-    pub fn sandbox(&self, id: &str) -> Option<E2bSandbox> {
-        match self.node.get(id) {
-            Ok(rec) => Some(self.with_session(rec)),
-            Err(_) => {
-                self.forget(id);
-                None
-            }
-        }
-    }
-
-    /// The sandbox whose token is `token` (every one compared in constant
-    /// time, so timing tells nothing about which one matched).
-    pub fn by_token(&self, token: &[u8]) -> Option<E2bSandbox> {
-        self.node
-            .find_by_token(token)
-            .map(|rec| self.with_session(rec))
-    }
-
-    /// `rec` with its session, made when it has none yet. Sessions of
-    /// sandboxes that are gone are dropped as new ones are made, so they
-    /// never outnumber live sandboxes by more than those gone since.
-    fn with_session(&self, rec: SandboxRecord) -> E2bSandbox {
-        if let Some(s) = self.sessions.read().unwrap().get(&rec.id) {
-            return E2bSandbox {
-                session: s.clone(),
-                rec,
-            };
-        }
-        let mut m = self.sessions.write().unwrap();
-        if !m.contains_key(&rec.id) {
-            m.retain(|id, _| self.node.get(id).is_ok());
-        }
-        let session = m.entry(rec.id.clone()).or_default().clone();
-        E2bSandbox { session, rec }
-    }
-
-    /// Forgets sandbox `id`'s session.
-    pub fn forget(&self, id: &str) {
-        self.sessions.write().unwrap().remove(id);
-    }
-}
+use forkd_node::Node;
+use std::sync::Arc;
 
 /// The E2B listeners, bound and not yet serving.
 pub struct Bound {

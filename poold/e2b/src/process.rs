@@ -16,8 +16,8 @@
 //!   new `Connect` re-attaches). The pump never waits for a client, so the
 //!   agent's own unread bound is never hit by a slow client.
 
-use super::connect;
-use super::error::{Code, RpcError, RpcResult};
+use crate::connect;
+use crate::error::{Code, RpcError, RpcResult};
 use base64::Engine;
 use bytes::Bytes;
 use forkd_node::{ExecEvent, ExecResult, ExecSpec, Node, ProcessControl};
@@ -409,11 +409,7 @@ pub struct StartRequest {
 /// The exec spec of a `Start`: the request's env (the node adds the
 /// sandbox's create-time envs under it), `cwd` resolved against `home`,
 /// the deadline as the exec timeout.
-pub fn exec_spec(
-    req: &StartRequest,
-    home: &str,
-    timeout: Option<Duration>,
-) -> RpcResult<ExecSpec> {
+pub fn exec_spec(req: &StartRequest, home: &str, timeout: Option<Duration>) -> RpcResult<ExecSpec> {
     if req.pty.is_some() {
         return Err(RpcError::unimplemented("a pty (terminal)"));
     }
@@ -434,7 +430,7 @@ pub fn exec_spec(
         .map_err(|m| RpcError::invalid(format!("process.envs: {m}")))?;
     let mut env = req.process.envs.clone();
     env.insert("HOME".into(), home.to_string());
-    let cwd = super::sandbox::resolve_path(req.process.cwd.as_deref().unwrap_or(""), home)?;
+    let cwd = crate::guest::resolve_path(req.process.cwd.as_deref().unwrap_or(""), home)?;
     let mut argv = vec![req.process.cmd.clone()];
     argv.extend(req.process.args.iter().cloned());
     Ok(ExecSpec {

@@ -9,30 +9,26 @@
 //! (stat, list, make dir, remove, move). Processes run as root in `/root`
 //! (the guest agent's user); asking for another user is refused.
 
-use super::connect;
-use super::error::{Code, E2bError, E2bResult, RpcError, RpcResult};
-use super::process::{self, StartRequest};
-use super::{E2b, E2bSandbox, ENVD_PORT, INTERPRETER_PORT};
-use forkd_edge::transfers::Transfers;
+use crate::connect;
+use crate::error::{Code, E2bError, E2bResult, RpcError, RpcResult};
+use crate::guest::{resolve_path, HOME, USER};
+use crate::process::{self, StartRequest};
+use crate::state::{E2b, E2bSandbox, Guest, ENVD_PORT, INTERPRETER_PORT};
 use axum::body::Body;
 use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use base64::Engine;
+use forkd_edge::transfers::Transfers;
 use forkd_node::limits::MAX_FILE_BYTES;
-use forkd_node::{ExecSpec, FileStat, Node};
+use forkd_node::{ExecSpec, FileStat};
 use rootfs_init::protocol::{DirEntry, FileKind};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
-/// The only user processes run as, and its home (relative paths resolve
-/// against it).
-pub const USER: &str = "root";
-/// `USER`'s home.
-pub const HOME: &str = "/root";
 /// How long after a `Start` call's deadline (`Connect-Timeout-Ms`) its
 /// process is killed.
 pub const DEADLINE_GRACE_MS: u64 = 500;
@@ -98,27 +94,11 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
     };
     match port {
         ENVD_PORT => envd(g, req).await,
-        INTERPRETER_PORT => super::interpreter::handle(g, req).await,
+        INTERPRETER_PORT => crate::interpreter::handle(g, req).await,
         p => E2bError::sandbox_gone(
             format!("port {p} is not served: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
         )
         .into_response(),
-    }
-}
-
-/// One sandbox's guest, as a request reaches it: the node and the sandbox.
-#[derive(Clone, Copy)]
-pub struct Guest<'a> {
-    /// The node, whose operations reach the guest.
-    pub node: &'a Node,
-    /// The sandbox.
-    pub sb: &'a E2bSandbox,
-}
-
-impl Guest<'_> {
-    /// The sandbox's id.
-    pub fn id(&self) -> &str {
-        self.sb.id()
     }
 }
 
@@ -149,21 +129,6 @@ async fn envd(g: Guest<'_>, req: Request) -> Response {
         ))
         .into_response()
     }
-}
-
-/// Resolves a guest path as envd does: relative (or `~/`) against the home.
-pub fn resolve_path(p: &str, home: &str) -> RpcResult<String> {
-    let abs = if p.is_empty() || p == "~" {
-        home.to_string()
-    } else if let Some(rest) = p.strip_prefix("~/") {
-        format!("{home}/{rest}")
-    } else if p.starts_with('/') {
-        p.to_string()
-    } else {
-        format!("{home}/{p}")
-    };
-    rootfs_init::protocol::validate_guest_path(&abs).map_err(|e| RpcError::invalid(e.message))?;
-    Ok(abs)
 }
 
 /// The user a request asks for (`Authorization: Basic base64(user:)`):
@@ -199,12 +164,7 @@ fn check_username(user: &str) -> RpcResult<()> {
 }
 
 /// One Connect call: reads the body (one envelope for streams), dispatches.
-async fn rpc(
-    g: Guest<'_>,
-    method: &str,
-    process: bool,
-    req: Request,
-) -> Response {
+async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Response {
     let streaming = req
         .headers()
         .get(header::CONTENT_TYPE)
@@ -260,9 +220,7 @@ async fn rpc(
     let out = if process {
         process_rpc(g, method, msg, timeout, keepalive).await
     } else {
-        fs_rpc(g, method, msg)
-            .await
-            .map(|v| connect::unary_ok(&v))
+        fs_rpc(g, method, msg).await.map(|v| connect::unary_ok(&v))
     };
     out.unwrap_or_else(fail)
 }
@@ -297,12 +255,11 @@ async fn process_rpc(
             let req: StartRequest = connect::parse(msg)?;
             let kill_after = timeout.map(|t| t + Duration::from_millis(DEADLINE_GRACE_MS));
             let spec = process::exec_spec(&req, HOME, kill_after)?;
-            let (p, rx) = g
-                .sb
-                .session
-                .processes
-                .start(g.node, g.id(), spec, req.process, req.tag)
-                .await?;
+            let (p, rx) =
+                g.sb.session
+                    .processes
+                    .start(g.node, g.id(), spec, req.process, req.tag)
+                    .await?;
             Ok(stream_response(process::event_stream(
                 p.pid, rx, keepalive, deadline,
             )))
@@ -315,7 +272,9 @@ async fn process_rpc(
                 p.pid, rx, keepalive, deadline,
             )))
         }
-        "List" => Ok(connect::unary_ok(&process::list_json(&g.sb.session.processes))),
+        "List" => Ok(connect::unary_ok(&process::list_json(
+            &g.sb.session.processes,
+        ))),
         "SendSignal" => {
             #[derive(Deserialize)]
             struct Req {
@@ -584,7 +543,11 @@ async fn read_file(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     let q = file_query(&req)?;
     let path = file_path(q.path.as_deref().unwrap_or(""))?;
     let r = g.node.read_file(g.id(), &path, 0, None).await?;
-    Ok(([(header::CONTENT_TYPE, "application/octet-stream")], r.bytes).into_response())
+    Ok((
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        r.bytes,
+    )
+        .into_response())
 }
 
 /// Most files in one multipart upload.
@@ -656,9 +619,7 @@ async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     }
     let mut out = Vec::new();
     for (path, data) in files {
-        g.node
-            .write_file(g.id(), &path, &data, None, false)
-            .await?;
+        g.node.write_file(g.id(), &path, &data, None, false).await?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         out.push(json!({"name": name, "type": "file", "path": path}));
     }
