@@ -6,7 +6,10 @@
 //! from a python-numpy snapshot tagged `code-interpreter-v1` (the code
 //! interpreter's default template), commands, files, timeouts, info, list,
 //! connect, run_code on the warm numpy, kill. The SDK's failures fail this
-//! test; so do wrong keys and tokens getting through.
+//! test; so do wrong keys and tokens getting through. A second test kills
+//! poold with SIGKILL under a sandbox created through E2B and checks, with
+//! the SDK (tests/python/e2b_restart.py), that its metadata, template,
+//! create-time envs and access token survived the restart.
 
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{Home, Poold};
@@ -69,8 +72,13 @@ fn run_sdk(py: &PathBuf, api: &str, sbx: &str, key: &str, extra: &[&str], want_v
 
 /// One raw HTTP/1.1 request; the status.
 fn raw(addr: &str, head: &str, body: &str) -> u16 {
+    raw_answer(addr, head, body).0
+}
+
+/// One raw HTTP/1.1 request; the status and the body.
+fn raw_answer(addr: &str, head: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
     write!(
         s,
         "{head}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -79,10 +87,13 @@ fn raw(addr: &str, head: &str, body: &str) -> u16 {
     .unwrap();
     let mut resp = String::new();
     let _ = s.read_to_string(&mut resp);
-    resp.split_whitespace()
+    let status = resp
+        .split_whitespace()
         .nth(1)
         .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"))
+        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
 }
 
 #[test]
@@ -167,4 +178,98 @@ fn unmodified_e2b_sdk_against_poold() {
     // Everything the SDK created is gone.
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "sandboxes left behind");
+}
+
+/// The E2B listener flags, with the API key in `key_file`.
+fn e2b_args(key_file: &std::path::Path) -> Vec<String> {
+    [
+        "--e2b-bind",
+        "127.0.0.1:0",
+        "--e2b-sandbox-bind",
+        "127.0.0.1:0",
+        "--e2b-api-key-file",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([key_file.display().to_string()])
+    .collect()
+}
+
+/// What E2B keeps of a sandbox (metadata, create-time envs, template,
+/// access token) is the node's durable state: poold killed with SIGKILL
+/// and started again, the unmodified SDK's `Sandbox.connect(id)`,
+/// `get_info()` and `list` show the same metadata and template, commands
+/// still get the envs, and the token the create answered still opens the
+/// sandbox plane (a wrong one still does not).
+#[test]
+fn e2b_state_survives_kill_9_of_poold() {
+    let py = python("FORKD_TEST_PYTHON");
+    let home = Home::new();
+    let key = forkd_snapshot::random_hex(16);
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let args = e2b_args(&key_file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let template = "restart-t";
+    let run_id = forkd_snapshot::random_hex(8);
+
+    let p = Poold::start(&home.dir, &args, None);
+    let (api, _) = p.e2b.clone().expect("poold printed its E2B listeners");
+    block_on(p.snapshot(template, "python-numpy", 512));
+    let create = json!({
+        "templateID": template,
+        "timeout": 900,
+        "metadata": {"run": run_id},
+        "envVars": {"SBX_ENV": "from-create"},
+    })
+    .to_string();
+    let (st, body) = raw_answer(
+        &api,
+        &format!("POST /sandboxes HTTP/1.1\r\nX-API-KEY: {key}"),
+        &create,
+    );
+    assert_eq!(st, 201, "create: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let id = v["sandboxID"].as_str().unwrap().to_string();
+    let token = v["envdAccessToken"].as_str().unwrap().to_string();
+    assert_eq!(v["templateID"], template, "{v}");
+
+    p.kill9();
+    let p = Poold::start(&home.dir, &args, None);
+    let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+
+    // The token the create answered still opens the sandbox plane.
+    let list = |tok: &str| {
+        raw(
+            &sbx,
+            &format!(
+                "POST /process.Process/List HTTP/1.1\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {tok}"
+            ),
+            "{}",
+        )
+    };
+    assert_eq!(list(&token), 200, "the access token after the restart");
+    assert_eq!(list("guess"), 401, "a wrong token after the restart");
+
+    let out = Command::new(&py)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_restart.py"))
+        .args([template, id.as_str(), run_id.as_str()])
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &sbx)
+        .env("E2B_API_KEY", &key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .expect("running the E2B SDK restart test");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("E2B RESTART OK"),
+        "the E2B SDK restart test failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    let (_, v) = block_on(p.get("/v1/sandboxes"));
+    assert_eq!(v, json!([]), "the SDK's kill left the sandbox behind");
 }
