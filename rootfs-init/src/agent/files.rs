@@ -9,8 +9,8 @@
 
 use super::users::Names;
 use crate::protocol::{
-    validate_guest_path, AgentError, DirEntry, EntryInfo, EntryList, ErrorKind, FileKind,
-    FileStat, ListResult, ReadResult, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PAYLOAD,
+    validate_guest_path, AgentError, DirEntry, EntryInfo, EntryList, ErrorKind, FileKind, FileStat,
+    ListResult, ReadResult, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PAYLOAD,
 };
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -470,7 +470,9 @@ mod tests {
             ErrorKind::BadRequest
         );
         assert_eq!(
-            list_entries(&format!("{base}/link"), 1, &names).unwrap_err().kind,
+            list_entries(&format!("{base}/link"), 1, &names)
+                .unwrap_err()
+                .kind,
             ErrorKind::NotADirectory
         );
     }

@@ -20,7 +20,9 @@
 //! `tunnel_open` id, after every byte the guest side sent.
 
 use super::server::Outbox;
-use crate::protocol::{AgentError, ErrorKind, Reply, TunnelResult, MAX_TUNNEL_WINDOW, TUNNEL_CHUNK};
+use crate::protocol::{
+    AgentError, ErrorKind, Reply, TunnelResult, MAX_TUNNEL_WINDOW, TUNNEL_CHUNK,
+};
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -155,7 +157,9 @@ impl Tunnels {
             aborted: AtomicBool::new(false),
         });
         self.open.lock().unwrap().insert(id, shared.clone());
-        outbox.send(id, Reply::Started { pid: 0 }, Bytes::new()).await;
+        outbox
+            .send(id, Reply::Started { pid: 0 }, Bytes::new())
+            .await;
 
         let (mut rd, mut wr) = sock.into_split();
         let reader = {
@@ -197,14 +201,16 @@ impl Tunnels {
                     shared.queued.fetch_sub(bytes.len(), Ordering::AcqRel);
                     let res = match &write_err {
                         Some(e) => Err(std::io::Error::new(e.kind(), e.to_string())),
-                        None => async {
-                            wr.write_all(&bytes).await?;
-                            if eof {
-                                wr.shutdown().await?;
+                        None => {
+                            async {
+                                wr.write_all(&bytes).await?;
+                                if eof {
+                                    wr.shutdown().await?;
+                                }
+                                Ok(())
                             }
-                            Ok(())
+                            .await
                         }
-                        .await,
                     };
                     bytes_in += bytes.len() as u64;
                     let reply = match res {

@@ -134,7 +134,10 @@ impl Names {
 
     /// The name of `uid`, else the number (what envd reports).
     pub fn user(&self, uid: u32) -> String {
-        self.users.get(&uid).cloned().unwrap_or_else(|| uid.to_string())
+        self.users
+            .get(&uid)
+            .cloned()
+            .unwrap_or_else(|| uid.to_string())
     }
 
     /// The name of `gid`, else the number.
@@ -199,6 +202,9 @@ mod tests {
         let d = etc();
         let n = Names::load_in(d.path());
         assert_eq!((n.user(1000), n.group(27)), ("user".into(), "sudo".into()));
-        assert_eq!((n.user(4242), n.group(4242)), ("4242".into(), "4242".into()));
+        assert_eq!(
+            (n.user(4242), n.group(4242)),
+            ("4242".into(), "4242".into())
+        );
     }
 }
