@@ -16,6 +16,9 @@ const util = require('util');
 const vm = require('vm');
 const readline = require('readline');
 
+// Cells are scripts, not modules: give them `require` as Node's REPL does.
+globalThis.require = require;
+
 function send(ev) {
   fs.writeSync(3, JSON.stringify(ev) + '\n');
 }
