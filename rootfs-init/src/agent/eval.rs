@@ -284,6 +284,16 @@ impl Interpreter {
     }
 }
 
+/// Writes the OpenSSL reseed addon to `/run/forkd/openssl_reseed.node`
+/// at the agent's start, in every mode: other Node processes in the guest
+/// that must be reseeded after a fork load it from there (the
+/// code-interpreter image's JavaScript contexts).
+pub fn install_native_helpers() {
+    if let Err(e) = install_openssl_reseed(std::path::Path::new(NATIVE_DIR)) {
+        eprintln!("forkd-agent: {e}");
+    }
+}
+
 /// Writes the OpenSSL reseed addon into `dir` (or the temporary directory
 /// when `dir` does not exist, as outside a guest) and returns its path.
 fn install_openssl_reseed(dir: &std::path::Path) -> Result<std::path::PathBuf, String> {

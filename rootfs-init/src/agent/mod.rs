@@ -10,6 +10,8 @@ pub mod files;
 pub mod identity;
 pub mod port;
 pub mod server;
+pub mod tunnel;
+pub mod users;
 
 use crate::protocol::{FrameDecoder, AGENT_PORT_NAME};
 use anyhow::Context;
@@ -28,6 +30,7 @@ pub fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cfg = config::AgentConfig::load();
+    eval::install_native_helpers();
     let interp = eval::Interpreter::new(
         cfg.lang,
         cfg.interpreter(),
@@ -80,14 +83,20 @@ async fn serve_port(agent: Arc<Agent>, path: &std::path::Path) -> anyhow::Result
     });
     let mut dec = FrameDecoder::new();
     let mut buf = vec![0u8; 256 * 1024];
+    let mut connected = false;
     loop {
         match port.read(&mut buf).await {
             Ok(0) => {
                 // Host not connected: drop any partial frame and wait for it.
+                // Its tunnels will never be closed by it: close them now.
+                if std::mem::take(&mut connected) {
+                    agent.tunnels.abort_all();
+                }
                 dec.reset();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok(n) => {
+                connected = true;
                 dec.extend(&buf[..n]);
                 agent.pump(&mut dec, &outbox);
             }
