@@ -356,7 +356,10 @@ fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
     if spec.clear_env {
         cmd.env_clear();
     } else {
-        cmd.env_clear().envs(BASE_ENV.iter().copied());
+        // The base, then what the host installed since (CA bundles).
+        cmd.env_clear()
+            .envs(BASE_ENV.iter().copied())
+            .envs(super::ca::env());
     }
     cmd.envs(&spec.env);
     let master = match spec.pty {
