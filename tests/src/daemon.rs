@@ -151,7 +151,12 @@ impl Poold {
     }
 
     /// [`Poold::start`] with extra environment variables.
-    pub fn start_env(home: &Path, args: &[&str], token: Option<&str>, env: &[(&str, &str)]) -> Poold {
+    pub fn start_env(
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Poold {
         match Poold::try_start_env(home, args, token, env) {
             Ok(p) => p,
             Err(e) => panic!("starting poold: {e}"),

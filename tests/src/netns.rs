@@ -130,7 +130,10 @@ impl Drop for TestNs {
         for cmd in self.undo.iter().rev() {
             sh(cmd);
         }
-        sh(&format!("ip netns del {}; ip link del {}", self.name, self.link));
+        sh(&format!(
+            "ip netns del {}; ip link del {}",
+            self.name, self.link
+        ));
     }
 }
 

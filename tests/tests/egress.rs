@@ -103,13 +103,21 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
     let _scope = Scope(forkd_net::netns_name(&forkd_net::scope_of(&home.dir), ""));
     let resolv = home.dir.join("sandbox-resolv.conf");
     std::fs::write(&resolv, format!("nameserver {lan_srv}\n")).unwrap();
+    let token: String = (0..3)
+        .map(|_| format!("{:016x}", rand::random::<u64>()))
+        .collect();
     let token_file = home.dir.join("token");
-    std::fs::write(&token_file, "egress-test-token\n").unwrap();
+    std::fs::write(&token_file, format!("{token}\n")).unwrap();
     // On every address, so its API port is open on the host's LAN address
     // too: only the rules keep a sandbox from it.
-    let args = ["--bind", "0.0.0.0:0", "--token-file", token_file.to_str().unwrap()];
+    let args = [
+        "--bind",
+        "0.0.0.0:0",
+        "--token-file",
+        token_file.to_str().unwrap(),
+    ];
     let env = [("FORKD_RESOLV_CONF", resolv.to_str().unwrap())];
-    let p = Poold::start_env(&home.dir, &args, Some("egress-test-token"), &env);
+    let p = Poold::start_env(&home.dir, &args, Some(token.as_str()), &env);
     let api_port: u16 = p.url.rsplit(':').next().unwrap().parse().unwrap();
 
     let (plain, allowed, pooled) = block_on(async {
@@ -131,10 +139,20 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
         let (st, info) = p.get(&format!("/v1/sandboxes/{plain}")).await;
         assert_eq!(st, 200, "{info}");
         let denied = info["egress"]["internal_denied"].to_string();
-        for r in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"] {
+        for r in [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "169.254.0.0/16",
+        ] {
             assert!(denied.contains(r), "{r} not denied: {info}");
         }
-        assert_eq!(info["egress"]["dns"], json!([lan_srv.to_string()]), "{info}");
+        assert_eq!(
+            info["egress"]["dns"],
+            json!([lan_srv.to_string()]),
+            "{info}"
+        );
 
         // The internet yes; the LAN, the host (its LAN address, the
         // child's gateway, the API port) no.
@@ -173,7 +191,10 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
         let (_, via) = pubns.sh_in(&format!(
             "printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | nc -w 4 {late} 8081"
         ));
-        assert!(via.contains("hello-from-lan"), "the port forward works: {via}");
+        assert!(
+            via.contains("hello-from-lan"),
+            "the port forward works: {via}"
+        );
         assert_eq!(probe(&p, &plain, late, 8081).await, Probe::Dropped);
         assert_eq!(probe(&p, &plain, late, api_port).await, Probe::Dropped);
 
@@ -190,9 +211,16 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
             probe(&p, &allowed, lan_srv, PORT).await,
             Probe::Reached("hello-from-lan".into())
         );
-        assert_eq!(probe(&p, &allowed, lan_root, api_port).await, Probe::Dropped);
+        assert_eq!(
+            probe(&p, &allowed, lan_root, api_port).await,
+            Probe::Dropped
+        );
         let (_, info) = p.get(&format!("/v1/sandboxes/{allowed}")).await;
-        assert_eq!(info["egress"]["allow_out"], json!([lan_srv.to_string()]), "{info}");
+        assert_eq!(
+            info["egress"]["allow_out"],
+            json!([lan_srv.to_string()]),
+            "{info}"
+        );
 
         // A pooled child: the same default, written while it was parked.
         let (st, v) = p.put("/v1/pools/net", json!({"min_ready": 1})).await;
@@ -222,12 +250,14 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
     let (_, info) = block_on(p.get(&format!("/v1/sandboxes/{plain}")));
     let netns = info["netns"].as_str().unwrap().to_string();
     p.kill9();
-    let (ok, table) = sh(&format!("ip netns exec {netns} nft list set inet forkd internal"));
+    let (ok, table) = sh(&format!(
+        "ip netns exec {netns} nft list set inet forkd internal"
+    ));
     assert!(ok && table.contains("10.0.0.0/8"), "{table}");
     let (ok, host) = sh("nft list chain inet forkd prerouting");
     assert!(ok && host.contains("fib daddr type"), "{host}");
     // ...and after a restart, which re-adopts the children.
-    let p = Poold::start_env(&home.dir, &args, Some("egress-test-token"), &env);
+    let p = Poold::start_env(&home.dir, &args, Some(token.as_str()), &env);
     block_on(async {
         assert_eq!(
             probe(&p, &plain, public, PORT).await,
@@ -244,7 +274,12 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
         );
         assert_eq!(probe(&p, &pooled, lan_srv, PORT).await, Probe::Dropped);
         let (_, info) = p.get(&format!("/v1/sandboxes/{plain}")).await;
-        assert!(info["egress"]["internal_denied"].to_string().contains("10.0.0.0/8"), "{info}");
+        assert!(
+            info["egress"]["internal_denied"]
+                .to_string()
+                .contains("10.0.0.0/8"),
+            "{info}"
+        );
         for id in [&plain, &allowed, &pooled] {
             let (st, v) = p.delete(&format!("/v1/sandboxes/{id}")).await;
             assert_eq!(st, 204, "{v}");

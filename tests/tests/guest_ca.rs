@@ -101,7 +101,9 @@ fn inspect(
     upstream: Ipv4Addr,
     upstream_ca: CertificateDer<'static>,
 ) {
-    client.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut r = BufReader::new(client.try_clone().unwrap());
     let head = read_head(&mut r);
     if !head.starts_with(&format!("CONNECT {UPSTREAM_NAME}:443 ")) {
@@ -131,7 +133,8 @@ fn inspect(
     let name = ServerName::try_from(UPSTREAM_NAME).unwrap();
     let conn = rustls::ClientConnection::new(Arc::new(cfg), name).unwrap();
     let sock = TcpStream::connect((upstream, 443)).unwrap();
-    sock.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
     let mut up = rustls::StreamOwned::new(conn, sock);
     up.write_all(&request).unwrap();
     let mut response = Vec::new();
@@ -188,10 +191,19 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
         return;
     }
     let sfx = suffix();
-    let (upstream_ca, mitm_ca) = (Ca::new("forkd test upstream CA"), Ca::new("forkd test inspecting proxy CA"));
+    let (upstream_ca, mitm_ca) = (
+        Ca::new("forkd test upstream CA"),
+        Ca::new("forkd test inspecting proxy CA"),
+    );
     let [a, b, c] = free_lan(215);
     let up_addr = Ipv4Addr::new(a, b, c, 2);
-    let up = TestNs::new("up", &format!("fdw{sfx}"), Ipv4Addr::new(a, b, c, 1), up_addr, 24);
+    let up = TestNs::new(
+        "up",
+        &format!("fdw{sfx}"),
+        Ipv4Addr::new(a, b, c, 1),
+        up_addr,
+        24,
+    );
     let up_cfg = server_config(&upstream_ca, UPSTREAM_NAME);
     let (tx, rx) = std::sync::mpsc::channel();
     up.spawn(move || {
@@ -206,7 +218,13 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
 
     let [a, b, c] = free_lan(216);
     let proxy = Ipv4Addr::new(a, b, c, 2);
-    let px = TestNs::new("px", &format!("fdx{sfx}"), Ipv4Addr::new(a, b, c, 1), proxy, 24);
+    let px = TestNs::new(
+        "px",
+        &format!("fdx{sfx}"),
+        Ipv4Addr::new(a, b, c, 1),
+        proxy,
+        24,
+    );
     let mitm_cfg = server_config(&mitm_ca, UPSTREAM_NAME);
     let up_root = upstream_ca.der.clone();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -221,7 +239,8 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
     rx.recv_timeout(Duration::from_secs(5)).unwrap();
 
     // The host's bundle, as if it trusted its proxy: the proxy's CA added.
-    let host_bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    let host_bundle =
+        std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
     let bundle = format!("{host_bundle}\n{}", mitm_ca.pem);
     let ca_body_line = mitm_ca.pem.lines().nth(1).unwrap().to_string();
 
@@ -236,7 +255,10 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
             (format!("{}{key}", mitm_ca.pem), "PRIVATE KEY"),
         ] {
             let (st, v) = p
-                .post("/v1/sandboxes", json!({"snapshot_tag": "any", "ca_certs": bad}))
+                .post(
+                    "/v1/sandboxes",
+                    json!({"snapshot_tag": "any", "ca_certs": bad}),
+                )
                 .await;
             assert_eq!(st, 400, "{v}");
             assert!(v["error"].as_str().unwrap().contains(why), "{v}");
@@ -285,14 +307,20 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
 
         // Without it: the proxy's certificate fails verification.
         let (st, v) = p
-            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "network": network}))
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "py", "network": network}),
+            )
             .await;
         assert_eq!(st, 201, "{v}");
         let untrusted = ids(&v)[0].clone();
         let v = fetch(&p, &untrusted, proxy).await;
         assert_ne!(v["exit_code"], 0, "{v}");
         assert!(
-            v["stderr"].as_str().unwrap().contains("CERTIFICATE_VERIFY_FAILED"),
+            v["stderr"]
+                .as_str()
+                .unwrap()
+                .contains("CERTIFICATE_VERIFY_FAILED"),
             "{v}"
         );
 
@@ -303,7 +331,10 @@ fn a_sandbox_given_the_proxy_ca_verifies_https_through_it() {
         assert_eq!(st, 200, "{v}");
         p.wait_pool("py", 1).await;
         let (st, v) = p
-            .post("/v1/sandboxes", json!({"snapshot_tag": "py", "ca_certs": mitm_ca.pem}))
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "py", "ca_certs": mitm_ca.pem}),
+            )
             .await;
         assert_eq!(st, 201, "{v}");
         assert_eq!(v[0]["pool_hit"], true, "{v}");

@@ -102,7 +102,10 @@ pub(crate) fn host_ruleset(range: Ipv4Net, uplinks: &[String], resolvers: &[Ipv4
         let dns: Vec<Ipv4Net> = resolvers.iter().map(|a| Ipv4Net::from(*a)).collect();
         s.push_str(&format!(
             "add element inet forkd host_dns {{ {} }}\n",
-            dns.iter().map(|n| n.to_string()).collect::<Vec<_>>().join(", ")
+            dns.iter()
+                .map(|n| n.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         ));
     }
     for (chain, hook, prio) in [
@@ -238,16 +241,27 @@ mod tests {
             dns: true,
             ..Default::default()
         };
-        let base = Baseline::new(&["44.0.0.0/8".parse().unwrap()], vec!["10.0.0.53".parse().unwrap()]);
+        let base = Baseline::new(
+            &["44.0.0.0/8".parse().unwrap()],
+            vec!["10.0.0.53".parse().unwrap()],
+        );
         let s = child_ruleset(&p, &base);
-        for r in ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "44.0.0.0/8"] {
+        for r in [
+            "10.0.0.0/8",
+            "172.16.0.0/12",
+            "192.168.0.0/16",
+            "100.64.0.0/10",
+            "44.0.0.0/8",
+        ] {
             assert!(s.contains(r), "{r} missing: {s}");
         }
         let at = |needle: &str| s.find(needle).unwrap_or_else(|| panic!("{needle}: {s}"));
         assert!(at("ip daddr @allow accept") < at("ip daddr @dns udp dport 53 accept"));
         assert!(at("ip daddr @dns tcp dport 53 accept") < at("ip daddr @internal drop"));
         assert!(at("ip daddr @internal drop") < at("ip daddr @deny drop"));
-        assert!(s.contains("set dns { type ipv4_addr; flags interval; auto-merge; elements = { 10.0.0.53/32 } }"));
+        assert!(s.contains(
+            "set dns { type ipv4_addr; flags interval; auto-merge; elements = { 10.0.0.53/32 } }"
+        ));
     }
 
     #[test]
@@ -264,7 +278,10 @@ mod tests {
             &[],
             &["192.168.1.1".parse().unwrap()],
         );
-        assert!(s.contains("type filter hook prerouting priority -150"), "{s}");
+        assert!(
+            s.contains("type filter hook prerouting priority -150"),
+            "{s}"
+        );
         assert!(s.contains(
             "add rule inet forkd prerouting iifname \"fkh*\" fib daddr type { local, broadcast, multicast } drop"
         ));
@@ -274,7 +291,9 @@ mod tests {
             let allow = s
                 .find(&format!("add rule inet forkd {chain} iifname \"fkh*\" meta nfproto ipv4 iifname . ip daddr @host_allow accept"))
                 .unwrap();
-            let drop = s.rfind(&format!("add rule inet forkd {chain} iifname \"fkh*\"")).unwrap();
+            let drop = s
+                .rfind(&format!("add rule inet forkd {chain} iifname \"fkh*\""))
+                .unwrap();
             assert!(allow < drop, "{chain}: {s}");
         }
     }

@@ -43,7 +43,10 @@ pub const MAX_TARGETS: usize = 256;
 pub const INTERNAL_RANGES: [(&str, &str); 15] = [
     ("0.0.0.0/8", "\"this\" network"),
     ("10.0.0.0/8", "private (RFC 1918)"),
-    ("100.64.0.0/10", "shared address space, carrier-grade NAT (RFC 6598)"),
+    (
+        "100.64.0.0/10",
+        "shared address space, carrier-grade NAT (RFC 6598)",
+    ),
     ("127.0.0.0/8", "loopback"),
     ("169.254.0.0/16", "link-local, cloud metadata"),
     ("172.16.0.0/12", "private (RFC 1918)"),
@@ -473,7 +476,10 @@ mod tests {
     #[test]
     fn baseline_adds_extra_ranges_and_shows_the_effective_policy() {
         let extra = networks_only(
-            &[Target::parse("10.96.0.0/12").unwrap(), Target::parse("44.0.0.0/8").unwrap()],
+            &[
+                Target::parse("10.96.0.0/12").unwrap(),
+                Target::parse("44.0.0.0/8").unwrap(),
+            ],
             "net.internal_ranges",
         )
         .unwrap();
@@ -484,9 +490,12 @@ mod tests {
         assert!(e.internal_denied.contains(&"192.168.0.0/16".to_string()));
         assert_eq!(e.dns, vec!["10.0.0.53".parse::<Ipv4Addr>().unwrap()]);
         assert!(b.effective(&EgressPolicy::deny_all()).dns.is_empty());
-        let e = networks_only(&[Target::parse("pods.local").unwrap()], "net.internal_ranges")
-            .unwrap_err()
-            .to_string();
+        let e = networks_only(
+            &[Target::parse("pods.local").unwrap()],
+            "net.internal_ranges",
+        )
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("domain name"), "{e}");
     }
 

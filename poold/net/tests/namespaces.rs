@@ -7,8 +7,7 @@
 
 use forkd_net::{
     apply_policy, create_child, host_setup, reconcile, teardown, AddrPool, Baseline, ChildNet,
-    EgressPolicy,
-    Target,
+    EgressPolicy, Target,
 };
 use std::process::Command;
 use std::sync::Mutex;

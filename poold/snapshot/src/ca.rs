@@ -96,7 +96,10 @@ impl CaBundle {
             }
             let der = CertificateDer::from(der);
             webpki::anchor_from_trusted_cert(&der).map_err(|e| {
-                bad(format!("certificate {} is not a valid X.509 certificate: {e}", i + 1))
+                bad(format!(
+                    "certificate {} is not a valid X.509 certificate: {e}",
+                    i + 1
+                ))
             })?;
             certs.push(pem_block(&der));
             if certs.len() > MAX_CA_CERTS {
@@ -232,7 +235,10 @@ mod tests {
         let bundle = CaBundle::parse(&text, "ca_certs").unwrap();
         assert_eq!(bundle.len(), 2);
         assert!(!bundle.pem().contains("comment"));
-        assert_eq!(bundle.pem().matches("-----BEGIN CERTIFICATE-----").count(), 2);
+        assert_eq!(
+            bundle.pem().matches("-----BEGIN CERTIFICATE-----").count(),
+            2
+        );
         // Re-parsing the normalised text gives the same bundle.
         assert_eq!(CaBundle::parse(&bundle.pem(), "x").unwrap(), bundle);
         let only_a = CaBundle::parse(&a, "x").unwrap();

@@ -662,7 +662,9 @@ fn poold_config_path() -> Option<PathBuf> {
 /// `network`) let sandboxes reach internal ranges (docs/network.md): a
 /// WARN naming each entry that does. `config` is the file's path and what
 /// loading it gave; None when there is none (the default: public only).
-pub fn check_egress(config: Option<(&Path, anyhow::Result<crate::daemon::config::Config>)>) -> Check {
+pub fn check_egress(
+    config: Option<(&Path, anyhow::Result<crate::daemon::config::Config>)>,
+) -> Check {
     let name = "egress";
     let Some((path, loaded)) = config else {
         return Check::pass(name, "no poold config: sandboxes reach the public internet only (private, link-local, loopback, reserved ranges and the host are denied)");
@@ -1139,7 +1141,10 @@ mod tests {
         let p = Path::new("/etc/forkd/poold.toml");
         assert_eq!(check_egress(None).verdict, Verdict::Pass);
         let parse = |t: &str| toml::from_str::<Config>(t).map_err(anyhow::Error::from);
-        let c = check_egress(Some((p, parse("[net]\negress = { allow_out = [\"93.184.215.14\"] }\n"))));
+        let c = check_egress(Some((
+            p,
+            parse("[net]\negress = { allow_out = [\"93.184.215.14\"] }\n"),
+        )));
         assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
         let c = check_egress(Some((
             p,
@@ -1148,8 +1153,17 @@ mod tests {
             ),
         )));
         assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
-        assert!(c.detail.contains("net.egress allows 10.0.0.0/8"), "{}", c.detail);
-        assert!(c.detail.contains("pools.py.network allows 169.254.169.254/32"), "{}", c.detail);
+        assert!(
+            c.detail.contains("net.egress allows 10.0.0.0/8"),
+            "{}",
+            c.detail
+        );
+        assert!(
+            c.detail
+                .contains("pools.py.network allows 169.254.169.254/32"),
+            "{}",
+            c.detail
+        );
         assert!(c.fix.contains("docs/network.md"));
         let c = check_egress(Some((p, parse("[net]\nbad = 1\n"))));
         assert_eq!(c.verdict, Verdict::Warn);

@@ -200,7 +200,9 @@ impl Config {
     /// The CA certificates of `ca_certs_file`, read and checked.
     pub fn guest_ca(&self) -> Result<forkd_snapshot::ca::CaBundle> {
         match &self.ca_certs_file {
-            Some(p) => forkd_snapshot::ca::CaBundle::read(p).context("ca_certs_file (docs/network.md)"),
+            Some(p) => {
+                forkd_snapshot::ca::CaBundle::read(p).context("ca_certs_file (docs/network.md)")
+            }
             None => Ok(Default::default()),
         }
     }
@@ -333,10 +335,9 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.net.range.slots(), 1024);
         assert_eq!(Config::default().net.range.slots(), 16384);
-        let c: Config = toml::from_str(
-            "[net]\ninternal_ranges = [\"44.0.0.0/8\", \"10.96.0.0/12\"]\n",
-        )
-        .unwrap();
+        let c: Config =
+            toml::from_str("[net]\ninternal_ranges = [\"44.0.0.0/8\", \"10.96.0.0/12\"]\n")
+                .unwrap();
         assert_eq!(c.internal_ranges().unwrap().len(), 2);
         let c: Config = toml::from_str("[net]\ninternal_ranges = [\"pods.local\"]\n").unwrap();
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("domain name"));

@@ -173,11 +173,11 @@ pub async fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
 pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
+    let ca = req.ca()?;
     let rebind = super::volumes::accept(&d.cfg.volume_roots, &req.volumes)?;
     let src = source(d, &req.tag).await?;
     let source_ms = t0.elapsed().as_secs_f64() * 1e3;
     let volumes = child_volumes(d, &src, &rebind)?;
-    let ca = req.ca()?;
     let pool_egress = d.pools.spec(&req.tag).and_then(|s| s.network);
     let egress = req.egress(src.config.machine.net, pool_egress)?;
     if let Some(p) = &egress {

@@ -101,9 +101,9 @@ pub fn effective(policy: &EgressPolicy) -> EffectivePolicy {
 pub async fn apply_policy(net: &ChildNet, policy: &EgressPolicy) -> Result<()> {
     let (net, policy) = (net.clone(), policy.clone());
     tokio::task::spawn_blocking(move || forkd_net::apply_policy(&net, &policy, &baseline()))
-    .await
-    .context("network policy task panicked")?
-    .map_err(anyhow::Error::from)
+        .await
+        .context("network policy task panicked")?
+        .map_err(anyhow::Error::from)
 }
 
 /// Tears a child's network down; failures are logged (reconcile at the
