@@ -76,7 +76,12 @@ fn set_env() {
 /// Splits `pem` into its certificate blocks (each normalised to end in a
 /// newline); refuses anything else, since the host sends only blocks.
 pub fn split(pem: &str) -> Result<Vec<String>, AgentError> {
-    let bad = |why: String| Err(AgentError::new(ErrorKind::BadRequest, format!("ca_certs: {why}")));
+    let bad = |why: String| {
+        Err(AgentError::new(
+            ErrorKind::BadRequest,
+            format!("ca_certs: {why}"),
+        ))
+    };
     if pem.len() > crate::protocol::MAX_CA_CERTS_BYTES {
         return bad(format!(
             "{} bytes; at most {}",
@@ -90,7 +95,11 @@ pub fn split(pem: &str) -> Result<Vec<String>, AgentError> {
         match (&mut cur, line) {
             (None, "") => {}
             (None, BEGIN) => cur = Some(vec![BEGIN]),
-            (None, other) => return bad(format!("unexpected line outside a certificate: {other:.60}")),
+            (None, other) => {
+                return bad(format!(
+                    "unexpected line outside a certificate: {other:.60}"
+                ))
+            }
             (Some(lines), END) => {
                 lines.push(END);
                 out.push(lines.join("\n") + "\n");
@@ -226,8 +235,14 @@ mod tests {
             ("", "no certificate"),
             ("hello", "outside a certificate"),
             ("-----BEGIN CERTIFICATE-----\nQUFB\n", "no END"),
-            ("-----BEGIN PRIVATE KEY-----\nQUFB\n-----END PRIVATE KEY-----\n", "outside"),
-            ("-----BEGIN CERTIFICATE-----\n$(x)\n-----END CERTIFICATE-----\n", "base64"),
+            (
+                "-----BEGIN PRIVATE KEY-----\nQUFB\n-----END PRIVATE KEY-----\n",
+                "outside",
+            ),
+            (
+                "-----BEGIN CERTIFICATE-----\n$(x)\n-----END CERTIFICATE-----\n",
+                "base64",
+            ),
         ] {
             let e = split(bad).unwrap_err();
             assert_eq!(e.kind, ErrorKind::BadRequest);
@@ -244,7 +259,11 @@ mod tests {
             d.path().join("etc/forkd/extra-ca.pem"),
         );
         std::fs::create_dir_all(system.parent().unwrap()).unwrap();
-        std::fs::write(&system, "-----BEGIN CERTIFICATE-----\nU1lT\n-----END CERTIFICATE-----").unwrap();
+        std::fs::write(
+            &system,
+            "-----BEGIN CERTIFICATE-----\nU1lT\n-----END CERTIFICATE-----",
+        )
+        .unwrap();
         install_at(&system, &local, &extra, A).unwrap();
         // Again, with one more: A is not duplicated.
         install_at(&system, &local, &extra, &format!("{A}{B}")).unwrap();
@@ -253,7 +272,11 @@ mod tests {
         assert_eq!(text.matches("QUFB").count(), 1, "{text}");
         assert_eq!(text.matches("QkJC").count(), 2, "{text}");
         let extra_text = std::fs::read_to_string(&extra).unwrap();
-        assert!(extra_text.contains("QUFB") && extra_text.contains("QkJC") && !extra_text.contains("U1lT"));
+        assert!(
+            extra_text.contains("QUFB")
+                && extra_text.contains("QkJC")
+                && !extra_text.contains("U1lT")
+        );
         assert_eq!(std::fs::read_dir(&local).unwrap().count(), 2);
         // An image without a system bundle gets one.
         let bare = d.path().join("bare/ca-certificates.crt");

@@ -249,7 +249,9 @@ impl Agent {
                 let pem = pem.clone();
                 let n = tokio::task::spawn_blocking(move || ca::install(&pem))
                     .await
-                    .map_err(|e| AgentError::new(ErrorKind::Internal, format!("installing CAs: {e}")))??;
+                    .map_err(|e| {
+                        AgentError::new(ErrorKind::Internal, format!("installing CAs: {e}"))
+                    })??;
                 self.interp.set_env(&ca::env()).await?;
                 n
             }
