@@ -189,7 +189,7 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
             &format!("nft delete table ip {table}"),
         );
         let (_, via) = pubns.sh_in(&format!(
-            "printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | nc -w 4 {late} 8081"
+            "printf \"GET / HTTP/1.0\\r\\n\\r\\n\" | busybox nc -w 4 {late} 8081"
         ));
         assert!(
             via.contains("hello-from-lan"),
