@@ -147,7 +147,31 @@ impl Poold {
     /// Like [`Poold::start`], but a failure to start is returned with what
     /// poold printed.
     pub fn try_start(home: &Path, args: &[&str], token: Option<&str>) -> Result<Poold, String> {
+        Poold::try_start_env(home, args, token, &[])
+    }
+
+    /// [`Poold::start`] with extra environment variables.
+    pub fn start_env(
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Poold {
+        match Poold::try_start_env(home, args, token, env) {
+            Ok(p) => p,
+            Err(e) => panic!("starting poold: {e}"),
+        }
+    }
+
+    /// [`Poold::try_start`] with extra environment variables.
+    pub fn try_start_env(
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Result<Poold, String> {
         let mut cmd = Command::new(bin("poold"));
+        cmd.envs(env.iter().copied());
         if !args.contains(&"--bind") {
             cmd.args(["--bind", "127.0.0.1:0"]);
         }

@@ -166,6 +166,8 @@ impl Interpreter {
             }
         };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        // CA bundles installed before this (re)start.
+        cmd.envs(super::ca::env());
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::inherit())
@@ -236,6 +238,33 @@ impl Interpreter {
             Some(e) => Err(AgentError::new(
                 ErrorKind::Internal,
                 format!("reseeding the warm interpreter: {e}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets `vars` in the running interpreter's environment (`os.environ`,
+    /// `process.env`), for what it reads per call (requests reads
+    /// `REQUESTS_CA_BUNDLE` per request) and the processes it starts. A
+    /// no-op when no interpreter runs: the next one starts with them.
+    pub async fn set_env(&self, vars: &[(String, String)]) -> Result<(), AgentError> {
+        if !self.status().ready {
+            return Ok(());
+        }
+        let set: serde_json::Map<String, serde_json::Value> = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+            .collect();
+        let reply = self
+            .call(
+                serde_json::json!({"op": "env", "set": set}),
+                Duration::from_secs(10),
+            )
+            .await?;
+        match reply.get("error").and_then(|e| e.as_str()) {
+            Some(e) => Err(AgentError::new(
+                ErrorKind::Internal,
+                format!("setting the warm interpreter's environment: {e}"),
             )),
             None => Ok(()),
         }
