@@ -31,8 +31,8 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-/// Guest RAM of the warm browser parent and its children (docs/browser.md
-/// says why this much).
+/// Guest RAM of the warm browser parent and its children (docs/browser.md,
+/// "Sizes and limits": what a child costs the host).
 const BROWSER_MIB: u64 = 1024;
 const HTTP_PORT: u16 = 8080;
 const TLS_PORT: u16 = 8443;
@@ -473,6 +473,10 @@ async fn py(p: &Poold, id: &str, code: &str) -> String {
 /// through the published port 6080 with the VNC banner.
 #[test]
 fn a_forked_desktop_takes_input_shows_its_screen_and_streams() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
     build_image("desktop");
     let home = Home::new();
     let p = Poold::start(&home.dir, &[], None);
