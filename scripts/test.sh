@@ -63,7 +63,7 @@ say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy (release, all targets, -D warnings)"
 cargo clippy --release --quiet --workspace --all-targets -- -D warnings
-for r in minimal python-numpy nodejs postgres-fixture coding-agent jupyter-kernel code-interpreter e2b-base; do
+for r in minimal python-numpy nodejs postgres-fixture coding-agent jupyter-kernel code-interpreter e2b-base browser desktop; do
   "$forkd" image build --recipe "$r" --if-changed
 done
 # The network tests turn on IPv4 forwarding and write `table inet forkd`, as

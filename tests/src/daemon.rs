@@ -66,6 +66,12 @@ impl Home {
                 continue;
             };
             let cmd = String::from_utf8_lossy(&cmd);
+            if !(cmd.starts_with("qemu-system") && cmd.contains(&needle)) {
+                continue;
+            }
+            // Only this home's QEMUs: reading another process's stat can
+            // block for as long as that process is stuck (a hung FUSE
+            // fault), and so would every test's teardown.
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map(|s| {
                     s.rsplit(')')
@@ -75,7 +81,7 @@ impl Home {
                         .starts_with('Z')
                 })
                 .unwrap_or(true);
-            if cmd.starts_with("qemu-system") && cmd.contains(&needle) && !zombie {
+            if !zombie {
                 out.push(pid);
             }
         }

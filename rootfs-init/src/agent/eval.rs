@@ -26,6 +26,11 @@ const OPENSSL_RESEED_NODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ope
 const NATIVE_DIR: &str = "/run/forkd";
 /// Default bound on one eval; on expiry the interpreter is restarted.
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bound on a reseed, warm-up modules' `forkd_reseed` hooks included. A
+/// hook may do real work (the browser image's reseeds every Chromium
+/// process and opens a page in a new renderer: seconds under TCG), yet
+/// the whole identity request must answer within the host's 30 s.
+pub const RESEED_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// What ping reports about the interpreter.
 #[derive(Debug, Clone, Default)]
@@ -231,7 +236,7 @@ impl Interpreter {
         let reply = self
             .call(
                 serde_json::json!({"op": "reseed", "seed": hex}),
-                Duration::from_secs(10),
+                RESEED_TIMEOUT,
             )
             .await?;
         match reply.get("error").and_then(|e| e.as_str()) {
