@@ -297,7 +297,11 @@ fn five_children_drive_their_own_warm_browser_and_a_sixth_stays_untouched() {
             let (st, v) = p
                 .post(
                     "/v1/sandboxes",
-                    json!({"snapshot_tag": "br", "ports": [{"guest_port": DEVTOOLS_PORT}]}),
+                    // The page server sits on a private address, which
+                    // the default egress policy denies (docs/network.md):
+                    // open it, as a user opens an internal service.
+                    json!({"snapshot_tag": "br", "ports": [{"guest_port": DEVTOOLS_PORT}],
+                           "network": {"allow_out": [server.addr.to_string()]}}),
                 )
                 .await;
             assert_eq!(st, 201, "spawn: {v}");
