@@ -66,6 +66,13 @@ impl Gateway {
         (st.as_u16(), v)
     }
 
+    /// `POST /v1/sandboxes/{id}/exec` of `args`.
+    async fn exec(&self, id: &str, args: &[&str]) -> (u16, Value) {
+        let path = format!("/v1/sandboxes/{id}/exec");
+        self.req(Method::POST, &path, Some(json!({ "args": args })))
+            .await
+    }
+
     /// Waits until `GET /v1/nodes` satisfies `done`.
     async fn wait_nodes(&self, what: &str, done: impl Fn(&HashMap<String, String>) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(120);
@@ -97,10 +104,10 @@ impl Drop for Gateway {
 }
 
 /// The node each sandbox id lives on, asked of the nodes themselves.
-async fn where_are(nodes: &[(&str, &Poold)]) -> HashMap<String, String> {
+async fn where_are(names: &[&str], pools: &[Option<Poold>]) -> HashMap<String, String> {
     let mut out = HashMap::new();
-    for (name, p) in nodes {
-        let (st, v) = p.get("/v1/sandboxes").await;
+    for (name, p) in names.iter().zip(pools) {
+        let (st, v) = p.as_ref().unwrap().get("/v1/sandboxes").await;
         assert_eq!(st, 200, "{v}");
         for id in ids(&v) {
             out.insert(id, name.to_string());
@@ -234,12 +241,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
             v.as_array().unwrap().iter().all(|s| s["pool_hit"] == true),
             "{v}"
         );
-        let nodes_now: Vec<(&str, &Poold)> = names
-            .iter()
-            .copied()
-            .zip(pools.iter().map(|p| p.as_ref().unwrap()))
-            .collect();
-        let placed = where_are(&nodes_now).await;
+        let placed = where_are(&names, &pools).await;
         for name in names {
             let k = spawned.iter().filter(|id| placed[*id] == name).count();
             assert_eq!(k, 3, "node {name} got {k} of 9: {placed:?}");
@@ -248,13 +250,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         // Per-sandbox calls reach each sandbox's node: exec, a streamed
         // exec, files, through the gateway.
         for id in &spawned {
-            let (st, v) = gw
-                .req(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{id}/exec"),
-                    Some(json!({"args": ["hostname"]})),
-                )
-                .await;
+            let (st, v) = gw.exec(id, &["hostname"]).await;
             assert_eq!(st, 200, "{v}");
             assert_eq!(v["stdout"].as_str().map(str::trim), Some(id.as_str()));
         }
@@ -292,12 +288,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
 
     // Node b dies (SIGKILL: its children live on, unreachable through it).
     let b_ids: Vec<String> = block_on(async {
-        let nodes_now: Vec<(&str, &Poold)> = names
-            .iter()
-            .copied()
-            .zip(pools.iter().map(|p| p.as_ref().unwrap()))
-            .collect();
-        let placed = where_are(&nodes_now).await;
+        let placed = where_are(&names, &pools).await;
         spawned
             .iter()
             .filter(|id| placed[*id] == "b")
@@ -307,13 +298,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     pools[1].take().unwrap().kill9();
     block_on(async {
         gw.wait_nodes("b down", |s| s["b"] == "down").await;
-        let (st, v) = gw
-            .req(
-                Method::POST,
-                &format!("/v1/sandboxes/{}/exec", b_ids[0]),
-                Some(json!({"args": ["true"]})),
-            )
-            .await;
+        let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
         assert_eq!(st, 410, "{v}");
         assert!(v["error"].as_str().unwrap().contains("node b"), "{v}");
         // Spawns keep working, on the nodes that are up.
@@ -339,7 +324,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         let (st, _) = gw.req(Method::GET, "/v1/sandboxes", None).await;
         assert_eq!(st, 200);
     });
-    let r = reqwest_head(&gw.url);
+    let r = unreachable_header(&gw.url);
     assert_eq!(r.as_deref(), Some("b"), "forkd-unreachable-nodes");
 
     // A gateway restart loses nothing: it knows no ids, and finds them.
@@ -349,21 +334,9 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         gw.wait_nodes("a, c up", |s| s["a"] == "up" && s["c"] == "up")
             .await;
         let a_or_c: Vec<&String> = spawned.iter().filter(|id| !b_ids.contains(id)).collect();
-        let (st, v) = gw
-            .req(
-                Method::POST,
-                &format!("/v1/sandboxes/{}/exec", a_or_c[0]),
-                Some(json!({"args": ["true"]})),
-            )
-            .await;
+        let (st, v) = gw.exec(a_or_c[0], &["true"]).await;
         assert_eq!(st, 200, "{v}");
-        let (st, v) = gw
-            .req(
-                Method::POST,
-                &format!("/v1/sandboxes/{}/exec", b_ids[0]),
-                Some(json!({"args": ["true"]})),
-            )
-            .await;
+        let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
         assert_eq!(st, 404, "{v}");
         assert!(
             v["error"].as_str().unwrap().contains("unreachable now: b"),
@@ -380,13 +353,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     block_on(async {
         gw.wait_nodes("b back", |s| s["b"] == "up").await;
         for id in &b_ids {
-            let (st, v) = gw
-                .req(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{id}/exec"),
-                    Some(json!({"args": ["hostname"]})),
-                )
-                .await;
+            let (st, v) = gw.exec(id, &["hostname"]).await;
             assert_eq!(st, 200, "{v}");
         }
         // Kill everything through the gateway.
@@ -403,7 +370,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
 }
 
 /// The `forkd-unreachable-nodes` header of `GET /v1/sandboxes`.
-fn reqwest_head(url: &str) -> Option<String> {
+fn unreachable_header(url: &str) -> Option<String> {
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
     write!(

@@ -482,7 +482,7 @@ async fn gather(
         read_reply(n, sent).await
     });
     let mut ok = Vec::new();
-    let mut missing = app_down(reg);
+    let mut missing = reg.down().0;
     for (i, r) in futures::future::join_all(asks)
         .await
         .into_iter()
@@ -494,10 +494,6 @@ async fn gather(
         }
     }
     (ok, missing)
-}
-
-fn app_down(reg: &Registry) -> Vec<String> {
-    reg.down().0
 }
 
 /// Reads a node's reply whole (bounded: only lists and small JSON replies
