@@ -18,6 +18,11 @@
 //! default_cpus = 1.0               # CPU quota of a sandbox that asks for none (unset: unlimited)
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
 //! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
+//! ca_certs_file = "/etc/forkd/proxy-ca.pem" # CAs every sandbox trusts (docs/network.md)
+//!
+//! [net]                            # docs/network.md
+//! egress = { allow_out = ["10.0.5.20"] }  # default: public internet only
+//! internal_ranges = ["44.0.0.0/8"] # denied like private ranges unless allowed
 //!
 //! [e2b]                            # the E2B API (docs/e2b.md); both or neither
 //! bind = "127.0.0.1:3000"          # E2B_API_URL
@@ -101,6 +106,10 @@ pub struct Config {
     pub net: NetConfig,
     /// The E2B API's listeners and key (docs/e2b.md).
     pub e2b: forkd_e2b::E2bConfig,
+    /// PEM file of extra CA certificates every sandbox trusts from its
+    /// hand-out on (a TLS-inspecting proxy's CA; docs/network.md). Read at
+    /// start.
+    pub ca_certs_file: Option<PathBuf>,
 }
 
 impl Default for Config {
@@ -132,6 +141,7 @@ impl Default for Config {
             default_memory_limit_mib: node.default_memory_limit_mib,
             net: node.net,
             e2b: Default::default(),
+            ca_certs_file: node.ca_certs_file,
         }
     }
 }
@@ -168,6 +178,7 @@ impl Config {
             default_pids_max: self.default_pids_max,
             default_memory_limit_mib: self.default_memory_limit_mib,
             net: self.net.clone(),
+            ca_certs_file: self.ca_certs_file.clone(),
         }
     }
 
@@ -270,6 +281,14 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.net.range.slots(), 1024);
         assert_eq!(Config::default().net.range.slots(), 16384);
+        let c: Config =
+            toml::from_str("[net]\ninternal_ranges = [\"44.0.0.0/8\", \"10.96.0.0/12\"]\n")
+                .unwrap();
+        assert_eq!(c.node().internal_ranges().unwrap().len(), 2);
+        let c: Config = toml::from_str("[net]\ninternal_ranges = [\"pods.local\"]\n").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("domain name"));
+        let c: Config = toml::from_str("ca_certs_file = \"/nonexistent/ca.pem\"\n").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("ca_certs_file"));
         for bad in [
             "range = \"10.77.0.1/20\"",
             "range = \"10.42.0.0/16\"",

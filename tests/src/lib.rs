@@ -6,6 +6,7 @@
 //! makes one and points `FORKD_HOME` at it.
 
 pub mod daemon;
+pub mod netns;
 
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::images::Image;
@@ -147,6 +148,7 @@ pub async fn create_snapshot(
             lifetime: Lifetime::Ephemeral,
             verbose: false,
             volumes: Vec::new(),
+            ca: None,
         },
     )
     .await

@@ -646,6 +646,105 @@ pub fn check_poold(url: &str, seen: &PooldSeen) -> Check {
     }
 }
 
+/// Where poold's config is: `$POOLD_CONFIG`, else the systemd unit's
+/// `/etc/forkd/poold.toml` when it exists.
+fn poold_config_path() -> Option<PathBuf> {
+    std::env::var_os("POOLD_CONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = PathBuf::from("/etc/forkd/poold.toml");
+            p.exists().then_some(p)
+        })
+}
+
+/// The parts of poold's config the egress check reads: `net.egress` and
+/// each pool's `network`. Other keys are poold's to check (it refuses a
+/// file with unknown ones); these are parsed as poold parses them.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+pub struct EgressConfig {
+    net: EgressNet,
+    pools: std::collections::BTreeMap<String, EgressPool>,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct EgressNet {
+    egress: forkd_net::EgressPolicy,
+}
+
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(default)]
+struct EgressPool {
+    network: Option<forkd_net::EgressPolicy>,
+}
+
+impl EgressConfig {
+    /// Parses poold's config text, checking each policy's size as poold does.
+    pub fn parse(text: &str) -> anyhow::Result<EgressConfig> {
+        let c: EgressConfig = toml::from_str(text)?;
+        c.net.egress.validate()?;
+        for p in c.pools.values().filter_map(|p| p.network.as_ref()) {
+            p.validate()?;
+        }
+        Ok(c)
+    }
+
+    /// Reads and parses the file at `path`.
+    pub fn read(path: &Path) -> anyhow::Result<EgressConfig> {
+        let text = std::fs::read_to_string(path)?;
+        EgressConfig::parse(&text)
+    }
+}
+
+/// Whether poold's configured egress policies (`net.egress`, each pool's
+/// `network`) let sandboxes reach internal ranges (docs/network.md): a
+/// WARN naming each entry that does. `config` is the file's path and what
+/// reading it gave; None when there is none (the default: public only).
+pub fn check_egress(config: Option<(&Path, anyhow::Result<EgressConfig>)>) -> Check {
+    let name = "egress";
+    let Some((path, loaded)) = config else {
+        return Check::pass(name, "no poold config: sandboxes reach the public internet only (private, link-local, loopback, reserved ranges and the host are denied)");
+    };
+    let cfg = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            return Check::warn(
+                name,
+                format!("cannot read poold's config {}: {e:#}", path.display()),
+                "fix the file (poold refuses to start with it too); docs/poold.md",
+            )
+        }
+    };
+    let mut open = Vec::new();
+    let mut policies = vec![("net.egress".to_string(), cfg.net.egress.clone())];
+    for (tag, p) in &cfg.pools {
+        if let Some(n) = &p.network {
+            policies.push((format!("pools.{tag}.network"), n.clone()));
+        }
+    }
+    for (what, p) in &policies {
+        for (net, range, why) in p.opens_internal() {
+            open.push(format!("{what} allows {net} ({range}: {why})"));
+        }
+    }
+    if open.is_empty() {
+        return Check::pass(
+            name,
+            format!(
+                "{}: sandboxes reach the public internet, no internal range (domain names in allow_out are not checked)",
+                path.display()
+            ),
+        );
+    }
+    Check::warn(
+        name,
+        format!("{}: {}", path.display(), open.join("; ")),
+        "sandboxes run untrusted code: allow only the internal hosts they need (one address, not a range), per pool or per spawn; docs/network.md",
+    )
+}
+
 /// Runs every local check (not poold's).
 pub fn local_checks(h: &Host, mount: &MountSeen) -> Vec<Check> {
     vec![
@@ -696,6 +795,10 @@ pub async fn run(paths: &Paths, a: DoctorArgs) -> anyhow::Result<i32> {
         move || local_checks(&h, &mount)
     })
     .await?;
+    let cfg_path = poold_config_path();
+    checks.push(check_egress(
+        cfg_path.as_deref().map(|p| (p, EgressConfig::read(p))),
+    ));
     if !a.no_poold {
         let url = std::env::var("FORKD_URL")
             .ok()
@@ -1067,6 +1170,55 @@ mod tests {
             c.verdict == Verdict::Warn && c.fix.contains("systemctl"),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn egress_warns_when_a_policy_opens_internal_ranges() {
+        let p = Path::new("/etc/forkd/poold.toml");
+        assert_eq!(check_egress(None).verdict, Verdict::Pass);
+        let parse = EgressConfig::parse;
+        let c = check_egress(Some((
+            p,
+            parse("[net]\negress = { allow_out = [\"93.184.215.14\"] }\n"),
+        )));
+        assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+        let c = check_egress(Some((
+            p,
+            parse(
+                "[net]\negress = { allow_out = [\"10.0.0.0/8\"] }\n[pools.py]\nmin_ready = 1\nnetwork = { allow_out = [\"169.254.169.254\"] }\n",
+            ),
+        )));
+        assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("net.egress allows 10.0.0.0/8"),
+            "{}",
+            c.detail
+        );
+        assert!(
+            c.detail
+                .contains("pools.py.network allows 169.254.169.254/32"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.contains("docs/network.md"));
+        // The rest of poold's config is not this check's business.
+        let c = check_egress(Some((p, parse("bind = \"0.0.0.0:8889\"\n[e2b]\n"))));
+        assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+        for bad in [
+            "[net]\negress = { allow_out = [\"10.0.0.1/8\"] }\n",
+            "[net]\negress = { allowOut = [] }\n",
+            "[net\n",
+        ] {
+            let c = check_egress(Some((p, parse(bad))));
+            assert_eq!(c.verdict, Verdict::Warn, "{bad}: {c:?}");
+            assert!(c.detail.contains("cannot read"), "{}", c.detail);
+        }
+        let many = format!(
+            "[pools.py]\nnetwork = {{ deny_out = [{}] }}\n",
+            vec!["\"1.2.3.4\""; 257].join(",")
+        );
+        let c = check_egress(Some((p, parse(&many))));
+        assert!(c.detail.contains("at most"), "{c:?}");
     }
 
     #[test]

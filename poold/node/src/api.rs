@@ -76,6 +76,8 @@ impl Node {
             n.pools.set(tag, (spec.max() > 0).then_some(spec.clone()));
         }
         forkd_vmm::net::configure(n.cfg.net.range, n.cfg.net.egress.clone());
+        forkd_vmm::net::configure_internal(n.cfg.internal_ranges()?);
+        forkd_snapshot::ca::configure(n.cfg.guest_ca()?);
         if let Err(e) = forkd_vmm::net::ensure_host().await {
             // Snapshots without a NIC still work; networked spawns will fail
             // with the same cause.
@@ -393,6 +395,7 @@ mod tests {
             pool_hit: false,
             spawn_ms: 0,
             net: None,
+            egress: None,
             ports: Vec::new(),
             workspace: None,
             metadata: [("run".to_string(), "r1".to_string())].into(),

@@ -49,18 +49,27 @@ pub struct Config {
     pub default_memory_limit_mib: Option<u64>,
     /// Child networking (docs/network.md).
     pub net: NetConfig,
+    /// PEM file of extra CA certificates every sandbox trusts from its
+    /// hand-out on (a TLS-inspecting proxy's CA; docs/network.md). Read
+    /// when the node opens.
+    pub ca_certs_file: Option<PathBuf>,
 }
 
-/// `[net]`: the range host-side child addresses come from and the egress
-/// policy of a spawn that sets none.
+/// `[net]`: the range host-side child addresses come from, the egress
+/// policy of a spawn that sets none, and extra internal ranges.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetConfig {
     /// A CIDR of /30 or larger (default 10.201.0.0/16: 16384 children).
     pub range: forkd_net::AddrPool,
-    /// Default egress policy (`allow_out`, `deny_out`); default: allow all
-    /// but the host, loopback and link-local.
+    /// Default egress policy (`allow_out`, `deny_out`); default: the public
+    /// internet, nothing internal (private, shared, link-local, loopback,
+    /// reserved ranges and the host's own addresses).
     pub egress: forkd_net::EgressPolicy,
+    /// More ranges every child is denied unless its `allow_out` names them,
+    /// like the built-in internal ones (a cluster's pod and service CIDRs
+    /// where they are not private addresses). CIDRs only.
+    pub internal_ranges: Vec<forkd_net::Target>,
 }
 
 impl Default for Config {
@@ -82,6 +91,7 @@ impl Default for Config {
             default_pids_max: Some(1024),
             default_memory_limit_mib: None,
             net: NetConfig::default(),
+            ca_certs_file: None,
         }
     }
 }
@@ -93,6 +103,22 @@ impl Config {
             memory_mib: self.default_memory_limit_mib,
             cpus: self.default_cpus,
             pids_max: self.default_pids_max,
+        }
+    }
+
+    /// `net.internal_ranges` as networks (names refused).
+    pub fn internal_ranges(&self) -> Result<Vec<forkd_net::Ipv4Net>> {
+        forkd_net::policy::networks_only(&self.net.internal_ranges, "net.internal_ranges")
+            .context("net.internal_ranges (docs/network.md)")
+    }
+
+    /// The CA certificates of `ca_certs_file`, read and checked.
+    pub fn guest_ca(&self) -> Result<forkd_snapshot::ca::CaBundle> {
+        match &self.ca_certs_file {
+            Some(p) => {
+                forkd_snapshot::ca::CaBundle::read(p).context("ca_certs_file (docs/network.md)")
+            }
+            None => Ok(Default::default()),
         }
     }
 
@@ -118,6 +144,8 @@ impl Config {
             .egress
             .validate()
             .context("net.egress (docs/network.md)")?;
+        self.internal_ranges()?;
+        self.guest_ca()?;
         for p in &self.allowed_paths {
             if !p.is_absolute() {
                 bail!("allowed_paths entry {} must be absolute", p.display());

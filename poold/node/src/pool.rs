@@ -500,6 +500,7 @@ mod tests {
             warm_eval: None,
             page_out: false,
             keep_resident: None,
+            network: None,
         })
     }
 
@@ -581,6 +582,7 @@ mod tests {
             Some(PoolSpec {
                 page_out: true,
                 keep_resident: Some(2),
+                network: None,
                 ..spec(4, None).unwrap()
             }),
         );
@@ -767,6 +769,7 @@ mod tests {
                 warm_eval: None,
                 page_out: false,
                 keep_resident: None,
+                network: None,
             }),
         );
         assert!(p.adopt(fake("gone", "s", 0)).is_some());

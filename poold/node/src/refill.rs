@@ -76,6 +76,7 @@ pub(crate) async fn delete_pool(n: &Arc<Node>, tag: &str) -> Result<()> {
         warm_eval: None,
         page_out: false,
         keep_resident: None,
+        network: None,
     };
     let t = tag.to_string();
     n.state
@@ -158,12 +159,13 @@ async fn refill_one(n: &Arc<Node>, t: &RefillTicket) -> anyhow::Result<PooledVm>
             return Err(e);
         }
     }
-    // The default egress policy is written while the child waits (paused,
-    // so it sends nothing): a hand-out with the default skips the write.
-    // Domain names in it are resolved now, not at hand-out.
-    if let Err(e) =
-        forkd_snapshot::restore::set_egress(&mut vm, &forkd_vmm::net::default_egress()).await
-    {
+    // The pool's egress policy (its `network`, else the config's default)
+    // is written while the child waits (paused, so it sends nothing): a
+    // hand-out asking for the same skips the write. Domain names in it
+    // are resolved now, not at hand-out.
+    let policy = n.pools.spec(&t.tag).and_then(|s| s.network);
+    let policy = policy.unwrap_or_else(forkd_vmm::net::default_egress);
+    if let Err(e) = forkd_snapshot::restore::set_egress(&mut vm, &policy).await {
         discard(n, vm).await;
         return Err(e);
     }

@@ -226,6 +226,12 @@ pub(crate) async fn create(n: &Arc<Node>, b: CreateSnapshotBody) -> Result<Snaps
         }
     };
     let volumes = crate::volumes::accept(&n.cfg.volume_roots, &b.volumes)?;
+    let ca = b
+        .ca_certs
+        .as_deref()
+        .map(|t| forkd_snapshot::ca::CaBundle::parse(t, "ca_certs"))
+        .transpose()
+        .map_err(|e| Error::invalid("ca_certs", e.to_string()))?;
     if tag_exists(n, &b.tag).await? {
         return Err(Error::invalid(
             "tag",
@@ -254,6 +260,7 @@ pub(crate) async fn create(n: &Arc<Node>, b: CreateSnapshotBody) -> Result<Snaps
         lifetime: Lifetime::Ephemeral,
         verbose: false,
         volumes,
+        ca,
     };
     let made = create_snapshot(&n.paths, spec).await?;
     info_of_async(n, &b.tag, &made.record).await

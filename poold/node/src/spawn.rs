@@ -19,6 +19,7 @@ use crate::pool::PooledVm;
 use crate::sandbox::Sandbox;
 use crate::state::{AccessToken, SandboxRecord};
 use crate::teardown::{discard, discard_pooled, forget_pooled};
+use forkd_snapshot::ca::CaBundle;
 use forkd_snapshot::restore::{hand_out, restore_paused_with, ChildTimings, Identity, Source};
 use forkd_snapshot::unix_now;
 use forkd_vmm::{Hierarchy, Limits};
@@ -66,6 +67,9 @@ pub struct SpawnRequest {
     pub envs: BTreeMap<String, String>,
     /// The name the sandboxes were asked for by (`SandboxRecord::alias`).
     pub alias: Option<String>,
+    /// Extra CA certificates (PEM) the children trust, besides the
+    /// config's `ca_certs_file` (docs/network.md).
+    pub ca_certs: Option<String>,
 }
 
 impl SpawnRequest {
@@ -137,10 +141,25 @@ impl SpawnRequest {
         Ok(limits)
     }
 
+    /// The CA certificates asked for, checked ([`Error::Invalid`] says
+    /// what is wrong with them).
+    pub fn ca(&self) -> Result<Option<CaBundle>> {
+        self.ca_certs
+            .as_deref()
+            .map(|t| CaBundle::parse(t, "ca_certs"))
+            .transpose()
+            .map_err(|e| Error::invalid("ca_certs", e.to_string()))
+    }
+
     /// Checks the network fields against the snapshot (`has_nic`): a
     /// network from a snapshot without a NIC is refused. Returns the
-    /// egress policy the children get (None: no network).
-    pub fn egress(&self, has_nic: bool) -> Result<Option<forkd_net::EgressPolicy>> {
+    /// egress policy the children get (None: no network): the request's,
+    /// else the pool's (`pool_default`), else the config's.
+    pub fn egress(
+        &self,
+        has_nic: bool,
+        pool_default: Option<forkd_net::EgressPolicy>,
+    ) -> Result<Option<forkd_net::EgressPolicy>> {
         let wants = self.per_child_netns
             || self.net == Some(true)
             || self.network.is_some()
@@ -157,7 +176,7 @@ impl SpawnRequest {
         Ok(Some(match (&self.network, self.net) {
             (_, Some(false)) => forkd_net::EgressPolicy::deny_all(),
             (Some(p), _) => p.clone(),
-            (None, _) => forkd_vmm::net::default_egress(),
+            (None, _) => pool_default.unwrap_or_else(forkd_vmm::net::default_egress),
         }))
     }
 
@@ -235,11 +254,13 @@ pub(crate) async fn spawn(
 ) -> Result<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(n.cgroups.as_ref(), n.default_limits())?;
+    let ca = req.ca()?;
     let rebind = crate::volumes::accept(&n.cfg.volume_roots, &req.volumes)?;
     let src = source(n, &req.tag).await?;
     let source_ms = t0.elapsed().as_secs_f64() * 1e3;
     let volumes = child_volumes(n, &src, &rebind)?;
-    let egress = req.egress(src.config.machine.net)?;
+    let pool_egress = n.pools.spec(&req.tag).and_then(|s| s.network);
+    let egress = req.egress(src.config.machine.net, pool_egress)?;
     if let Some(p) = &egress {
         // Names that do not resolve are the caller's error, before any VM.
         p.resolve()
@@ -281,6 +302,7 @@ pub(crate) async fn spawn(
         src: &src,
         volumes: &volumes,
         egress: egress.as_ref(),
+        ca: ca.as_ref(),
         limits,
         t0,
     };
@@ -334,6 +356,8 @@ struct Plan<'a> {
     /// The folders its restored children get.
     volumes: &'a [forkd_vmm::Volume],
     egress: Option<&'a forkd_net::EgressPolicy>,
+    /// The spawn's own CAs (the config's are added at hand-out).
+    ca: Option<&'a CaBundle>,
     limits: Limits,
     /// When the request arrived.
     t0: Instant,
@@ -363,7 +387,16 @@ async fn spawn_hits_and_misses(
         };
         let handed = async {
             confine(n, &vm, &plan.limits)?;
-            hand_out(&mut vm, &id, identity, plan.egress, plan.t0, &mut t).await
+            hand_out(
+                &mut vm,
+                &id,
+                identity,
+                plan.egress,
+                plan.ca,
+                plan.t0,
+                &mut t,
+            )
+            .await
         };
         match handed.await {
             Ok(()) => {
@@ -429,6 +462,7 @@ async fn spawn_hits_and_misses(
             pool_hit: hit,
             spawn_ms: t.ready_ms,
             net: vm.record.net.clone(),
+            egress: vm.record.net.as_ref().and(plan.egress.cloned()),
             ports: Vec::new(),
             workspace: plan.workspace.clone(),
             metadata: plan.req.metadata.clone(),
@@ -501,7 +535,8 @@ async fn restore_one(n: &Arc<Node>, plan: &Plan<'_>) -> anyhow::Result<(Vm, Chil
     .await?;
     let handed = async {
         confine(n, &vm, &plan.limits)?;
-        hand_out(&mut vm, &id, Identity::Bare, plan.egress, plan.t0, &mut t).await
+        let bare = Identity::Bare;
+        hand_out(&mut vm, &id, bare, plan.egress, plan.ca, plan.t0, &mut t).await
     };
     match handed.await {
         Ok(()) => Ok((vm, t)),
@@ -677,19 +712,59 @@ mod tests {
             per_child_netns: true,
             ..req()
         };
-        let e = netns.egress(false).expect_err("refused");
+        let e = netns.egress(false, None).expect_err("refused");
         assert!(matches!(e, Error::Invalid { field: "net", .. }), "{e:?}");
         assert!(e.to_string().contains("--net"), "{e}");
-        assert!(netns.egress(true).ok().flatten().is_some());
-        assert_eq!(req().egress(false).ok(), Some(None));
+        assert!(netns.egress(true, None).ok().flatten().is_some());
+        assert_eq!(req().egress(false, None).ok(), Some(None));
+        // A pool's policy is the default of its tag's spawns.
+        let pool = forkd_net::EgressPolicy {
+            allow_out: vec![forkd_net::Target::parse("10.0.5.20").unwrap()],
+            deny_out: vec![],
+        };
+        assert_eq!(
+            netns.egress(true, Some(pool.clone())).ok().flatten(),
+            Some(pool.clone())
+        );
+        let own = SpawnRequest {
+            network: Some(forkd_net::EgressPolicy::default()),
+            ..req()
+        };
+        assert_eq!(
+            own.egress(true, Some(pool)).ok().flatten(),
+            Some(forkd_net::EgressPolicy::default())
+        );
         let off = SpawnRequest {
             net: Some(false),
             ..req()
         };
         assert_eq!(
-            off.egress(true).ok().flatten(),
+            off.egress(true, None).ok().flatten(),
             Some(forkd_net::EgressPolicy::deny_all())
         );
+    }
+
+    /// CA certificates are checked before anything else happens, and a
+    /// refusal names the field.
+    #[test]
+    fn ca_certs_are_checked() {
+        assert!(req().ca().unwrap().is_none());
+        let bad = SpawnRequest {
+            ca_certs: Some("not a certificate".into()),
+            ..req()
+        };
+        let e = bad.ca().expect_err("refused");
+        assert!(
+            matches!(
+                e,
+                Error::Invalid {
+                    field: "ca_certs",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        assert!(e.to_string().contains("no PEM certificate"), "{e}");
     }
 
     /// The rules run in forkd's order: the tag first, then netns, n,

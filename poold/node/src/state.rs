@@ -65,6 +65,9 @@ pub struct SandboxRecord {
     /// Its network namespace and addresses, when networked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<forkd_net::ChildNet>,
+    /// The egress policy written into its network (docs/network.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<forkd_net::EgressPolicy>,
     /// Published ports (with the host ports actually bound).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
@@ -89,6 +92,16 @@ pub struct SandboxRecord {
     /// record from before there were tokens).
     #[serde(default, skip_serializing_if = "AccessToken::is_empty")]
     pub access_token: AccessToken,
+}
+
+impl SandboxRecord {
+    /// What the sandbox may reach (docs/network.md, "The effective
+    /// policy"): its policy on top of this host's internal ranges and
+    /// resolvers; None without a network.
+    pub fn effective_egress(&self) -> Option<forkd_net::EffectivePolicy> {
+        self.net.as_ref()?;
+        self.egress.as_ref().map(forkd_vmm::net::effective)
+    }
 }
 
 /// A sandbox's access token: 128 random bits as 32 hex digits. Compared
@@ -333,6 +346,7 @@ mod tests {
                     host_addr: "10.201.0.29".parse().unwrap(),
                     guest_addr: "10.201.0.30".parse().unwrap(),
                 }),
+                egress: Some(forkd_net::EgressPolicy::deny_all()),
                 ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
                 workspace: Some("ws-0123456789abcdef".into()),
                 metadata: [("run".to_string(), "r1".to_string())].into(),
@@ -516,6 +530,7 @@ mod persisted_tests {
                                 warm_eval: None,
                                 page_out: false,
                                 keep_resident: None,
+                                network: None,
                             },
                         );
                     })
@@ -543,6 +558,7 @@ mod sync_tests {
             warm_eval: None,
             page_out: false,
             keep_resident: None,
+            network: None,
         }
     }
 
@@ -612,6 +628,7 @@ mod sync_tests {
 
 impl From<SandboxRecord> for forkd_api::SandboxInfo {
     fn from(r: SandboxRecord) -> forkd_api::SandboxInfo {
+        let egress = r.effective_egress();
         forkd_api::SandboxInfo {
             id: r.id,
             snapshot_tag: r.snapshot_tag,
@@ -631,6 +648,7 @@ impl From<SandboxRecord> for forkd_api::SandboxInfo {
             cpus: r.cpus,
             pids_max: r.pids_max,
             ports: r.ports,
+            egress,
         }
     }
 }

@@ -17,6 +17,7 @@ type D = State<Arc<Node>>;
 
 /// forkd's `SandboxInfo` of a node's sandbox record.
 pub fn info(r: SandboxRecord) -> SandboxInfo {
+    let egress = r.effective_egress();
     SandboxInfo {
         id: r.id,
         snapshot_tag: r.snapshot_tag,
@@ -36,6 +37,7 @@ pub fn info(r: SandboxRecord) -> SandboxInfo {
         cpus: r.cpus,
         pids_max: r.pids_max,
         ports: r.ports,
+        egress,
     }
 }
 
@@ -67,6 +69,7 @@ pub async fn spawn(
         network: b.network,
         ports: b.ports,
         volumes: b.volumes,
+        ca_certs: b.ca_certs,
         ..Default::default()
     };
     let recs = d.spawn(req).await?;

@@ -656,15 +656,17 @@ impl AgentClient {
     /// Gives a freshly forked child its identity: host entropy, host clock,
     /// hostname, and a reseeded interpreter.
     pub async fn identity(&self, hostname: Option<&str>) -> Result<IdentityResult, CallError> {
-        self.identity_with(hostname, None).await
+        self.identity_with(hostname, None, None).await
     }
 
     /// [`Self::identity`], also writing the guest's resolv.conf with
-    /// `nameservers` when given (a networked child).
+    /// `nameservers` when given (a networked child) and installing the
+    /// extra CA certificates `ca_certs` (PEM) when given.
     pub async fn identity_with(
         &self,
         hostname: Option<&str>,
         nameservers: Option<Vec<std::net::Ipv4Addr>>,
+        ca_certs: Option<&str>,
     ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
@@ -673,6 +675,7 @@ impl AgentClient {
             hostname: hostname.map(String::from),
             reseed_interpreter: true,
             nameservers,
+            ca_certs: ca_certs.map(String::from),
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
@@ -682,8 +685,9 @@ impl AgentClient {
 
     /// Sets the guest's clock to the host's and mixes in fresh entropy: all
     /// a child whose identity was given when it was parked needs at
-    /// hand-out (its clock stood still while it was paused).
-    pub async fn sync_clock(&self) -> Result<IdentityResult, CallError> {
+    /// hand-out (its clock stood still while it was paused); with
+    /// `ca_certs` (PEM), the extra CA certificates this hand-out asks for.
+    pub async fn sync_clock(&self, ca_certs: Option<&str>) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 32];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
         let spec = IdentitySpec {
@@ -691,11 +695,27 @@ impl AgentClient {
             hostname: None,
             reseed_interpreter: false,
             nameservers: None,
+            ca_certs: ca_certs.map(String::from),
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
             .await?
             .0)
+    }
+
+    /// Installs extra CA certificates (PEM) in the guest and nothing else
+    /// (a snapshot's parent before its warm-up); returns how many it now
+    /// trusts of them.
+    pub async fn trust_ca(&self, ca_certs: &str) -> Result<usize, CallError> {
+        let spec = IdentitySpec {
+            ca_certs: Some(ca_certs.to_string()),
+            ..Default::default()
+        };
+        Ok(self
+            .call_typed::<IdentityResult>(Op::Identity(spec), &[], Duration::from_secs(30))
+            .await?
+            .0
+            .ca_certs_installed)
     }
 
     /// Asks the guest to power off.

@@ -480,7 +480,10 @@ fn spawn(
     if spec.clear_env {
         cmd.env_clear();
     } else {
-        cmd.env_clear().envs(BASE_ENV.iter().copied());
+        // The base, then what the host installed since (CA bundles).
+        cmd.env_clear()
+            .envs(BASE_ENV.iter().copied())
+            .envs(super::ca::env());
         if let Some(u) = user {
             cmd.env("HOME", &u.home)
                 .env("USER", &u.name)

@@ -2,6 +2,7 @@
 //! virtio-serial port named [`AGENT_PORT_NAME`], and forkd's line protocol on
 //! TCP :8888 for compatibility.
 
+pub mod ca;
 pub mod compat;
 pub mod config;
 pub mod eval;
@@ -30,6 +31,8 @@ pub fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cfg = config::AgentConfig::load();
+    // Before the warm interpreter starts, so it inherits them too.
+    ca::restore_env();
     eval::install_native_helpers();
     let interp = eval::Interpreter::new(
         cfg.lang,

@@ -1,7 +1,7 @@
 //! Request dispatch: decode frames, run each request on its own task, send
 //! replies and stream events through one outbox per channel.
 
-use super::{eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users};
+use super::{ca, eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users};
 use crate::protocol::{
     encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecList, ExecSpec, Frame, FrameDecoder,
     IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, FEATURES,
@@ -291,6 +291,19 @@ impl Agent {
             }
             None => false,
         };
+        let ca_certs_installed = match &spec.ca_certs {
+            Some(pem) => {
+                let pem = pem.clone();
+                let n = tokio::task::spawn_blocking(move || ca::install(&pem))
+                    .await
+                    .map_err(|e| {
+                        AgentError::new(ErrorKind::Internal, format!("installing CAs: {e}"))
+                    })??;
+                self.interp.set_env(&ca::env()).await?;
+                n
+            }
+            None => 0,
+        };
         let mut reseeded = false;
         if spec.reseed_interpreter && self.interp.status().ready {
             self.interp.reseed(entropy).await?;
@@ -302,6 +315,7 @@ impl Agent {
             entropy_bytes: entropy.len(),
             interpreter_reseeded: reseeded,
             resolv_conf_written,
+            ca_certs_installed,
         })
     }
 }

@@ -340,7 +340,18 @@ pub struct IdentitySpec {
     /// host's upstream resolvers); the file is replaced when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nameservers: Option<Vec<std::net::Ipv4Addr>>,
+    /// Extra CA certificates the guest trusts from now on: PEM text of
+    /// `CERTIFICATE` blocks only (the host has parsed each one), at most
+    /// [`MAX_CA_CERTS_BYTES`]. Added to the system store and named by the
+    /// variables Python, requests, pip and Node read, for every later exec
+    /// (docs/agent-protocol.md, "identity").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certs: Option<String>,
 }
+
+/// Largest `ca_certs` an `identity` request may carry (a host's whole CA
+/// bundle is ~220 KiB); it travels in the frame header.
+pub const MAX_CA_CERTS_BYTES: usize = 512 << 10;
 
 /// Header of every agent→host frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -781,6 +792,10 @@ pub struct IdentityResult {
     /// Whether `/etc/resolv.conf` was written.
     #[serde(default)]
     pub resolv_conf_written: bool,
+    /// How many of the request's `ca_certs` the guest now trusts (0 from
+    /// an agent that predates them: the host then refuses the hand-out).
+    #[serde(default)]
+    pub ca_certs_installed: usize,
 }
 
 /// Checks a guest path given by the host: absolute, no NUL, bounded length.

@@ -135,6 +135,8 @@ async fn spawn_for(n: &Arc<Node>, w: &WorkspaceRecord, tag: &str) -> Result<Sand
         network: s.network.clone(),
         ports: s.ports.clone(),
         volumes: s.volumes.clone(),
+        // A workspace's snapshots keep what its first sandbox installed.
+        ca_certs: None,
         ..Default::default()
     };
     let mut recs = spawn(n, req, Some(w.id.clone())).await?;

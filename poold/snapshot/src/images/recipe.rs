@@ -41,6 +41,14 @@ pub const BUILTIN: &[(&str, &str)] = &[
         "e2b-base",
         include_str!("../../../../rootfs-init/recipes/e2b-base.toml"),
     ),
+    (
+        "browser",
+        include_str!("../../../../rootfs-init/recipes/browser.toml"),
+    ),
+    (
+        "desktop",
+        include_str!("../../../../rootfs-init/recipes/desktop.toml"),
+    ),
 ];
 
 /// Files the built-in recipes `[include]`, by their path relative to
@@ -464,6 +472,18 @@ mod tests {
         let (_, r) = find("python-numpy", Path::new("/nonexistent")).unwrap();
         assert_eq!(r.agent.warmup_imports, vec!["numpy"]);
         assert!(r.agent_env().contains("FORKD_WARMUP_IMPORTS=numpy"));
+    }
+
+    /// Each recipe carries its own copy of the warm browser module (a
+    /// recipe is one self-contained file a user can copy): the copies must
+    /// not drift apart.
+    #[test]
+    fn browser_and_desktop_carry_the_same_browser_module() {
+        let module = "/usr/lib/python3/dist-packages/forkd_browser.py";
+        let (_, browser) = find("browser", Path::new("/nonexistent")).unwrap();
+        let (_, desktop) = find("desktop", Path::new("/nonexistent")).unwrap();
+        assert!(browser.files[module].contains("def forkd_reseed("));
+        assert_eq!(browser.files[module], desktop.files[module]);
     }
 
     #[test]
