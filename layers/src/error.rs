@@ -106,6 +106,20 @@ pub enum Error {
         source: Box<Error>,
     },
 
+    /// A chunk of a lazy snapshot could not be fetched from its hub (after
+    /// retries, or because what the hub sent failed verification).
+    #[error(
+        "chunk {id} is not in the local store and fetching it from {source_url} failed: {reason}"
+    )]
+    RemoteFetch {
+        /// The chunk.
+        id: ChunkId,
+        /// The hub it is located on.
+        source_url: String,
+        /// What went wrong, and for how long it was tried.
+        reason: String,
+    },
+
     /// A manifest id is not in the store.
     #[error("manifest {0} is not in the store; ingest the file again")]
     MissingManifest(ManifestId),
