@@ -103,6 +103,9 @@ impl<'a> Domain<'a> {
                 | SnapshotError::FileUnreadable { .. },
             ) => StatusCode::CONFLICT,
             Domain::Snapshot(SnapshotError::BadSpec(_)) => StatusCode::BAD_REQUEST,
+            Domain::Snapshot(SnapshotError::RemoteUnavailable { .. }) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Domain::Image(ImageError::NotBuilt { .. }) => StatusCode::BAD_REQUEST,
             Domain::Delete(DeleteError::NotFound(_)) => StatusCode::NOT_FOUND,
             Domain::Delete(DeleteError::HasDependents { .. } | DeleteError::InUse { .. }) => {
