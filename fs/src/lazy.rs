@@ -392,7 +392,7 @@ impl Lazy {
         }
         for (c, f) in wait {
             if let Err(e) = f.wait() {
-                first_err.get_or_insert_with(|| (c, e));
+                first_err.get_or_insert((c, e));
             }
         }
         match first_err {
@@ -559,7 +559,7 @@ impl Lazy {
             } else {
                 split_read(&read2, &bytes)
                     .into_iter()
-                    .map(|r| r.and_then(|v| reverify(v)))
+                    .map(|r| r.and_then(reverify))
                     .collect()
             }
         })

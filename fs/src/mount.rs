@@ -293,7 +293,7 @@ pub enum State {
     /// No mount at that path.
     Free,
     /// A forkd-fs mount answering its control socket.
-    Live(Status),
+    Live(Box<Status>),
     /// A forkd-fs mount that serves files but whose control socket does not
     /// answer (another instance with a different `--control`, or starting).
     Silent,
@@ -318,7 +318,7 @@ pub fn state(mountpoint: &Path, control: &Path) -> Result<State> {
     }
     if let Ok(st) = control_status(control, Duration::from_secs(2)) {
         if same_path(&st.mountpoint, mountpoint) {
-            return Ok(State::Live(st));
+            return Ok(State::Live(Box::new(st)));
         }
     }
     Ok(match probe(mountpoint, Duration::from_secs(3)) {

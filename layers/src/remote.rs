@@ -149,6 +149,8 @@ pub struct Residency {
     pub working_set_chunks: Option<u64>,
     /// Working-set chunks that are local.
     pub working_set_local: Option<u64>,
+    /// What the working set's chunks occupy stored (local or remote).
+    pub working_set_bytes: Option<u64>,
 }
 
 impl Residency {
@@ -268,6 +270,7 @@ impl StoreView {
             ..Default::default()
         };
         let mut local = HashSet::new();
+        let mut sizes: std::collections::HashMap<ChunkId, u64> = std::collections::HashMap::new();
         for part in chunks.chunks(BATCH) {
             let keys: Vec<&[u8]> = part.iter().map(|c| &c.as_bytes()[..]).collect();
             let locs = self.db().multi_get(CF_CHUNKS, &keys)?;
@@ -279,13 +282,16 @@ impl StoreView {
                         r.local_chunks += 1;
                         r.local_bytes += loc.record_len();
                         local.insert(*c);
+                        sizes.insert(*c, loc.record_len());
                     }
                     None => missing.push(*c),
                 }
             }
-            for rc in self.remote_chunks(&missing)? {
+            for (c, rc) in missing.iter().zip(self.remote_chunks(&missing)?) {
+                let n = rc.map_or(0, |l| l.record_len());
                 r.remote_chunks += 1;
-                r.remote_bytes += rc.map_or(0, |l| l.record_len());
+                r.remote_bytes += n;
+                sizes.insert(*c, n);
             }
         }
         if let Some(src) = self.lazy_source(&rec.id)? {
@@ -296,6 +302,7 @@ impl StoreView {
             r.working_set_chunks = Some(ws_chunks.len() as u64);
             r.working_set_local =
                 Some(ws_chunks.iter().filter(|c| local.contains(*c)).count() as u64);
+            r.working_set_bytes = Some(ws_chunks.iter().filter_map(|c| sizes.get(c)).sum());
         }
         Ok(r)
     }

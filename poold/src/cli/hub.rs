@@ -135,7 +135,7 @@ pub enum HubCmd {
         #[arg(long, value_name = "TAG", conflicts_with_all = ["base", "head"])]
         lazy: Option<String>,
         #[command(flatten)]
-        lazy_opts: forkd_hub::lazybench::Args,
+        lazy_opts: Box<forkd_hub::lazybench::Args>,
         #[command(flatten)]
         transfer: TransferArgs,
     },

@@ -296,7 +296,10 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
             .map_or(String::new(), |s| format!("; lazy, filling from {s}"))
     );
     match (r.working_set_chunks, r.working_set_local) {
-        (Some(n), Some(l)) => println!("working set: {n} chunks, {l} local"),
+        (Some(n), Some(l)) => println!(
+            "working set: {n} chunks ({}), {l} local",
+            mib(r.working_set_bytes.unwrap_or(0))
+        ),
         _ => println!("working set: not recorded yet (its first restore records it)"),
     }
     println!("config:      {}", d.config);
