@@ -54,6 +54,9 @@ use tracing::{debug, info, warn};
 pub const URGENT_REQUESTS: usize = 32;
 /// Requests of the background fill in flight at once.
 pub const FILL_REQUESTS: usize = 2;
+/// Largest read of a working-set prefetch, and how many are in flight.
+const PREFETCH_READ: u64 = 1 << 20;
+const PREFETCH_WINDOW: usize = 4;
 /// Fetched chunks held before the fill waits for the writer (faults never
 /// wait for it).
 const PENDING_MAX: u64 = 256 << 20;
@@ -734,8 +737,9 @@ impl Lazy {
         }
     }
 
-    /// Starts fetching `snap`'s working set with many requests in flight
-    /// (once per worker); faults on its chunks join those flights.
+    /// Starts fetching `snap`'s working set in its recorded order (once per
+    /// worker, again after a failure); faults on its chunks join those
+    /// flights.
     fn start_prefetch(self: &Arc<Self>, snap: SnapshotId) -> Arc<Flight> {
         let mut p = self.prefetches.lock().unwrap();
         if let Some(f) = p.get(&snap) {
@@ -773,6 +777,12 @@ impl Lazy {
         flight
     }
 
+    /// Fetches the working set **in the order it was recorded**, in reads
+    /// of up to [`PREFETCH_READ`] with [`PREFETCH_WINDOW`] in flight: the
+    /// chunks a restore needs first arrive first (all at once would share
+    /// the link and finish together), and the link stays full. Flights are
+    /// taken per read as it is issued, so a fault on a chunk further down
+    /// the list fetches it at once instead of queueing behind the others.
     fn prefetch_working_set(&self, snap: &SnapshotId) -> forkd_layers::Result<usize> {
         let Some(rec) = self.view.snapshot(snap)? else {
             return Ok(0);
@@ -781,8 +791,63 @@ impl Lazy {
             return Ok(0);
         };
         let chunks = ws.chunks(&self.view, &rec)?;
-        self.ensure_chunks(&chunks, true)?;
-        Ok(chunks.len())
+        let locs = self.view.remote_chunks(&chunks)?;
+        let remote: Vec<(ChunkId, RemoteChunk)> = chunks
+            .iter()
+            .zip(locs)
+            .filter_map(|(c, l)| l.map(|l| (*c, l)))
+            .collect();
+        let batches: Vec<Vec<ChunkId>> = if remote.iter().all(|(_, l)| l.len == 0) {
+            // Layout 1: an object per chunk, nothing to coalesce; batches
+            // keep as many GETs in flight as faults may have.
+            remote
+                .chunks(URGENT_REQUESTS / PREFETCH_WINDOW)
+                .map(|b| b.iter().map(|(c, _)| *c).collect())
+                .collect()
+        } else {
+            let wanted: Vec<(ChunkId, Location)> = remote
+                .iter()
+                .map(|(c, l)| {
+                    (
+                        *c,
+                        Location {
+                            pack: l.object,
+                            pack_len: 0,
+                            offset: l.offset,
+                            len: l.len,
+                            raw_len: l.raw_len,
+                            index: ObjectId::default(),
+                        },
+                    )
+                })
+                .collect();
+            let coalesce = Coalesce {
+                max_read: PREFETCH_READ,
+                ..Coalesce::LAZY
+            };
+            plan_reads(&wanted, coalesce)
+                .into_iter()
+                .map(|r| r.chunks.iter().map(|(c, _, _)| *c).collect())
+                .collect()
+        };
+        let next = AtomicUsize::new(0);
+        let first_err = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..PREFETCH_WINDOW {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(ids) = batches.get(i) else { return };
+                    if let Err(e) = self.ensure_chunks(ids, true) {
+                        first_err.lock().unwrap().get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+        match first_err.into_inner().unwrap() {
+            Some(e) => Err(e),
+            None => Ok(chunks.len()),
+        }
     }
 
     /// Whether `snap` can be restored without waiting on a dead hub: not

@@ -90,7 +90,7 @@ pub fn pull_configured(paths: &Paths, cfg: &HubConfig) -> Vec<(String, Result<Tr
         out.push((tag.clone(), r));
     }
     if cfg.pull == PullMode::Lazy && out.iter().any(|(_, r)| r.is_ok()) {
-        if let Err(e) = start_filling(paths) {
+        if let Err(e) = start_filling(paths, None) {
             tracing::warn!("lazy pulls from {}: {e:#}", cfg.url);
         }
     }
@@ -108,11 +108,21 @@ fn pull_one(paths: &Paths, hub: &Hub, tag: &str, opts: &PullOptions) -> Result<T
 
 /// Makes sure forkd-fs serves the data dir, and sees the store's latest
 /// commits: it fetches chunks of lazy snapshots when reads need them and
-/// fills the rest in the background (docs/fs.md, "Lazy snapshots").
-/// Blocking.
-pub fn start_filling(paths: &Paths) -> Result<()> {
+/// fills the rest in the background (docs/fs.md, "Lazy snapshots"). With
+/// `head`, the working-set prefetch of that snapshot starts now (a child
+/// usually follows a pull; its restore then finds the first chunks here or
+/// on the way). Blocking.
+pub fn start_filling(paths: &Paths, head: Option<forkd_layers::SnapshotId>) -> Result<()> {
     let cfg = forkd_snapshot::ensure_mount(paths)?;
-    forkd_fs::Client::connect(&cfg.control())?.refresh()
+    let mut c = forkd_fs::Client::connect(&cfg.control())?;
+    c.refresh()?;
+    if let Some(id) = head {
+        // A hub that does not answer now is the next spawn's error to give.
+        if let Err(e) = c.remote_ready(&id, std::time::Duration::ZERO) {
+            tracing::warn!("prefetching the working set of {id}: {e:#}");
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -195,7 +195,8 @@ pub async fn pull(paths: &Paths, a: PullArgs) -> Result<()> {
     drop(store);
     if a.lazy {
         let p = paths.clone();
-        hub::blocking(move || hub::lazy::start_filling(&p)).await?;
+        let head = r.snapshot;
+        hub::blocking(move || hub::lazy::start_filling(&p, Some(head))).await?;
     }
     print_pull(&a.tag, &hub, &r);
     Ok(())
