@@ -383,11 +383,12 @@ async fn one_run(
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let answer = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find(|l| l.contains(": [") || l.contains(": "))
-        .unwrap_or("")
-        .to_string();
+    let answer = child_answer(&String::from_utf8_lossy(&out.stdout)).ok_or_else(|| {
+        anyhow!(
+            "forkd fork printed no answer of its child: {}",
+            String::from_utf8_lossy(&out.stdout)
+        )
+    })?;
     let mount = Paths::new(home).mount_dir();
     let fs = forkd_fs::Client::connect(&forkd_fs::default_control_socket(&mount))
         .and_then(|mut c| c.status())
@@ -438,6 +439,18 @@ fn teardown_home(home: &Path) {
     let mount = Paths::new(home).mount_dir();
     let _ = forkd_fs::unmount(&mount).or_else(|_| forkd_fs::unmount_lazy(&mount));
     let _ = std::fs::remove_dir_all(home);
+}
+
+/// The child's answer in `forkd fork -n 1 --eval`'s output: the value after
+/// "<child id>: " on the line before "… children answered the eval …" (the
+/// "ready in" line above it is the fork's summary, not an answer).
+fn child_answer(stdout: &str) -> Option<String> {
+    let lines: Vec<&str> = stdout.lines().collect();
+    let end = lines
+        .iter()
+        .position(|l| l.contains("children answered the eval"))?;
+    let (_, value) = lines.get(end.checked_sub(1)?)?.split_once(": ")?;
+    Some(value.to_string())
 }
 
 /// The number before `what` in a CLI summary line ("…; 12 requests; …").
@@ -818,5 +831,17 @@ mod tests {
         assert_eq!(seconds_figure(l), Some(0.4));
         assert_eq!(median_u(vec![3, 1, 2]), 2);
         assert_eq!(median_f(vec![3.0, 1.0]), 3.0);
+    }
+
+    #[test]
+    fn the_answer_is_the_childs_not_the_summary() {
+        let out = "1 children of py ready in 849 ms (per child: median 849 ms, max 849 ms)\n\
+                   c-1a2b: [0.0, 0.0, 0.0, 0.0, 0.0]\n\
+                   1 children answered the eval 1200 ms after the fork began\n";
+        assert_eq!(
+            child_answer(out).as_deref(),
+            Some("[0.0, 0.0, 0.0, 0.0, 0.0]")
+        );
+        assert_eq!(child_answer("1 children of py ready in 849 ms\n"), None);
     }
 }
