@@ -277,6 +277,9 @@ fn a_dead_hub_stalls_running_children_until_it_returns_and_refuses_new_ones() {
         );
 
         s3.kill();
+        // forkd-fs's last "the hub answers" stands for a second (a burst of
+        // spawns probes once); the restore above may have been quicker.
+        std::thread::sleep(Duration::from_millis(1500));
         // A new child now gets a clear error instead of hanging on faults.
         let e = Source::resolve(&mount, &tag).unwrap_err();
         let se = e
