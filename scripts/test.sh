@@ -57,12 +57,13 @@ awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do
     "$FORKD_HOME"/mnt|/tmp/fdt-*/mnt) "$forkd_fs" unmount --lazy "$m" >/dev/null 2>&1 || umount -l "$m" || true ;;
   esac
 done
+python3 "$REPO_ROOT/scripts/reset-test-networks.py" /tmp/fdt-* "$FORKD_HOME"
 rm -rf /tmp/fdt-* "$FORKD_HOME"/{store,mnt,mnt.sock,mnt.log,mnt.secondary,mnt.journal,run,staging,poold}
 say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy (release, all targets, -D warnings)"
 cargo clippy --release --quiet --workspace --all-targets -- -D warnings
-for r in minimal python-numpy nodejs postgres-fixture coding-agent jupyter-kernel; do
+for r in minimal python-numpy nodejs postgres-fixture coding-agent jupyter-kernel code-interpreter e2b-base browser desktop; do
   "$forkd" image build --recipe "$r" --if-changed
 done
 # The network tests turn on IPv4 forwarding and write `table inet forkd`, as

@@ -8,14 +8,14 @@ set -euo pipefail
 image=${1:-forkd:0.1.0}
 bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
 kdir="$FORKD_HOME/kernel"
-for b in forkd poold forkd-fs; do
+for b in forkd poold forkd-fs forkd-gateway; do
   [ -x "$bindir/$b" ] || die "no $bindir/$b: run scripts/setup.sh first"
 done
 [ -f "$kdir/current/initramfs.img" ] || die "no guest initramfs in $kdir/current: run scripts/setup.sh first"
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
 mkdir -p "$ctx/bin" "$ctx/kernel"
-cp "$bindir"/{forkd,poold,forkd-fs} "$ctx/bin/"
+cp "$bindir"/{forkd,poold,forkd-fs,forkd-gateway} "$ctx/bin/"
 release=$(readlink "$kdir/current")
 cp -a "$kdir/$release" "$ctx/kernel/"
 ln -s "$release" "$ctx/kernel/current"

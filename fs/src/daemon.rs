@@ -255,6 +255,21 @@ fn tuning(opts: &ServeOptions) -> KernelTuning {
     }
 }
 
+/// A worker's tuning: reads of at most [`holder::MAX_READ_ANSWER`], so no
+/// answer can be lost on the socket to its holder.
+fn worker_tuning(opts: &ServeOptions) -> KernelTuning {
+    let mut t = tuning(opts);
+    if t.max_read > holder::MAX_READ_ANSWER {
+        info!(
+            asked_kib = t.max_read >> 10,
+            "reads behind a holder are capped at {} KiB (larger answers may be lost on its socket)",
+            holder::MAX_READ_ANSWER >> 10
+        );
+        t.max_read = holder::MAX_READ_ANSWER;
+    }
+    t
+}
+
 /// Holds the mount (as root; see the module doc): mounts `/dev/fuse`,
 /// starts a worker (`binary worker ...`, a forkd-fs binary) and relays to
 /// it, restarting it as long as the mount lives. `ready` runs once the
@@ -387,7 +402,7 @@ pub fn serve_worker(opts: &ServeOptions, journal: &Path, generation: u64) -> Res
     let (shared, _reader) = open_store(opts, &mp, Some((holder_pid, generation)))?;
     replay_journal(&shared, journal)?;
     let (listener, sock_id) = bind_control(&opts.control_socket)?;
-    let fs = ForkdFs::new(shared.clone(), tuning(opts));
+    let fs = ForkdFs::new(shared.clone(), worker_tuning(opts));
     let acl = if opts.gid.is_some() {
         SessionACL::All
     } else {
@@ -517,5 +532,37 @@ pub fn serve(opts: &ServeOptions, ready: impl FnOnce(&Path)) -> Result<()> {
         }
         Ok(Err(e)) => Err(anyhow::Error::new(e).context("FUSE session failed")),
         Err(_) => bail!("FUSE session thread panicked"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts(max_read_kib: u32) -> ServeOptions {
+        ServeOptions {
+            mountpoint: "/m".into(),
+            store_dir: "/s".into(),
+            secondary_dir: "/s2".into(),
+            control_socket: "/c".into(),
+            cache_bytes: 0,
+            threads: 1,
+            readahead_kib: 1024,
+            max_read_kib,
+            gid: None,
+            handle_signals: false,
+        }
+    }
+
+    /// The branch hang of issue 30: a 256 KiB answer on the worker socket
+    /// can be lost under fragmentation, so a worker never asks for reads
+    /// that large, whatever the mount was given.
+    #[test]
+    fn reads_behind_a_holder_fit_one_small_packet() {
+        assert_eq!(worker_tuning(&opts(256)).max_read, 64 << 10);
+        assert_eq!(worker_tuning(&opts(1024)).max_read, 64 << 10);
+        assert_eq!(worker_tuning(&opts(32)).max_read, 32 << 10);
+        // Serving in-process (no holder) keeps what was asked.
+        assert_eq!(tuning(&opts(256)).max_read, 256 << 10);
     }
 }

@@ -60,6 +60,17 @@ const FUSE_BATCH_FORGET: u32 = 42;
 /// Largest request the kernel sends (fuser's max_write, 16 MiB) plus room
 /// for headers. Reads of `/dev/fuse` need a buffer this big.
 const REQUEST_BUF: usize = (16 << 20) + 8192;
+/// The largest read a worker behind a holder answers. The worker socket is
+/// `SOCK_SEQPACKET`: the kernel copies each packet's head into one
+/// physically contiguous buffer (`unix_dgram_sendmsg`), so a 256 KiB
+/// answer needs an order-6 allocation. When memory is fragmented that
+/// fails: `writev` returns ENOBUFS, fuser logs "Failed to send FUSE reply"
+/// and drops the answer, and the kernel waits for it forever with the page
+/// it was to fill locked (a QEMU faulting it, or a branch migration reading
+/// it, hangs for good: the branch hang of issue 30). Up to 64 KiB the head
+/// is at most 16 KiB (order 2, which the allocator does not give up on) and
+/// the rest fits the packet's page fragments.
+pub const MAX_READ_ANSWER: u32 = 64 << 10;
 /// Room for the largest answer a worker sends: a read of up to 1 MiB
 /// (`--max-read-kib` is capped there) plus its header.
 const ANSWER_BUF: usize = 2 << 20;

@@ -66,6 +66,12 @@ impl Home {
                 continue;
             };
             let cmd = String::from_utf8_lossy(&cmd);
+            if !(cmd.starts_with("qemu-system") && cmd.contains(&needle)) {
+                continue;
+            }
+            // Only this home's QEMUs: reading another process's stat can
+            // block for as long as that process is stuck (a hung FUSE
+            // fault), and so would every test's teardown.
             let zombie = std::fs::read_to_string(format!("/proc/{pid}/stat"))
                 .map(|s| {
                     s.rsplit(')')
@@ -75,7 +81,7 @@ impl Home {
                         .starts_with('Z')
                 })
                 .unwrap_or(true);
-            if cmd.starts_with("qemu-system") && cmd.contains(&needle) && !zombie {
+            if !zombie {
                 out.push(pid);
             }
         }
@@ -147,7 +153,31 @@ impl Poold {
     /// Like [`Poold::start`], but a failure to start is returned with what
     /// poold printed.
     pub fn try_start(home: &Path, args: &[&str], token: Option<&str>) -> Result<Poold, String> {
+        Poold::try_start_env(home, args, token, &[])
+    }
+
+    /// [`Poold::start`] with extra environment variables.
+    pub fn start_env(
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Poold {
+        match Poold::try_start_env(home, args, token, env) {
+            Ok(p) => p,
+            Err(e) => panic!("starting poold: {e}"),
+        }
+    }
+
+    /// [`Poold::try_start`] with extra environment variables.
+    pub fn try_start_env(
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Result<Poold, String> {
         let mut cmd = Command::new(bin("poold"));
+        cmd.envs(env.iter().copied());
         if !args.contains(&"--bind") {
             cmd.args(["--bind", "127.0.0.1:0"]);
         }

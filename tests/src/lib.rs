@@ -6,6 +6,7 @@
 //! makes one and points `FORKD_HOME` at it.
 
 pub mod daemon;
+pub mod netns;
 
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::images::Image;
@@ -147,6 +148,7 @@ pub async fn create_snapshot(
             lifetime: Lifetime::Ephemeral,
             verbose: false,
             volumes: Vec::new(),
+            ca: None,
         },
     )
     .await
@@ -167,4 +169,31 @@ pub async fn fork(tag: &str, n: usize) -> Vec<forkd_snapshot::fork::Child> {
         .await
         .unwrap_or_else(|e| panic!("forking {n} of {tag}: {e:#}"))
         .children
+}
+
+/// Serves `127.0.0.1:<ephemeral>` on the host, carrying each accepted
+/// connection to `port` in the guest through its own agent tunnel (what
+/// poold's sandbox plane does for E2B's `get_host(port)`); for clients that
+/// need a URL (an HTTP client, the E2B SDK). Returns the address; the
+/// forwarder lives as long as the runtime.
+pub async fn forward(agent: forkd_vmm::AgentClient, port: u16) -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = l.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut sock, _)) = l.accept().await else {
+                return;
+            };
+            let agent = agent.clone();
+            tokio::spawn(async move {
+                match agent.open_tunnel(port).await {
+                    Ok(mut t) => {
+                        let _ = tokio::io::copy_bidirectional(&mut sock, &mut t).await;
+                    }
+                    Err(e) => eprintln!("forward to guest port {port}: {e}"),
+                }
+            });
+        }
+    });
+    addr
 }

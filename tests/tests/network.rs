@@ -7,7 +7,9 @@
 //!
 //! Needs root and nftables. The test namespace is `fdt-srv-<pid>`, linked
 //! to the root namespace by the veth `fdtv<pid>`, 10.209.0.1/24 on the root
-//! side and the server at 10.209.0.2 and 10.209.0.3.
+//! side and the server at 10.209.0.2 and 10.209.0.3: private addresses,
+//! which a default policy denies (tests/tests/egress.rs), so the children
+//! here name the server in `allow_out` (per spawn, and per pool).
 
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
@@ -244,7 +246,8 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
         let (st, v) = p
             .post(
                 "/v1/sandboxes",
-                json!({"snapshot_tag": "net", "n": 10, "per_child_netns": true}),
+                json!({"snapshot_tag": "net", "n": 10, "per_child_netns": true,
+                       "network": {"allow_out": [SERVER_A, SERVER_B]}}),
             )
             .await;
         assert_eq!(st, 201, "{v}");
@@ -311,9 +314,14 @@ fn children_fetch_from_a_local_server_with_policies_and_survive_a_poold_kill() {
             !v["stderr"].as_str().unwrap_or("").contains("refused"),
             "the host must drop, not refuse: {v}"
         );
-        // Pool children wait (paused) with the default policy written; a
+        // Pool children wait (paused) with their pool's policy written; a
         // hand-out asking for another one gets it instead.
-        let (st, v) = p.put("/v1/pools/net", json!({"min_ready": 3})).await;
+        let (st, v) = p
+            .put(
+                "/v1/pools/net",
+                json!({"min_ready": 3, "network": {"allow_out": [SERVER_A]}}),
+            )
+            .await;
         assert_eq!(st, 200, "{v}");
         p.wait_pool("net", 3).await;
         let (st, v) = p

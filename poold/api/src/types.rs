@@ -99,6 +99,13 @@ pub struct SandboxInfo {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schema(value_type = Vec<PortSchema>)]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
+    /// The egress policy in force for a networked sandbox: its lists, the
+    /// internal ranges it is denied unless `allow_out` names them, and the
+    /// resolvers its DNS may reach (docs/network.md); absent without a
+    /// network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<EffectivePolicySchema>)]
+    pub egress: Option<forkd_net::EffectivePolicy>,
 }
 
 /// `POST /v1/sandboxes`.
@@ -153,6 +160,11 @@ pub struct SpawnBody {
     /// children get there instead.
     #[serde(default)]
     pub volumes: Vec<VolumeSpec>,
+    /// Ours: extra CA certificates (PEM, at most 512 KiB) the children
+    /// trust from their hand-out on, besides the config's `ca_certs_file`
+    /// (docs/network.md).
+    #[serde(default)]
+    pub ca_certs: Option<String>,
 }
 
 /// A host folder mounted into a guest (forkd's `snapshot.json` shape).
@@ -215,6 +227,10 @@ pub struct CreateSnapshotBody {
     /// spawn rebinds them (docs/volumes.md).
     #[serde(default)]
     pub volumes: Vec<VolumeSpec>,
+    /// Ours: extra CA certificates (PEM) installed in the parent before
+    /// its warm-up, so the warm-up and every child trust them.
+    #[serde(default)]
+    pub ca_certs: Option<String>,
 }
 
 /// `POST /v1/sandboxes/:id/exec`: forkd's `args` + `timeout_secs`, and ours.
@@ -332,6 +348,13 @@ pub struct PoolSpec {
     /// (default [`DEFAULT_KEEP_RESIDENT`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub keep_resident: Option<usize>,
+    /// The egress policy of this tag's children, pooled or restored, whose
+    /// spawn names none (instead of the config's `net.egress`;
+    /// docs/network.md): e.g. `{"allow_out": ["10.0.5.20"]}` to open one
+    /// internal database to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Option<EgressSchema>)]
+    pub network: Option<forkd_net::EgressPolicy>,
 }
 
 /// Resident children of a `page_out` pool unless `keep_resident` says.
@@ -375,6 +398,9 @@ impl PoolSpec {
             anyhow::bail!(
                 "keep_resident needs page_out: true (without it every child is resident)"
             );
+        }
+        if let Some(p) = &self.network {
+            p.validate().map_err(|e| anyhow::anyhow!("network: {e}"))?;
         }
         if let Some(code) = &self.warm_eval {
             if !self.warm {
@@ -446,4 +472,21 @@ pub struct EgressSchema {
     allow_out: Option<Vec<String>>,
     /// Addresses, CIDRs or domain names it may not reach.
     deny_out: Option<Vec<String>>,
+}
+
+/// The OpenAPI shape of the egress policy in force
+/// (`forkd_net::EffectivePolicy` on the wire; docs/network.md);
+/// documentation only.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+pub struct EffectivePolicySchema {
+    /// Reachable first, internal ranges and the host's addresses included.
+    allow_out: Vec<String>,
+    /// Denied after the internal ranges.
+    deny_out: Vec<String>,
+    /// CIDRs denied unless `allow_out` names them: private, shared,
+    /// link-local, loopback, reserved, and the operator's `net.internal_ranges`.
+    internal_denied: Vec<String>,
+    /// Resolvers reachable on port 53; empty when DNS is closed.
+    dns: Vec<String>,
 }

@@ -213,6 +213,7 @@ pub async fn run(paths: &Paths, b: BranchBench) -> Result<()> {
             lifetime: Lifetime::Ephemeral,
             verbose: false,
             volumes: Vec::new(),
+            ca: None,
         },
     )
     .await?;

@@ -61,6 +61,7 @@ pub async fn run(paths: &Paths, b: ForkBench) -> Result<()> {
             lifetime: Lifetime::Ephemeral,
             verbose: false,
             volumes: Vec::new(),
+            ca: None,
         },
     )
     .await?;

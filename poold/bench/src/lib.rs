@@ -1,10 +1,12 @@
 //! Benchmarks that print numbers (never assert them): `forkd bench fork`,
-//! `forkd bench spawn` and `forkd bench branch`. Results and the commands that produced them are
+//! `forkd bench spawn`, `forkd bench branch`, `forkd bench e2b` and
+//! `forkd bench browser`. Results and the commands that produced them are
 //! recorded in docs/BENCHMARKS.md.
 
 #![warn(missing_docs)]
 
 pub mod branch;
+pub mod browser;
 pub mod e2b;
 pub mod fork;
 pub mod mem;

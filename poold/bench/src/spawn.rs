@@ -347,7 +347,7 @@ async fn probe(c: &Client, id: &str, code: &str) -> Result<()> {
 
 /// The QEMU pids of every VM poold keeps. With no sandboxes running (the
 /// benchmark checks), those are the pooled children.
-fn pooled_pids(paths: &Paths) -> Result<Vec<u32>> {
+pub(crate) fn pooled_pids(paths: &Paths) -> Result<Vec<u32>> {
     let mut pids = Vec::new();
     let dir = paths.vms_dir();
     for e in std::fs::read_dir(&dir).with_context(|| format!("listing {}", dir.display()))? {

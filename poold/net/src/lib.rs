@@ -20,6 +20,10 @@
 //! - A slot is claimed by creating the link `fkh<i>` in the root namespace:
 //!   the kernel refuses a second link of that name, so two processes never
 //!   share a slot and nothing else needs to be locked.
+//! - A child's egress policy lives in its own namespace's table, so it holds
+//!   as long as the child's network exists, whether or not poold runs (a
+//!   kill -9 and restart changes nothing); what protects the host itself
+//!   lives in the root namespace's table, which stays when poold dies.
 //! - Everything of a child dies with its namespace (the veth pair, the tap,
 //!   its nftables table), except the one root-namespace set element that
 //!   lets it reach an explicitly allowed host address; [`teardown`] removes
@@ -41,8 +45,10 @@ pub mod proxy;
 mod tap;
 
 pub use error::NetError;
+/// IPv4 networks (`10.0.0.0/8`), as the policy types hold them.
+pub use ipnet::Ipv4Net;
 pub use netns::{netns_path, open as netns_open, NS_DIR};
-pub use policy::{EgressPolicy, Target};
+pub use policy::{Baseline, EffectivePolicy, EgressPolicy, Target};
 pub use pool::AddrPool;
 pub use tap::open_tap_in;
 

@@ -3,7 +3,7 @@
 //! invariants.
 
 use crate::netlink::{self, with_handle};
-use crate::policy::EgressPolicy;
+use crate::policy::{Baseline, EgressPolicy};
 use crate::{
     host_link, netns, nft, pool::AddrPool, ChildNet, NetError, Result, GATEWAY, GUEST_PREFIX,
     HOST_VETH_PREFIX, NS_VETH, PEER_VETH_PREFIX, TAP, TAP_MAC,
@@ -32,20 +32,20 @@ pub struct HostSetup {
 pub fn host_setup(pool: &AddrPool) -> Result<HostSetup> {
     netns::sysctl("net.ipv4.ip_forward", "1")?;
     let uplinks = with_handle(None, |h| async move { netlink::uplinks(&h).await })?;
+    let resolvers = upstream_resolvers();
     nft::apply(
         None,
-        &nft::host_ruleset(pool.net(), &uplinks),
+        &nft::host_ruleset(pool.net(), &uplinks, &resolvers),
         "writing the host's table inet forkd",
     )?;
-    Ok(HostSetup {
-        uplinks,
-        resolvers: upstream_resolvers(),
-    })
+    Ok(HostSetup { uplinks, resolvers })
 }
 
-/// The host's upstream IPv4 resolvers: /etc/resolv.conf, or systemd-resolved's
-/// upstream list when the host uses a loopback stub. Loopback entries are
-/// dropped (a guest cannot reach the host's loopback).
+/// The host's upstream IPv4 resolvers: /etc/resolv.conf (or the file
+/// `$FORKD_RESOLV_CONF` names: resolvers meant for sandboxes only, and
+/// tests), or systemd-resolved's upstream list when that file names only a
+/// loopback stub. Loopback entries are dropped (a guest cannot reach the
+/// host's loopback).
 pub fn upstream_resolvers() -> Vec<Ipv4Addr> {
     let parse = |path: &str| -> Vec<Ipv4Addr> {
         std::fs::read_to_string(path)
@@ -55,7 +55,8 @@ pub fn upstream_resolvers() -> Vec<Ipv4Addr> {
             .filter_map(|a| a.trim().parse::<Ipv4Addr>().ok())
             .collect()
     };
-    let etc = parse("/etc/resolv.conf");
+    let file = std::env::var("FORKD_RESOLV_CONF").unwrap_or_else(|_| "/etc/resolv.conf".into());
+    let etc = parse(&file);
     let chosen = if !etc.is_empty() && etc.iter().all(|a| a.is_loopback()) {
         parse("/run/systemd/resolve/resolv.conf")
     } else {
@@ -116,7 +117,7 @@ pub fn create_child(pool: &AddrPool, scope: &str, vm_id: &str) -> Result<ChildNe
             guest_addr,
         };
         wire(&net)?;
-        apply_policy(&net, &EgressPolicy::deny_all(), &[])?;
+        apply_policy(&net, &EgressPolicy::deny_all(), &Baseline::default())?;
         Ok(net)
     })();
     if r.is_err() {
@@ -168,12 +169,11 @@ fn wire(net: &ChildNet) -> Result<()> {
     })
 }
 
-/// Sets the child's egress policy (replacing the previous one atomically)
-/// and lets it reach the host addresses its allow list names. Domain names
-/// must already be resolved into `allow`/`deny` by the caller
-/// ([`EgressPolicy::resolve`]); this one resolves them itself when the
-/// policy has any, blocking the calling thread.
-pub fn apply_policy(net: &ChildNet, policy: &EgressPolicy, resolvers: &[Ipv4Addr]) -> Result<()> {
+/// Sets the child's egress policy on top of the host's `base` (internal
+/// ranges, resolvers), replacing the previous one atomically, and lets it
+/// reach the host addresses its allow list names. Domain names are
+/// resolved here ([`EgressPolicy::resolve`]), blocking the calling thread.
+pub fn apply_policy(net: &ChildNet, policy: &EgressPolicy, base: &Baseline) -> Result<()> {
     policy.validate()?;
     let resolved = {
         let p = policy.clone();
@@ -189,7 +189,7 @@ pub fn apply_policy(net: &ChildNet, policy: &EgressPolicy, resolvers: &[Ipv4Addr
     };
     nft::apply(
         Some(&net.netns),
-        &nft::child_ruleset(&resolved, resolvers),
+        &nft::child_ruleset(&resolved, base),
         &format!("writing the egress policy of {}", net.netns),
     )?;
     remove_host_allows(&|l| l == net.host_link())?;

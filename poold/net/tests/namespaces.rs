@@ -6,8 +6,8 @@
 //! host-wide by design).
 
 use forkd_net::{
-    apply_policy, create_child, host_setup, reconcile, teardown, AddrPool, ChildNet, EgressPolicy,
-    Target,
+    apply_policy, create_child, host_setup, reconcile, teardown, AddrPool, Baseline, ChildNet,
+    EgressPolicy, Target,
 };
 use std::process::Command;
 use std::sync::Mutex;
@@ -140,10 +140,10 @@ fn children_get_distinct_addresses_and_teardown_leaves_nothing() {
         allow_out: vec![Target::parse(&n0.host_addr.to_string()).unwrap()],
         deny_out: vec![],
     };
-    apply_policy(&n0, &p, &[]).unwrap();
+    apply_policy(&n0, &p, &Baseline::default()).unwrap();
     assert!(host_allow().contains(&n0.host_link()), "{}", host_allow());
     // Re-applying replaces, never duplicates.
-    apply_policy(&n0, &p, &[]).unwrap();
+    apply_policy(&n0, &p, &Baseline::default()).unwrap();
     assert_eq!(
         host_allow()
             .matches(&format!("\"{}\"", n0.host_link()))
@@ -183,7 +183,7 @@ fn reconcile_removes_what_no_live_child_owns() {
             allow_out: vec![Target::parse("192.0.2.1").unwrap()],
             deny_out: vec![],
         },
-        &[],
+        &Baseline::default(),
     )
     .unwrap();
     // As after a kill -9: `lost` is no longer recorded anywhere.

@@ -85,6 +85,9 @@ pub struct CreateSpec {
     /// Host folders the parent mounts (docs/volumes.md): checked, with
     /// canonical host paths; recorded, and what children get by default.
     pub volumes: Vec<forkd_vmm::Volume>,
+    /// Extra CA certificates installed in the parent before its warm-up:
+    /// the warm-up and every child trust them (docs/network.md).
+    pub ca: Option<crate::ca::CaBundle>,
 }
 
 /// Whether a snapshot of `image` gets a NIC: as asked (`--net`/`--no-net`),
@@ -242,6 +245,9 @@ pub async fn create(paths: &Paths, spec: CreateSpec) -> Result<Created> {
             if let Some(c) = &spec.eval_warmup {
                 lineage.insert("eval_warmup".into(), json!(c));
             }
+            if let Some(ca) = &spec.ca {
+                lineage.insert("ca_certs".into(), json!(ca.len()));
+            }
             if let Some(pid) = ping.warm_pid {
                 lineage.insert("warm_pid".into(), json!(pid));
             }
@@ -289,6 +295,16 @@ async fn warm_up(
     say: &(dyn Fn(&str) + Sync),
 ) -> Result<rootfs_init::protocol::PingResult> {
     let ping = wait_warm_interpreter(vm).await?;
+    if let Some(ca) = &spec.ca {
+        say(&format!("installing {} extra CA certificate(s)", ca.len()));
+        let installed = vm.agent.trust_ca(&ca.pem()).await?;
+        if installed != ca.len() {
+            bail!(
+                "the guest installed {installed} of {} CA certificates: the image's agent predates `ca_certs`; rebuild the initramfs with this forkd",
+                ca.len()
+            );
+        }
+    }
     if let Some(cmd) = &spec.warmup_cmd {
         say(&format!("warm-up command: {cmd}"));
         let out = vm

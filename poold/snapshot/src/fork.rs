@@ -57,6 +57,7 @@ pub async fn fork(
                 &hostname,
                 Identity::Bare,
                 None,
+                None,
                 start,
                 &mut timings,
             )

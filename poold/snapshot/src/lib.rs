@@ -11,6 +11,7 @@
 //!   layer store as one snapshot;
 //! - [`restore`]: start one child paused from a snapshot served by forkd-fs,
 //!   then hand it out (resume + identity);
+//! - [`ca`]: extra CA certificates guests trust, checked at the boundary;
 //! - [`fork`]: N children at once, with per-phase timings;
 //! - [`config`]: what a snapshot records about its VM, and the check that
 //!   refuses a restore this host cannot do;
@@ -21,6 +22,7 @@
 
 pub mod boot;
 pub mod branch;
+pub mod ca;
 mod config;
 pub mod create;
 pub mod delete;

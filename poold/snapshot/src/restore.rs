@@ -8,6 +8,7 @@
 use super::config::VmConfig;
 use super::create::{ms, MEMORY, ROOTFS, VMSTATE};
 use super::SnapshotError;
+use crate::ca::CaBundle;
 use crate::paths::Paths;
 use anyhow::{anyhow, Result};
 use forkd_layers::{SnapshotId, SnapshotRecord};
@@ -355,14 +356,33 @@ pub enum Identity {
 /// pooled child gets its own entropy, so no two are alike, and the costly
 /// parts (the interpreter reseed runs Python) leave the hand-out.
 pub async fn give_identity(vm: &Vm, hostname: &str) -> Result<()> {
+    give_identity_with(vm, hostname, None).await
+}
+
+/// [`give_identity`], installing the CA certificates `ca` too.
+async fn give_identity_with(vm: &Vm, hostname: &str, ca: Option<&CaBundle>) -> Result<()> {
     let nameservers = vm.record.net.is_some().then(forkd_vmm::net::nameservers);
-    tokio::time::timeout(
+    let pem = ca.map(CaBundle::pem);
+    let r = tokio::time::timeout(
         READY_TIMEOUT,
-        vm.agent.identity_with(Some(hostname), nameservers),
+        vm.agent
+            .identity_with(Some(hostname), nameservers, pem.as_deref()),
     )
     .await
     .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))??;
-    Ok(())
+    check_ca_installed(ca, r.ca_certs_installed)
+}
+
+/// Refuses a hand-out whose CAs the guest did not install: an agent older
+/// than the `ca_certs` field ignores it.
+fn check_ca_installed(ca: Option<&CaBundle>, installed: usize) -> Result<()> {
+    match ca {
+        Some(b) if installed != b.len() => Err(anyhow!(
+            "the guest installed {installed} of {} CA certificates: its agent predates `ca_certs`; take the snapshot again from an image built with this forkd",
+            b.len()
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// Resumes a restored child and completes its identity (see [`Identity`]):
@@ -373,14 +393,19 @@ pub async fn give_identity(vm: &Vm, hostname: &str) -> Result<()> {
 ///
 /// A networked child gets its egress `policy` (None: the configured
 /// default) before its vCPUs run, and its resolv.conf with the identity.
+/// Every child gets the configured CA certificates and `ca` (a spawn's)
+/// with the identity or the clock ([`crate::ca::for_hand_out`]): a pooled
+/// child gets them now, not when it was parked.
 pub async fn hand_out(
     vm: &mut Vm,
     hostname: &str,
     identity: Identity,
     policy: Option<&forkd_net::EgressPolicy>,
+    ca: Option<&CaBundle>,
     t0: Instant,
     timings: &mut ChildTimings,
 ) -> Result<()> {
+    let ca = crate::ca::for_hand_out(ca);
     if vm.record.net.is_some() {
         let default = forkd_vmm::net::default_egress();
         set_egress(vm, policy.unwrap_or(&default)).await?;
@@ -389,12 +414,16 @@ pub async fn hand_out(
         .await
         .map_err(|e| e.context(format!("QEMU log:\n{}", vm.dir.qemu_log_tail(10))))?;
     timings.resumed_ms = ms(t0.elapsed());
+    let pem = ca.as_ref().map(CaBundle::pem);
     let answered = match identity {
-        Identity::Bare => give_identity(vm, hostname).await,
-        Identity::Given => match tokio::time::timeout(READY_TIMEOUT, vm.agent.sync_clock()).await {
-            Ok(r) => r.map(|_| ()).map_err(anyhow::Error::from),
-            Err(_) => Err(anyhow!("the agent did not answer within {READY_TIMEOUT:?}")),
-        },
+        Identity::Bare => give_identity_with(vm, hostname, ca.as_ref()).await,
+        Identity::Given => {
+            match tokio::time::timeout(READY_TIMEOUT, vm.agent.sync_clock(pem.as_deref())).await {
+                Ok(Ok(r)) => check_ca_installed(ca.as_ref(), r.ca_certs_installed),
+                Ok(Err(e)) => Err(anyhow::Error::from(e)),
+                Err(_) => Err(anyhow!("the agent did not answer within {READY_TIMEOUT:?}")),
+            }
+        }
     };
     answered.map_err(|e| {
         e.context(format!(

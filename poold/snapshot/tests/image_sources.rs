@@ -35,12 +35,21 @@ impl Setup {
         }
     }
     fn build(&self, root: RootSource) -> anyhow::Result<forkd_snapshot::images::Image> {
+        self.build_with_user(root, None)
+    }
+    fn build_with_user(
+        &self,
+        root: RootSource,
+        user: Option<forkd_snapshot::images::recipe::UserSpec>,
+    ) -> anyhow::Result<forkd_snapshot::images::Image> {
         let recipe = Recipe {
             description: String::new(),
             root,
             disk: Default::default(),
             agent: Default::default(),
             files: Default::default(),
+            include: Default::default(),
+            user,
         };
         build("hostile", &recipe, &self.dirs(), &|_| {})
     }
@@ -278,5 +287,39 @@ impl Setup {
             .map(|rd| rd.flatten().map(|e| e.path()).collect())
             .unwrap_or_default();
         assert!(staged.is_empty(), "staging left behind: {staged:?}");
+    }
+}
+
+/// A `[user]` never reads or writes through a symlinked account file: a
+/// source whose `etc/group` (or `etc/shadow`) leads to the victim fails the
+/// build, and the victim's files stay as they were.
+#[test]
+fn a_user_is_never_added_through_a_symlinked_account_file() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: building an image with a [user] needs root (chown)");
+        return;
+    }
+    for file in ["group", "shadow"] {
+        let s = Setup::new();
+        let tar = s.p("evil.tar");
+        let target = s.victim().join(file).display().to_string();
+        let mut entries = base_entries();
+        entries.push(E::Dir("etc/"));
+        entries.push(E::File("etc/passwd", b"root:x:0:0:root:/root:/bin/sh\n"));
+        let link = if file == "group" {
+            "etc/group"
+        } else {
+            "etc/shadow"
+        };
+        entries.push(E::Symlink(link, &target));
+        write_tar(&tar, &entries);
+        let user = toml::from_str("sudo = false").unwrap();
+        let e = s
+            .build_with_user(RootSource::Tar { path: tar }, Some(user))
+            .unwrap_err();
+        let msg = format!("{e:#}");
+        assert!(msg.contains(&format!("etc/{file} is a symlink")), "{msg}");
+        s.assert_victim_untouched();
+        s.assert_nothing_left();
     }
 }

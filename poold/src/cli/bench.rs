@@ -1,4 +1,4 @@
-//! `forkd bench fork|spawn|branch|e2b`: benchmarks that print medians and ratios.
+//! `forkd bench fork|spawn|branch|e2b|browser`: benchmarks that print medians and ratios.
 
 use anyhow::{bail, Result};
 use clap::Subcommand;
@@ -97,6 +97,25 @@ pub enum BenchCmd {
         /// with per-child networking (docs/network.md).
         #[arg(long)]
         net_tag: Option<String>,
+    },
+    /// A forked warm Chromium through poold (a networked snapshot of the
+    /// `browser` image): spawn to first CDP answer over the published port,
+    /// next to a cold boot and Chromium start; navigation; memory per child.
+    Browser {
+        #[arg(long)]
+        tag: String,
+        /// Sequential spawns per source (pool hit, on demand).
+        #[arg(long, default_value_t = 5)]
+        seq: usize,
+        /// Cold boots measured (0: none).
+        #[arg(long, default_value_t = 2)]
+        cold_samples: usize,
+        /// Children alive at once for the memory figure (0: skip).
+        #[arg(long, default_value_t = 5)]
+        mem_children: usize,
+        /// Write the report as JSON here (for scripts/plot-benchmarks.py).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
     },
     /// Create + run code through poold's E2B endpoints next to spawn + eval through /v1.
     E2b {
@@ -217,6 +236,28 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                     page_out,
                     keep_resident,
                     net_tag,
+                    json,
+                },
+            )
+            .await?;
+        }
+        BenchCmd::Browser {
+            tag,
+            seq,
+            cold_samples,
+            mem_children,
+            json,
+        } => {
+            if seq > 100 || mem_children > 100 {
+                bail!("--seq and --mem-children must be at most 100");
+            }
+            bench::browser::run(
+                paths,
+                bench::browser::BrowserBench {
+                    tag,
+                    seq,
+                    cold_samples,
+                    mem_children,
                     json,
                 },
             )

@@ -646,6 +646,67 @@ pub fn check_poold(url: &str, seen: &PooldSeen) -> Check {
     }
 }
 
+/// Where poold's config is: `$POOLD_CONFIG`, else the systemd unit's
+/// `/etc/forkd/poold.toml` when it exists.
+fn poold_config_path() -> Option<PathBuf> {
+    std::env::var_os("POOLD_CONFIG")
+        .filter(|p| !p.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| {
+            let p = PathBuf::from("/etc/forkd/poold.toml");
+            p.exists().then_some(p)
+        })
+}
+
+/// Whether poold's configured egress policies (`net.egress`, each pool's
+/// `network`) let sandboxes reach internal ranges (docs/network.md): a
+/// WARN naming each entry that does. `config` is the file's path and what
+/// loading it gave; None when there is none (the default: public only).
+pub fn check_egress(
+    config: Option<(&Path, anyhow::Result<crate::daemon::config::Config>)>,
+) -> Check {
+    let name = "egress";
+    let Some((path, loaded)) = config else {
+        return Check::pass(name, "no poold config: sandboxes reach the public internet only (private, link-local, loopback, reserved ranges and the host are denied)");
+    };
+    let cfg = match loaded {
+        Ok(c) => c,
+        Err(e) => {
+            return Check::warn(
+                name,
+                format!("cannot read poold's config {}: {e:#}", path.display()),
+                "fix the file (poold refuses to start with it too); docs/poold.md",
+            )
+        }
+    };
+    let mut open = Vec::new();
+    let mut policies = vec![("net.egress".to_string(), cfg.net.egress.clone())];
+    for (tag, p) in &cfg.pools {
+        if let Some(n) = &p.network {
+            policies.push((format!("pools.{tag}.network"), n.clone()));
+        }
+    }
+    for (what, p) in &policies {
+        for (net, range, why) in p.opens_internal() {
+            open.push(format!("{what} allows {net} ({range}: {why})"));
+        }
+    }
+    if open.is_empty() {
+        return Check::pass(
+            name,
+            format!(
+                "{}: sandboxes reach the public internet, no internal range (domain names in allow_out are not checked)",
+                path.display()
+            ),
+        );
+    }
+    Check::warn(
+        name,
+        format!("{}: {}", path.display(), open.join("; ")),
+        "sandboxes run untrusted code: allow only the internal hosts they need (one address, not a range), per pool or per spawn; docs/network.md",
+    )
+}
+
 /// Runs every local check (not poold's).
 pub fn local_checks(h: &Host, mount: &MountSeen) -> Vec<Check> {
     vec![
@@ -696,6 +757,11 @@ pub async fn run(paths: &Paths, a: DoctorArgs) -> anyhow::Result<i32> {
         move || local_checks(&h, &mount)
     })
     .await?;
+    let cfg_path = poold_config_path();
+    checks.push(check_egress(cfg_path.as_deref().map(|p| {
+        let c = crate::daemon::config::Config::load(Some(p)).and_then(|c| c.validate().map(|()| c));
+        (p, c)
+    })));
     if !a.no_poold {
         let url = std::env::var("FORKD_URL")
             .ok()
@@ -1067,6 +1133,41 @@ mod tests {
             c.verdict == Verdict::Warn && c.fix.contains("systemctl"),
             "{c:?}"
         );
+    }
+
+    #[test]
+    fn egress_warns_when_a_policy_opens_internal_ranges() {
+        use crate::daemon::config::Config;
+        let p = Path::new("/etc/forkd/poold.toml");
+        assert_eq!(check_egress(None).verdict, Verdict::Pass);
+        let parse = |t: &str| toml::from_str::<Config>(t).map_err(anyhow::Error::from);
+        let c = check_egress(Some((
+            p,
+            parse("[net]\negress = { allow_out = [\"93.184.215.14\"] }\n"),
+        )));
+        assert_eq!(c.verdict, Verdict::Pass, "{c:?}");
+        let c = check_egress(Some((
+            p,
+            parse(
+                "[net]\negress = { allow_out = [\"10.0.0.0/8\"] }\n[pools.py]\nmin_ready = 1\nnetwork = { allow_out = [\"169.254.169.254\"] }\n",
+            ),
+        )));
+        assert_eq!(c.verdict, Verdict::Warn, "{c:?}");
+        assert!(
+            c.detail.contains("net.egress allows 10.0.0.0/8"),
+            "{}",
+            c.detail
+        );
+        assert!(
+            c.detail
+                .contains("pools.py.network allows 169.254.169.254/32"),
+            "{}",
+            c.detail
+        );
+        assert!(c.fix.contains("docs/network.md"));
+        let c = check_egress(Some((p, parse("[net]\nbad = 1\n"))));
+        assert_eq!(c.verdict, Verdict::Warn);
+        assert!(c.detail.contains("cannot read"), "{}", c.detail);
     }
 
     #[test]

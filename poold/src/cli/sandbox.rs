@@ -21,6 +21,10 @@ pub struct SpawnArgs {
     pub ttl: Option<u64>,
     #[command(flatten)]
     pub settings: SandboxSettings,
+    /// PEM file of extra CA certificates the sandboxes trust, e.g. a
+    /// TLS-inspecting proxy's (docs/network.md); checked here first.
+    #[arg(long = "ca-cert", value_name = "PEM")]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Print the JSON answer.
     #[arg(long)]
     pub json: bool,
@@ -168,6 +172,9 @@ pub async fn spawn(a: SpawnArgs) -> Result<i32> {
     a.settings.apply(&mut body)?;
     if let Some(t) = a.ttl {
         body["ttl_secs"] = json!(t);
+    }
+    if let Some(p) = &a.ca_cert {
+        body["ca_certs"] = json!(forkd_snapshot::ca::CaBundle::read(p)?.pem());
     }
     let t0 = std::time::Instant::now();
     let made: Vec<SandboxInfo> = c.post("/v1/sandboxes", body).await?;

@@ -96,6 +96,10 @@ pub struct CreateArgs {
     /// Children get it too, unless their spawn rebinds it (docs/volumes.md).
     #[arg(long = "volume", value_name = "HOST:GUEST[:ro|rw]")]
     pub volumes: Vec<String>,
+    /// PEM file of extra CA certificates the parent (its warm-up) and every
+    /// child trust, e.g. a TLS-inspecting proxy's (docs/network.md).
+    #[arg(long = "ca-cert", value_name = "PEM")]
+    pub ca_cert: Option<std::path::PathBuf>,
 }
 
 pub async fn run(paths: &Paths, cmd: SnapshotCmd) -> Result<i32> {
@@ -159,6 +163,11 @@ async fn create_cmd(paths: &Paths, a: CreateArgs) -> Result<i32> {
         lifetime: Lifetime::Ephemeral,
         verbose: !a.quiet,
         volumes: super::run::local_volumes(&a.volumes)?,
+        ca: a
+            .ca_cert
+            .as_deref()
+            .map(forkd_snapshot::ca::CaBundle::read)
+            .transpose()?,
     };
     let tag = spec.tag.clone();
     let c = tokio::select! {
@@ -323,7 +332,8 @@ async fn diff(paths: &Paths, from: &str, tag: &str, cmd: &str, timeout: f64) -> 
     let mut vm = restore::restore_paused(paths, &src, &id, Lifetime::Ephemeral, &mut t).await?;
     let result = async {
         let bare = restore::Identity::Bare;
-        restore::hand_out(&mut vm, &id, bare, None, std::time::Instant::now(), &mut t).await?;
+        let now = std::time::Instant::now();
+        restore::hand_out(&mut vm, &id, bare, None, None, now, &mut t).await?;
         eprintln!("==> running {cmd:?} in a child of {from}");
         let out = vm
             .agent

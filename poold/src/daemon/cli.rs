@@ -170,6 +170,7 @@ fn parse_pool(s: &str) -> anyhow::Result<(String, super::config::PoolSpec)> {
             warm_eval: None,
             page_out: false,
             keep_resident: None,
+            network: None,
         },
     ))
 }

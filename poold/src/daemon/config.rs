@@ -18,6 +18,11 @@
 //! default_cpus = 1.0               # CPU quota of a sandbox that asks for none (unset: unlimited)
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
 //! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
+//! ca_certs_file = "/etc/forkd/proxy-ca.pem" # CAs every sandbox trusts (docs/network.md)
+//!
+//! [net]                            # docs/network.md
+//! egress = { allow_out = ["10.0.5.20"] }  # default: public internet only
+//! internal_ranges = ["44.0.0.0/8"] # denied like private ranges unless allowed
 //!
 //! [e2b]                            # the E2B API (docs/e2b.md); both or neither
 //! bind = "127.0.0.1:3000"          # E2B_API_URL
@@ -101,18 +106,27 @@ pub struct Config {
     pub net: NetConfig,
     /// The E2B API's listeners and key (docs/e2b.md).
     pub e2b: crate::daemon::e2b::E2bConfig,
+    /// PEM file of extra CA certificates every sandbox trusts from its
+    /// hand-out on (a TLS-inspecting proxy's CA; docs/network.md). Read at
+    /// start.
+    pub ca_certs_file: Option<PathBuf>,
 }
 
-/// `[net]`: the range host-side child addresses come from and the egress
-/// policy of a spawn that sets none.
+/// `[net]`: the range host-side child addresses come from, the egress
+/// policy of a spawn that sets none, and extra internal ranges.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct NetConfig {
     /// A CIDR of /30 or larger (default 10.201.0.0/16: 16384 children).
     pub range: forkd_net::AddrPool,
-    /// Default egress policy (`allow_out`, `deny_out`); default: allow all
-    /// but the host, loopback and link-local.
+    /// Default egress policy (`allow_out`, `deny_out`); default: the public
+    /// internet, nothing internal (private, shared, link-local, loopback,
+    /// reserved ranges and the host's own addresses).
     pub egress: forkd_net::EgressPolicy,
+    /// More ranges every child is denied unless its `allow_out` names them,
+    /// like the built-in internal ones (a cluster's pod and service CIDRs
+    /// where they are not private addresses). CIDRs only.
+    pub internal_ranges: Vec<forkd_net::Target>,
 }
 
 impl Default for Config {
@@ -143,6 +157,7 @@ impl Default for Config {
             default_memory_limit_mib: None,
             net: NetConfig::default(),
             e2b: Default::default(),
+            ca_certs_file: None,
         }
     }
 }
@@ -174,6 +189,22 @@ impl Config {
         self.bind
             .parse()
             .with_context(|| format!("bad bind address {:?} (want IP:PORT)", self.bind))
+    }
+
+    /// `net.internal_ranges` as networks (names refused).
+    pub fn internal_ranges(&self) -> Result<Vec<forkd_net::Ipv4Net>> {
+        forkd_net::policy::networks_only(&self.net.internal_ranges, "net.internal_ranges")
+            .context("net.internal_ranges (docs/network.md)")
+    }
+
+    /// The CA certificates of `ca_certs_file`, read and checked.
+    pub fn guest_ca(&self) -> Result<forkd_snapshot::ca::CaBundle> {
+        match &self.ca_certs_file {
+            Some(p) => {
+                forkd_snapshot::ca::CaBundle::read(p).context("ca_certs_file (docs/network.md)")
+            }
+            None => Ok(Default::default()),
+        }
     }
 
     /// Checks every value; called once flags are applied.
@@ -227,6 +258,8 @@ impl Config {
             .egress
             .validate()
             .context("net.egress (docs/network.md)")?;
+        self.internal_ranges()?;
+        self.guest_ca()?;
         self.e2b.addrs()?;
         for p in &self.allowed_paths {
             if !p.is_absolute() {
@@ -302,6 +335,14 @@ mod tests {
         c.validate().unwrap();
         assert_eq!(c.net.range.slots(), 1024);
         assert_eq!(Config::default().net.range.slots(), 16384);
+        let c: Config =
+            toml::from_str("[net]\ninternal_ranges = [\"44.0.0.0/8\", \"10.96.0.0/12\"]\n")
+                .unwrap();
+        assert_eq!(c.internal_ranges().unwrap().len(), 2);
+        let c: Config = toml::from_str("[net]\ninternal_ranges = [\"pods.local\"]\n").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("domain name"));
+        let c: Config = toml::from_str("ca_certs_file = \"/nonexistent/ca.pem\"\n").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("ca_certs_file"));
         for bad in [
             "range = \"10.77.0.1/20\"",
             "range = \"10.42.0.0/16\"",

@@ -7,6 +7,7 @@ use super::pool::{PooledVm, RefillTicket, Residency};
 use super::sandbox::Sandbox;
 use super::state::{PooledRecord, SandboxRecord, State};
 use super::Daemon;
+use forkd_snapshot::ca::CaBundle;
 use forkd_snapshot::restore::{hand_out, restore_paused_with, ChildTimings, Identity, Source};
 use forkd_snapshot::unix_now;
 use forkd_vmm::{Hierarchy, Limits};
@@ -46,6 +47,9 @@ pub struct SpawnRequest {
     /// The workspace the sandbox is spawned for (recorded in it, so a
     /// restart can tell whose it is).
     pub workspace: Option<String>,
+    /// Extra CA certificates (PEM) the children trust, besides the
+    /// config's `ca_certs_file` (docs/network.md).
+    pub ca_certs: Option<String>,
 }
 
 impl SpawnRequest {
@@ -99,10 +103,24 @@ impl SpawnRequest {
 }
 
 impl SpawnRequest {
+    /// The CA certificates asked for, checked (a 400 says what is wrong).
+    pub fn ca(&self) -> ApiResult<Option<forkd_snapshot::ca::CaBundle>> {
+        self.ca_certs
+            .as_deref()
+            .map(|t| forkd_snapshot::ca::CaBundle::parse(t, "ca_certs"))
+            .transpose()
+            .map_err(|e| ApiError::bad_request(e.to_string()))
+    }
+
     /// Checks the network fields against the snapshot (`has_nic`): a
     /// request for a network from a snapshot without a NIC is a 400.
-    /// Returns the egress policy the children get (None: no network).
-    pub fn egress(&self, has_nic: bool) -> ApiResult<Option<forkd_net::EgressPolicy>> {
+    /// Returns the egress policy the children get (None: no network): the
+    /// request's, else the pool's (`pool_default`), else the config's.
+    pub fn egress(
+        &self,
+        has_nic: bool,
+        pool_default: Option<forkd_net::EgressPolicy>,
+    ) -> ApiResult<Option<forkd_net::EgressPolicy>> {
         let wants = self.per_child_netns
             || self.net == Some(true)
             || self.network.is_some()
@@ -118,7 +136,7 @@ impl SpawnRequest {
         Ok(Some(match (&self.network, self.net) {
             (_, Some(false)) => forkd_net::EgressPolicy::deny_all(),
             (Some(p), _) => p.clone(),
-            (None, _) => forkd_vmm::net::default_egress(),
+            (None, _) => pool_default.unwrap_or_else(forkd_vmm::net::default_egress),
         }))
     }
 
@@ -155,11 +173,13 @@ pub async fn source(d: &Daemon, tag: &str) -> ApiResult<Source> {
 pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(d.cgroups.as_ref(), d.default_limits())?;
+    let ca = req.ca()?;
     let rebind = super::volumes::accept(&d.cfg.volume_roots, &req.volumes)?;
     let src = source(d, &req.tag).await?;
     let source_ms = t0.elapsed().as_secs_f64() * 1e3;
     let volumes = child_volumes(d, &src, &rebind)?;
-    let egress = req.egress(src.config.machine.net)?;
+    let pool_egress = d.pools.spec(&req.tag).and_then(|s| s.network);
+    let egress = req.egress(src.config.machine.net, pool_egress)?;
     if let Some(p) = &egress {
         // Names that do not resolve are the caller's error, before any VM.
         p.resolve()
@@ -200,7 +220,7 @@ pub async fn spawn(d: &Arc<Daemon>, req: SpawnRequest) -> ApiResult<Vec<SandboxR
         &req,
         (&src, &volumes),
         hits,
-        egress.as_ref(),
+        (egress.as_ref(), ca.as_ref()),
         &limits,
         t0,
     )
@@ -274,7 +294,7 @@ async fn spawn_hits_and_misses(
     req: &SpawnRequest,
     child: (&Source, &[forkd_vmm::Volume]),
     hits: Vec<PooledVm>,
-    egress: Option<&forkd_net::EgressPolicy>,
+    (egress, ca): (Option<&forkd_net::EgressPolicy>, Option<&CaBundle>),
     limits: &Limits,
     t0: Instant,
 ) -> ApiResult<(Vec<SandboxRecord>, Vec<Arc<Sandbox>>)> {
@@ -299,7 +319,7 @@ async fn spawn_hits_and_misses(
             };
             let handed = async {
                 confine(d, &vm, &limits)?;
-                hand_out(&mut vm, &id, identity, egress, t0, &mut t).await
+                hand_out(&mut vm, &id, identity, egress, ca, t0, &mut t).await
             };
             match handed.await {
                 Ok(()) => {
@@ -318,7 +338,7 @@ async fn spawn_hits_and_misses(
                         "pooled child {id} failed at hand-out ({e:#}); restoring a replacement"
                     );
                     discard(d, vm).await;
-                    restore_one(d, &src, volumes, egress, t0, &limits)
+                    restore_one(d, &src, volumes, (egress, ca), t0, &limits)
                         .await
                         .map(|(vm, t)| (vm, t, false))
                 }
@@ -332,7 +352,7 @@ async fn spawn_hits_and_misses(
         .map(|_| {
             let src = src2.clone();
             async move {
-                restore_one(d, &src, volumes, egress, t0, &limits)
+                restore_one(d, &src, volumes, (egress, ca), t0, &limits)
                     .await
                     .map(|(vm, t)| (vm, t, false))
             }
@@ -376,6 +396,7 @@ async fn spawn_hits_and_misses(
             pool_hit: hit,
             spawn_ms: t.ready_ms,
             net: vm.record.net.clone(),
+            egress: vm.record.net.as_ref().and(egress.cloned()),
             ports: Vec::new(),
             workspace: req.workspace.clone(),
         };
@@ -433,7 +454,7 @@ async fn restore_one(
     d: &Arc<Daemon>,
     src: &Source,
     volumes: &[forkd_vmm::Volume],
-    egress: Option<&forkd_net::EgressPolicy>,
+    (egress, ca): (Option<&forkd_net::EgressPolicy>, Option<&CaBundle>),
     t0: Instant,
     limits: &Limits,
 ) -> anyhow::Result<(Vm, ChildTimings)> {
@@ -443,7 +464,7 @@ async fn restore_one(
         restore_paused_with(&d.paths, src, &id, Lifetime::Detached, volumes, &mut t).await?;
     let handed = async {
         confine(d, &vm, limits)?;
-        hand_out(&mut vm, &id, Identity::Bare, egress, t0, &mut t).await
+        hand_out(&mut vm, &id, Identity::Bare, egress, ca, t0, &mut t).await
     };
     match handed.await {
         Ok(()) => Ok((vm, t)),
@@ -676,9 +697,9 @@ async fn refill_one(d: &Arc<Daemon>, t: &RefillTicket) -> anyhow::Result<PooledV
     // The default egress policy is written while the child waits (paused,
     // so it sends nothing): a hand-out with the default skips the write.
     // Domain names in it are resolved now, not at hand-out.
-    if let Err(e) =
-        forkd_snapshot::restore::set_egress(&mut vm, &forkd_vmm::net::default_egress()).await
-    {
+    let policy = d.pools.spec(&t.tag).and_then(|s| s.network);
+    let policy = policy.unwrap_or_else(forkd_vmm::net::default_egress);
+    if let Err(e) = forkd_snapshot::restore::set_egress(&mut vm, &policy).await {
         discard(d, vm).await;
         return Err(e);
     }
@@ -1347,17 +1368,34 @@ mod tests {
             per_child_netns: true,
             ..req()
         };
-        let e = netns.egress(false).expect_err("refused");
+        let e = netns.egress(false, None).expect_err("refused");
         assert_eq!(e.status, StatusCode::BAD_REQUEST);
         assert!(e.message.contains("--net"), "{}", e.message);
-        assert!(netns.egress(true).ok().flatten().is_some());
-        assert_eq!(req().egress(false).ok(), Some(None));
+        assert!(netns.egress(true, None).ok().flatten().is_some());
+        assert_eq!(req().egress(false, None).ok(), Some(None));
+        // A pool's policy is the default of its tag's spawns.
+        let pool = forkd_net::EgressPolicy {
+            allow_out: vec![forkd_net::Target::parse("10.0.5.20").unwrap()],
+            deny_out: vec![],
+        };
+        assert_eq!(
+            netns.egress(true, Some(pool.clone())).ok().flatten(),
+            Some(pool.clone())
+        );
+        let own = SpawnRequest {
+            network: Some(forkd_net::EgressPolicy::default()),
+            ..req()
+        };
+        assert_eq!(
+            own.egress(true, Some(pool)).ok().flatten(),
+            Some(forkd_net::EgressPolicy::default())
+        );
         let off = SpawnRequest {
             net: Some(false),
             ..req()
         };
         assert_eq!(
-            off.egress(true).ok().flatten(),
+            off.egress(true, None).ok().flatten(),
             Some(forkd_net::EgressPolicy::deny_all())
         );
     }

@@ -298,6 +298,8 @@ pub async fn open(paths: Paths, cfg: Config) -> Result<Arc<Daemon>> {
         d.pools.set(tag, (spec.max() > 0).then_some(spec.clone()));
     }
     forkd_vmm::net::configure(d.cfg.net.range, d.cfg.net.egress.clone());
+    forkd_vmm::net::configure_internal(d.cfg.internal_ranges()?);
+    forkd_snapshot::ca::configure(d.cfg.guest_ca()?);
     if let Err(e) = forkd_vmm::net::ensure_host().await {
         // Snapshots without a NIC still work; networked spawns will fail
         // with the same cause.

@@ -499,6 +499,7 @@ mod tests {
             warm_eval: None,
             page_out: false,
             keep_resident: None,
+            network: None,
         })
     }
 
@@ -580,6 +581,7 @@ mod tests {
             Some(PoolSpec {
                 page_out: true,
                 keep_resident: Some(2),
+                network: None,
                 ..spec(4, None).unwrap()
             }),
         );
@@ -766,6 +768,7 @@ mod tests {
                 warm_eval: None,
                 page_out: false,
                 keep_resident: None,
+                network: None,
             }),
         );
         assert!(p.adopt(fake("gone", "s", 0)).is_some());

@@ -65,6 +65,9 @@ pub struct SandboxRecord {
     /// Its network namespace and addresses, when networked.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub net: Option<forkd_net::ChildNet>,
+    /// The egress policy written into its network (docs/network.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub egress: Option<forkd_net::EgressPolicy>,
     /// Published ports (with the host ports actually bound).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
@@ -273,6 +276,7 @@ mod tests {
                     host_addr: "10.201.0.29".parse().unwrap(),
                     guest_addr: "10.201.0.30".parse().unwrap(),
                 }),
+                egress: Some(forkd_net::EgressPolicy::deny_all()),
                 ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
                 workspace: Some("ws-0123456789abcdef".into()),
             },
@@ -428,6 +432,7 @@ mod persisted_tests {
                                 warm_eval: None,
                                 page_out: false,
                                 keep_resident: None,
+                                network: None,
                             },
                         );
                     })
@@ -455,6 +460,7 @@ mod sync_tests {
             warm_eval: None,
             page_out: false,
             keep_resident: None,
+            network: None,
         }
     }
 
@@ -543,6 +549,7 @@ impl From<SandboxRecord> for forkd_api::SandboxInfo {
             cpus: r.cpus,
             pids_max: r.pids_max,
             ports: r.ports,
+            egress: r.egress.as_ref().map(forkd_vmm::net::effective),
         }
     }
 }

@@ -335,6 +335,8 @@ async fn spawn_for(d: &Arc<Daemon>, w: &WorkspaceRecord, tag: &str) -> ApiResult
         ports: s.ports.clone(),
         volumes: s.volumes.clone(),
         workspace: Some(w.id.clone()),
+        // A workspace's snapshots keep what its first sandbox installed.
+        ca_certs: None,
     };
     let mut recs = lifecycle::spawn(d, req).await?;
     recs.pop()

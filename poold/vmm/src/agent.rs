@@ -19,22 +19,30 @@
 //!   what follows them (the decoder resynchronises on the frame magic);
 //! - request ids start at a random point per connection, so a reply the
 //!   agent still owed a previous connection (before a poold restart) never
-//!   answers a request of this one.
+//!   answers a request of this one;
+//! - a tunnel ([`Tunnel`]) holds at most its window of the guest's bytes
+//!   unread; a guest that sends more gets the tunnel failed, and the reader
+//!   task never waits for a tunnel's consumer;
+//! - what a protocol-1 agent would silently ignore (`user`) is only sent
+//!   to an agent that reported the feature ([`AgentClient::require`]).
 
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
 use rootfs_init::protocol::{
-    encode_request, AgentError, EvalResult, EvalSpec, ExecResult, ExecSpec, FileStat, FrameDecoder,
-    IdentityResult, IdentitySpec, ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader,
-    RequestHeader,
+    encode_request, AgentError, EntryInfo, EntryList, ErrorKind, EvalResult, EvalSpec, ExecInfo,
+    ExecList, ExecResult, ExecSpec, FileStat, FrameDecoder, IdentityResult, IdentitySpec,
+    ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader, RequestHeader, TunnelResult,
+    FEATURE_ATTACH, FEATURE_TUNNEL, FEATURE_USERS, TUNNEL_CHUNK,
 };
 use serde::de::DeserializeOwned;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::Path;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::task::{Context as TaskCx, Poll, Waker};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 
@@ -53,9 +61,17 @@ struct Unread {
     bytes: AtomicUsize,
 }
 
-struct Route {
-    tx: mpsc::UnboundedSender<Event>,
-    unread: Arc<Unread>,
+enum Route {
+    /// An ordinary request: its frames queue for [`Events`].
+    Request {
+        tx: mpsc::UnboundedSender<Event>,
+        unread: Arc<Unread>,
+    },
+    /// A tunnel's `tunnel_open`: its data, end of stream and end.
+    Tunnel(Arc<TunnelShared>),
+    /// One `tunnel_data` of a tunnel, carrying this many bytes: its `ok`
+    /// returns them as write credit.
+    TunnelWrite(Arc<TunnelShared>, usize),
 }
 
 type Routes = Arc<Mutex<Option<HashMap<u64, Route>>>>;
@@ -97,6 +113,9 @@ pub struct AgentClient {
     tx: mpsc::UnboundedSender<Bytes>,
     routes: Routes,
     next_id: Arc<AtomicU64>,
+    /// What the agent reported in its last ping's `features` (None: no
+    /// ping answered yet on this connection).
+    features: Arc<Mutex<Option<Vec<String>>>>,
 }
 
 /// Output of a buffered exec.
@@ -163,39 +182,84 @@ impl AgentClient {
                 }
             }
             // Closing the map drops every sender, failing all waiters.
-            r.lock().unwrap().take();
+            let gone = r.lock().unwrap().take();
+            for route in gone.into_iter().flat_map(|m| m.into_values()) {
+                if let Route::Tunnel(t) | Route::TunnelWrite(t, _) = route {
+                    t.fail(CallError::Channel("connection closed".into()));
+                }
+            }
         });
         AgentClient {
             tx,
             routes,
             // Far from 0 and from u64::MAX: ids never wrap in practice.
             next_id: Arc::new(AtomicU64::new((rand::random::<u64>() >> 2) + 1)),
+            features: Arc::default(),
+        }
+    }
+
+    /// Encodes a request under a fresh id and registers `route` for it
+    /// (none: nobody waits for a reply) before sending it.
+    fn send_routed(&self, op: Op, payload: &[u8], route: Option<Route>) -> Result<u64, CallError> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let mut buf = BytesMut::new();
+        encode_request(&RequestHeader { id, op }, payload, &mut buf).map_err(|e| {
+            CallError::Agent(AgentError::new(
+                ErrorKind::BadRequest,
+                format!("request too large for the agent channel: {e}"),
+            ))
+        })?;
+        if let Some(route) = route {
+            match self.routes.lock().unwrap().as_mut() {
+                Some(m) => m.insert(id, route),
+                None => return Err(CallError::Channel("connection closed".into())),
+            };
+        }
+        self.tx
+            .send(buf.freeze())
+            .map_err(|_| CallError::Channel("connection closed".into()))?;
+        Ok(id)
+    }
+
+    /// Fails with `unsupported` unless the agent reported `feature` (one of
+    /// `rootfs_init::protocol::FEATURES`); pings it once per connection to
+    /// learn what it supports. A protocol-1 agent (an image's initramfs
+    /// built before these features) reports none.
+    pub async fn require(&self, feature: &str) -> Result<(), CallError> {
+        let known = self.features.lock().unwrap().clone();
+        let features = match known {
+            Some(f) => f,
+            None => self.ping(Duration::from_secs(30)).await?.features,
+        };
+        if features.iter().any(|f| f == feature) {
+            return Ok(());
+        }
+        Err(CallError::Agent(AgentError::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the guest's forkd-agent does not support {feature:?} (it speaks an older \
+                 protocol); rebuild the guest initramfs and take the snapshot again"
+            ),
+        )))
+    }
+
+    /// [`Self::require`] for [`FEATURE_USERS`] when a request names a user.
+    async fn require_user(&self, user: Option<&str>) -> Result<(), CallError> {
+        match user {
+            Some(_) => self.require(FEATURE_USERS).await,
+            None => Ok(()),
         }
     }
 
     /// Sends a request and returns the receiver of its frames.
     pub fn start(&self, op: Op, payload: &[u8]) -> Result<(u64, Events), CallError> {
-        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let mut buf = BytesMut::new();
-        encode_request(&RequestHeader { id, op }, payload, &mut buf).map_err(|e| {
-            CallError::Agent(AgentError::new(
-                rootfs_init::protocol::ErrorKind::BadRequest,
-                format!("request too large for the agent channel: {e}"),
-            ))
-        })?;
         let (etx, erx) = mpsc::unbounded_channel();
         let unread = Arc::new(Unread::default());
-        let route = Route {
+        let route = Route::Request {
             tx: etx,
             unread: unread.clone(),
         };
-        match self.routes.lock().unwrap().as_mut() {
-            Some(m) => m.insert(id, route),
-            None => return Err(CallError::Channel("connection closed".into())),
-        };
-        self.tx
-            .send(buf.freeze())
-            .map_err(|_| CallError::Channel("connection closed".into()))?;
+        let id = self.send_routed(op, payload, Some(route))?;
         Ok((id, Events { rx: erx, unread }))
     }
 
@@ -254,7 +318,9 @@ impl AgentClient {
 
     /// One ping round trip, failing after `timeout`: the agent's version, uptime and warm-interpreter state.
     pub async fn ping(&self, timeout: Duration) -> Result<PingResult, CallError> {
-        Ok(self.call_typed(Op::Ping, &[], timeout).await?.0)
+        let p: PingResult = self.call_typed(Op::Ping, &[], timeout).await?.0;
+        *self.features.lock().unwrap() = Some(p.features.clone());
+        Ok(p)
     }
 
     /// Pings until the agent answers or `timeout` passes.
@@ -280,8 +346,10 @@ impl AgentClient {
     }
 
     /// Runs a process and collects its output. The call's own deadline is the
-    /// exec timeout plus a margin.
+    /// exec timeout plus a margin. A `spec.user` needs an agent with
+    /// [`FEATURE_USERS`] (checked first).
     pub async fn exec(&self, spec: ExecSpec, stdin: &[u8]) -> Result<ExecOutput, CallError> {
+        self.require_user(spec.user.as_deref()).await?;
         let timeout = call_timeout(spec.timeout_ms);
         let (result, payload): (ExecResult, Bytes) =
             self.call_typed(Op::Exec(spec), stdin, timeout).await?;
@@ -295,13 +363,94 @@ impl AgentClient {
 
     /// Starts a streaming exec; frames arrive on the receiver (`started`,
     /// `stdout`, `stderr`, then a final `ok` with the [`ExecResult`]).
+    /// A `spec.user` is refused unless this connection already knows the
+    /// agent supports users (use [`Self::exec_stream_as`], which checks).
     pub fn exec_stream(
         &self,
         mut spec: ExecSpec,
         stdin: &[u8],
     ) -> Result<(u64, Events), CallError> {
+        if spec.user.is_some() {
+            let known = self.features.lock().unwrap().clone().unwrap_or_default();
+            if !known.iter().any(|f| f == FEATURE_USERS) {
+                return Err(CallError::Agent(AgentError::new(
+                    ErrorKind::Unsupported,
+                    "exec_stream with a user needs an agent known to support users: \
+                     call exec_stream_as (or require(\"users\") first)",
+                )));
+            }
+        }
         spec.stream = true;
         self.start(Op::Exec(spec), stdin)
+    }
+
+    /// [`Self::exec_stream`] that first checks the agent supports
+    /// `spec.user` (when set): the way to run a streaming exec, or a
+    /// terminal (`spec.pty`), as a user.
+    pub async fn exec_stream_as(
+        &self,
+        spec: ExecSpec,
+        stdin: &[u8],
+    ) -> Result<(u64, Events), CallError> {
+        self.require_user(spec.user.as_deref()).await?;
+        self.exec_stream(spec, stdin)
+    }
+
+    /// Follows the running streaming exec whose process is `pid` (a
+    /// terminal after a reconnect, a second viewer): `started`, then its
+    /// events and final reply, as [`Self::exec_stream`] delivers them. The
+    /// returned id is a `target` for [`Self::stdin`], [`Self::resize`] and
+    /// [`Self::signal`] while the exec runs.
+    pub async fn attach(&self, pid: u32) -> Result<(u64, Events), CallError> {
+        self.require(FEATURE_ATTACH).await?;
+        self.start(Op::Attach { pid }, &[])
+    }
+
+    /// The agent's running execs (ids, pids, argv, user, cwd, terminal).
+    pub async fn list_execs(&self) -> Result<Vec<ExecInfo>, CallError> {
+        self.require(FEATURE_ATTACH).await?;
+        let (l, _): (ExecList, _) = self
+            .call_typed(Op::ListExecs, &[], Duration::from_secs(30))
+            .await?;
+        Ok(l.execs)
+    }
+
+    /// Opens a TCP connection to `port` on the guest's loopback, carried
+    /// over this channel (no guest network needed); the returned
+    /// [`Tunnel`] reads what the guest side sends and writes to it. Fails
+    /// with `not_found` when nothing listens there.
+    pub async fn open_tunnel(&self, port: u16) -> Result<Tunnel, CallError> {
+        self.open_tunnel_with(port, TUNNEL_WINDOW).await
+    }
+
+    /// [`Self::open_tunnel`] with a window of `window` bytes each way (the
+    /// most of the guest's bytes held unread, and of ours unwritten).
+    pub async fn open_tunnel_with(&self, port: u16, window: u32) -> Result<Tunnel, CallError> {
+        self.require(FEATURE_TUNNEL).await?;
+        let (opened_tx, opened_rx) = tokio::sync::oneshot::channel();
+        let shared = Arc::new(TunnelShared {
+            window: window as usize,
+            state: Mutex::new(TunnelState {
+                write_credit: window as usize,
+                opened: Some(opened_tx),
+                ..Default::default()
+            }),
+        });
+        let op = Op::TunnelOpen { port, window };
+        let id = self.send_routed(op, &[], Some(Route::Tunnel(shared.clone())))?;
+        let tunnel = Tunnel {
+            client: self.clone(),
+            id,
+            shared,
+            cur: Bytes::new(),
+            write_closed: false,
+        };
+        match tokio::time::timeout(Duration::from_secs(30), opened_rx).await {
+            Ok(Ok(Ok(()))) => Ok(tunnel),
+            Ok(Ok(Err(e))) => Err(e),
+            Ok(Err(_)) => Err(CallError::Channel("connection closed".into())),
+            Err(_) => Err(CallError::Timeout(Duration::from_secs(30))),
+        }
     }
 
     /// Sends stdin to a running streaming exec.
@@ -352,8 +501,22 @@ impl AgentClient {
         offset: u64,
         len: Option<u64>,
     ) -> Result<(ReadResult, Bytes), CallError> {
+        self.read_file_as(path, offset, len, None).await
+    }
+
+    /// [`Self::read_file`] where a relative `path` (or `~/...`) is under
+    /// `user`'s home.
+    pub async fn read_file_as(
+        &self,
+        path: &str,
+        offset: u64,
+        len: Option<u64>,
+        user: Option<&str>,
+    ) -> Result<(ReadResult, Bytes), CallError> {
+        self.require_user(user).await?;
         let op = Op::ReadFile {
             path: path.into(),
+            user: user.map(String::from),
             offset,
             len,
         };
@@ -368,13 +531,60 @@ impl AgentClient {
         mode: Option<u32>,
         append: bool,
     ) -> Result<FileStat, CallError> {
+        self.write_file_as(path, data, mode, append, None).await
+    }
+
+    /// [`Self::write_file`] for `user`: the file and the parents it creates
+    /// belong to that user (E2B's rule), and a relative `path` is under its
+    /// home. `None`: root, as [`Self::write_file`].
+    pub async fn write_file_as(
+        &self,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+        append: bool,
+        user: Option<&str>,
+    ) -> Result<FileStat, CallError> {
+        self.require_user(user).await?;
         let op = Op::WriteFile {
             path: path.into(),
+            user: user.map(String::from),
             mode,
             append,
             create_parents: true,
         };
         Ok(self.call_typed(op, data, Duration::from_secs(120)).await?.0)
+    }
+
+    /// Everything about one guest path: owner and group names, mode,
+    /// nanosecond mtime, a symlink's text and fully resolved absolute
+    /// target (what E2B's envd reports). A relative `path` is under
+    /// `user`'s home.
+    pub async fn entry(&self, path: &str, user: Option<&str>) -> Result<EntryInfo, CallError> {
+        self.require(FEATURE_USERS).await?;
+        let op = Op::Entry {
+            path: path.into(),
+            user: user.map(String::from),
+        };
+        Ok(self.call_typed(op, &[], Duration::from_secs(60)).await?.0)
+    }
+
+    /// [`Self::entry`] of everything under directory `path`, `depth`
+    /// levels down (1: its own entries), depth first and by name.
+    pub async fn list_entries(
+        &self,
+        path: &str,
+        depth: u32,
+        user: Option<&str>,
+    ) -> Result<Vec<EntryInfo>, CallError> {
+        self.require(FEATURE_USERS).await?;
+        let op = Op::ListEntries {
+            path: path.into(),
+            depth,
+            user: user.map(String::from),
+        };
+        let (l, _): (EntryList, _) = self.call_typed(op, &[], Duration::from_secs(120)).await?;
+        Ok(l.entries)
     }
 
     /// Lists a guest directory.
@@ -399,8 +609,21 @@ impl AgentClient {
 
     /// Creates a guest directory (and its missing parents when `parents`); returns its stat.
     pub async fn mkdir(&self, path: &str, parents: bool) -> Result<FileStat, CallError> {
+        self.mkdir_as(path, parents, None).await
+    }
+
+    /// [`Self::mkdir`] for `user`: the directories it creates belong to
+    /// that user, and a relative `path` is under its home.
+    pub async fn mkdir_as(
+        &self,
+        path: &str,
+        parents: bool,
+        user: Option<&str>,
+    ) -> Result<FileStat, CallError> {
+        self.require_user(user).await?;
         let op = Op::Mkdir {
             path: path.into(),
+            user: user.map(String::from),
             mode: None,
             parents,
         };
@@ -409,8 +632,20 @@ impl AgentClient {
 
     /// Removes a guest file or empty directory; a whole tree when `recursive`.
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), CallError> {
+        self.remove_as(path, recursive, None).await
+    }
+
+    /// [`Self::remove`] where a relative `path` is under `user`'s home.
+    pub async fn remove_as(
+        &self,
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> Result<(), CallError> {
+        self.require_user(user).await?;
         let op = Op::Remove {
             path: path.into(),
+            user: user.map(String::from),
             recursive,
         };
         self.call(op, &[], Duration::from_secs(120))
@@ -421,15 +656,17 @@ impl AgentClient {
     /// Gives a freshly forked child its identity: host entropy, host clock,
     /// hostname, and a reseeded interpreter.
     pub async fn identity(&self, hostname: Option<&str>) -> Result<IdentityResult, CallError> {
-        self.identity_with(hostname, None).await
+        self.identity_with(hostname, None, None).await
     }
 
     /// [`Self::identity`], also writing the guest's resolv.conf with
-    /// `nameservers` when given (a networked child).
+    /// `nameservers` when given (a networked child) and installing the
+    /// extra CA certificates `ca_certs` (PEM) when given.
     pub async fn identity_with(
         &self,
         hostname: Option<&str>,
         nameservers: Option<Vec<std::net::Ipv4Addr>>,
+        ca_certs: Option<&str>,
     ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
@@ -438,6 +675,7 @@ impl AgentClient {
             hostname: hostname.map(String::from),
             reseed_interpreter: true,
             nameservers,
+            ca_certs: ca_certs.map(String::from),
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
@@ -447,8 +685,9 @@ impl AgentClient {
 
     /// Sets the guest's clock to the host's and mixes in fresh entropy: all
     /// a child whose identity was given when it was parked needs at
-    /// hand-out (its clock stood still while it was paused).
-    pub async fn sync_clock(&self) -> Result<IdentityResult, CallError> {
+    /// hand-out (its clock stood still while it was paused); with
+    /// `ca_certs` (PEM), the extra CA certificates this hand-out asks for.
+    pub async fn sync_clock(&self, ca_certs: Option<&str>) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 32];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
         let spec = IdentitySpec {
@@ -456,6 +695,7 @@ impl AgentClient {
             hostname: None,
             reseed_interpreter: false,
             nameservers: None,
+            ca_certs: ca_certs.map(String::from),
         };
         Ok(self
             .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
@@ -463,11 +703,325 @@ impl AgentClient {
             .0)
     }
 
+    /// Installs extra CA certificates (PEM) in the guest and nothing else
+    /// (a snapshot's parent before its warm-up); returns how many it now
+    /// trusts of them.
+    pub async fn trust_ca(&self, ca_certs: &str) -> Result<usize, CallError> {
+        let spec = IdentitySpec {
+            ca_certs: Some(ca_certs.to_string()),
+            ..Default::default()
+        };
+        Ok(self
+            .call_typed::<IdentityResult>(Op::Identity(spec), &[], Duration::from_secs(30))
+            .await?
+            .0
+            .ca_certs_installed)
+    }
+
     /// Asks the guest to power off.
     pub async fn shutdown(&self) -> Result<(), CallError> {
         self.call(Op::Shutdown { reboot: false }, &[], Duration::from_secs(10))
             .await
             .map(|_| ())
+    }
+}
+
+/// Window of a tunnel opened with [`AgentClient::open_tunnel`], each way.
+pub const TUNNEL_WINDOW: u32 = 256 << 10;
+
+/// What the reader task and a [`Tunnel`] share.
+struct TunnelShared {
+    window: usize,
+    state: Mutex<TunnelState>,
+}
+
+#[derive(Default)]
+struct TunnelState {
+    /// Told once the agent answers the open (`started` or an error).
+    opened: Option<tokio::sync::oneshot::Sender<Result<(), CallError>>>,
+    /// The guest's bytes not yet read, and their total.
+    incoming: VecDeque<Bytes>,
+    incoming_bytes: usize,
+    /// The guest side sent its end of stream.
+    read_eof: bool,
+    /// Bytes we may still send before a `tunnel_data` is answered.
+    write_credit: usize,
+    /// A write failed in the guest (the connection's write side is gone).
+    write_error: Option<String>,
+    /// The tunnel ended: Ok (closed cleanly) or why not.
+    done: Option<Result<TunnelResult, String>>,
+    /// Request ids of our `tunnel_data` not answered yet (their routes
+    /// are forgotten with the tunnel).
+    writes: Vec<u64>,
+    read_waker: Option<Waker>,
+    write_waker: Option<Waker>,
+}
+
+impl TunnelState {
+    fn wake(&mut self) {
+        for w in [self.read_waker.take(), self.write_waker.take()]
+            .into_iter()
+            .flatten()
+        {
+            w.wake();
+        }
+    }
+}
+
+impl TunnelShared {
+    /// Takes one frame of the tunnel's `tunnel_open`; true when it was the last.
+    fn deliver(&self, body: Reply, payload: Bytes) -> bool {
+        let mut st = self.state.lock().unwrap();
+        match body {
+            Reply::Started { .. } => {
+                if let Some(tx) = st.opened.take() {
+                    let _ = tx.send(Ok(()));
+                }
+                false
+            }
+            Reply::Stdout if payload.is_empty() => {
+                st.read_eof = true;
+                st.wake();
+                false
+            }
+            Reply::Stdout => {
+                if st.incoming_bytes + payload.len() > self.window {
+                    let why = format!(
+                        "the guest sent more than the tunnel's window of {} bytes unacknowledged; \
+                         the tunnel was failed",
+                        self.window
+                    );
+                    drop(st);
+                    self.fail(CallError::Agent(AgentError::new(ErrorKind::Internal, why)));
+                    return true;
+                }
+                st.incoming_bytes += payload.len();
+                st.incoming.push_back(payload);
+                st.wake();
+                false
+            }
+            Reply::Ok { result } => {
+                let r = serde_json::from_value(result).unwrap_or_default();
+                if let Some(tx) = st.opened.take() {
+                    let _ = tx.send(Err(CallError::Channel(
+                        "tunnel closed before it opened".into(),
+                    )));
+                }
+                st.done = Some(Ok(r));
+                st.wake();
+                true
+            }
+            Reply::Error { error } => {
+                drop(st);
+                self.fail(CallError::Agent(error));
+                true
+            }
+            Reply::Stderr => false,
+        }
+    }
+
+    /// Remembers a `tunnel_data` in flight (written before its reply can
+    /// arrive: the route exists before the frame is sent, the id only after).
+    fn note_write(&self, op: u64) {
+        let mut st = self.state.lock().unwrap();
+        st.writes.push(op);
+    }
+
+    /// Ends the tunnel with `e` (its open fails with it if still pending).
+    fn fail(&self, e: CallError) {
+        let mut st = self.state.lock().unwrap();
+        let msg = e.to_string();
+        if let Some(tx) = st.opened.take() {
+            let _ = tx.send(Err(e));
+        }
+        if st.done.is_none() {
+            st.done = Some(Err(msg));
+        }
+        st.wake();
+    }
+
+    fn credit(&self, op: u64, n: usize) {
+        let mut st = self.state.lock().unwrap();
+        st.writes.retain(|w| *w != op);
+        st.write_credit += n;
+        if let Some(w) = st.write_waker.take() {
+            w.wake();
+        }
+    }
+
+    fn write_failed(&self, op: u64, e: AgentError) {
+        let mut st = self.state.lock().unwrap();
+        st.writes.retain(|w| *w != op);
+        st.write_error.get_or_insert(e.to_string());
+        st.wake();
+    }
+}
+
+/// A TCP connection to a port in the guest, carried over the agent
+/// channel ([`AgentClient::open_tunnel`]): `AsyncRead` gives what the
+/// guest side sends (0 at its end of stream), `AsyncWrite` sends to it,
+/// `shutdown` closes our write side (the guest side reads its end of
+/// stream). Dropping it closes the connection at once in both directions.
+///
+/// Backpressure: a write waits while a window of bytes is unanswered by
+/// the guest; the guest sends at most a window ahead of what was read.
+pub struct Tunnel {
+    client: AgentClient,
+    id: u64,
+    shared: Arc<TunnelShared>,
+    /// The chunk being read.
+    cur: Bytes,
+    write_closed: bool,
+}
+
+impl Tunnel {
+    /// The request id of its `tunnel_open`.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Bytes received from the guest and not read yet (at most the window).
+    pub fn buffered(&self) -> usize {
+        self.shared.state.lock().unwrap().incoming_bytes + self.cur.len()
+    }
+
+    /// How the tunnel ended, once it has: Ok with the byte counts when
+    /// both sides closed cleanly (or it was aborted), Err with why not.
+    pub fn outcome(&self) -> Option<Result<TunnelResult, String>> {
+        self.shared.state.lock().unwrap().done.clone()
+    }
+}
+
+fn broken(msg: String) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::BrokenPipe, msg)
+}
+
+impl AsyncRead for Tunnel {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut TaskCx<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.cur.is_empty() {
+            let mut st = self.shared.state.lock().unwrap();
+            match st.incoming.pop_front() {
+                Some(chunk) => {
+                    st.incoming_bytes -= chunk.len();
+                    drop(st);
+                    // Consumed: the guest may send this much more.
+                    let ack = Op::TunnelAck {
+                        target: self.id,
+                        bytes: chunk.len() as u32,
+                    };
+                    let _ = self.client.send_routed(ack, &[], None);
+                    self.cur = chunk;
+                }
+                None if st.read_eof => return Poll::Ready(Ok(())),
+                None => match &st.done {
+                    Some(Ok(_)) => return Poll::Ready(Ok(())),
+                    Some(Err(e)) => {
+                        return Poll::Ready(Err(std::io::Error::new(
+                            std::io::ErrorKind::ConnectionReset,
+                            e.clone(),
+                        )))
+                    }
+                    None => {
+                        st.read_waker = Some(cx.waker().clone());
+                        return Poll::Pending;
+                    }
+                },
+            }
+        }
+        let n = self.cur.len().min(buf.remaining());
+        let chunk = self.cur.split_to(n);
+        buf.put_slice(&chunk);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Tunnel {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut TaskCx<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.write_closed {
+            return Poll::Ready(Err(broken("the tunnel's write side is shut down".into())));
+        }
+        if buf.is_empty() {
+            return Poll::Ready(Ok(0));
+        }
+        let n = {
+            let mut st = self.shared.state.lock().unwrap();
+            if let Some(e) = &st.write_error {
+                return Poll::Ready(Err(broken(e.clone())));
+            }
+            if let Some(done) = &st.done {
+                let why = match done {
+                    Ok(_) => "the tunnel is closed".to_string(),
+                    Err(e) => e.clone(),
+                };
+                return Poll::Ready(Err(broken(why)));
+            }
+            if st.write_credit == 0 {
+                st.write_waker = Some(cx.waker().clone());
+                return Poll::Pending;
+            }
+            let n = buf.len().min(st.write_credit).min(TUNNEL_CHUNK);
+            st.write_credit -= n;
+            n
+        };
+        let op = Op::TunnelData {
+            target: self.id,
+            eof: false,
+        };
+        let route = Route::TunnelWrite(self.shared.clone(), n);
+        match self.client.send_routed(op, &buf[..n], Some(route)) {
+            Ok(id) => {
+                self.shared.note_write(id);
+                Poll::Ready(Ok(n))
+            }
+            Err(e) => Poll::Ready(Err(broken(e.to_string()))),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut TaskCx<'_>) -> Poll<std::io::Result<()>> {
+        if !self.write_closed {
+            self.write_closed = true;
+            let op = Op::TunnelData {
+                target: self.id,
+                eof: true,
+            };
+            let route = Route::TunnelWrite(self.shared.clone(), 0);
+            match self.client.send_routed(op, &[], Some(route)) {
+                Ok(id) => self.shared.note_write(id),
+                Err(e) => return Poll::Ready(Err(broken(e.to_string()))),
+            }
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        let (done, writes) = {
+            let mut st = self.shared.state.lock().unwrap();
+            (st.done.is_some(), std::mem::take(&mut st.writes))
+        };
+        if !done {
+            let _ = self
+                .client
+                .send_routed(Op::TunnelClose { target: self.id }, &[], None);
+        }
+        // Replies to our writes still in flight answer nobody now.
+        for w in writes {
+            self.client.forget(w);
+        }
+        self.client.forget(self.id);
     }
 }
 
@@ -487,9 +1041,28 @@ fn route(routes: &Routes, header: &[u8], payload: Bytes) {
     };
     let mut guard = routes.lock().unwrap();
     let Some(map) = guard.as_mut() else { return };
-    let Some(r) = map.get(&h.id) else { return };
-    let frames = r.unread.frames.fetch_add(1, Ordering::Relaxed) + 1;
-    let bytes = r.unread.bytes.fetch_add(payload.len(), Ordering::Relaxed) + payload.len();
+    let Some(route) = map.get(&h.id) else { return };
+    let (tx, unread) = match route {
+        Route::Request { tx, unread } => (tx, unread),
+        Route::Tunnel(t) => {
+            if t.deliver(h.body, payload) {
+                map.remove(&h.id);
+            }
+            return;
+        }
+        Route::TunnelWrite(t, n) => {
+            match h.body {
+                Reply::Ok { .. } => t.credit(h.id, *n),
+                Reply::Error { error } => t.write_failed(h.id, error),
+                _ => return,
+            }
+            map.remove(&h.id);
+            return;
+        }
+    };
+    let r = (tx, unread);
+    let frames = r.1.frames.fetch_add(1, Ordering::Relaxed) + 1;
+    let bytes = r.1.bytes.fetch_add(payload.len(), Ordering::Relaxed) + payload.len();
     if frames > MAX_UNREAD_FRAMES || bytes > MAX_UNREAD_BYTES {
         let error = AgentError::new(
             rootfs_init::protocol::ErrorKind::Internal,
@@ -499,12 +1072,12 @@ fn route(routes: &Routes, header: &[u8], payload: Bytes) {
                 MAX_UNREAD_BYTES >> 20
             ),
         );
-        let _ = r.tx.send((Reply::Error { error }, Bytes::new()));
+        let _ = r.0.send((Reply::Error { error }, Bytes::new()));
         map.remove(&h.id);
         return;
     }
     let last = h.body.is_final();
-    let _ = r.tx.send((h.body, payload));
+    let _ = r.0.send((h.body, payload));
     if last {
         map.remove(&h.id);
     }
@@ -732,6 +1305,175 @@ mod tests {
         };
         let (p, _agent) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
         assert_eq!(p.unwrap().hostname, "fresh");
+    }
+
+    /// Answers the ping `require` sends with `features`.
+    async fn answer_ping(agent: &mut FakeAgent, features: &[&str]) {
+        let (h, _) = agent.recv().await;
+        assert!(matches!(h.op, Op::Ping), "{h:?}");
+        let p = PingResult {
+            features: features.iter().map(|f| f.to_string()).collect(),
+            ..Default::default()
+        };
+        agent.send(h.id, ok(p), &[]).await;
+    }
+
+    /// An agent that does not report `users` (protocol 1) would run a
+    /// user's exec as root: the client refuses it without sending it.
+    #[tokio::test]
+    async fn a_user_is_never_sent_to_an_agent_without_users() {
+        let (c, mut agent) = pair();
+        let spec = ExecSpec {
+            shell: Some("id".into()),
+            user: Some("user".into()),
+            ..Default::default()
+        };
+        let fake = async {
+            answer_ping(&mut agent, &[]).await;
+            agent
+        };
+        let (r, mut agent) = tokio::join!(c.exec(spec.clone(), &[]), fake);
+        match r {
+            Err(CallError::Agent(e)) => {
+                assert_eq!(e.kind, ErrorKind::Unsupported);
+                assert!(e.message.contains("rebuild the guest initramfs"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // The answer is remembered: no second ping, and exec_stream refuses too.
+        assert!(c.exec_stream(spec.clone(), &[]).is_err());
+        let w = c.write_file_as("a", b"x", None, false, Some("user"));
+        match w.await {
+            Err(CallError::Agent(e)) => assert_eq!(e.kind, ErrorKind::Unsupported),
+            other => panic!("{other:?}"),
+        }
+        // A root exec still goes out.
+        let fake = async {
+            let (h, _) = agent.recv().await;
+            assert!(matches!(&h.op, Op::Exec(s) if s.user.is_none()), "{h:?}");
+            agent.send(h.id, ok(ExecResult::default()), &[]).await;
+        };
+        let root = ExecSpec { user: None, ..spec };
+        let (r, ()) = tokio::join!(c.exec(root, &[]), fake);
+        r.unwrap();
+    }
+
+    async fn open(c: &AgentClient, agent: &mut FakeAgent, window: u32) -> (Tunnel, u64) {
+        let fake = async {
+            answer_ping(agent, &[FEATURE_TUNNEL]).await;
+            let (h, _) = agent.recv().await;
+            match h.op {
+                Op::TunnelOpen { port, window: w } => assert_eq!((port, w), (8080, window)),
+                other => panic!("{other:?}"),
+            }
+            agent.send(h.id, Reply::Started { pid: 0 }, &[]).await;
+            h.id
+        };
+        let (t, id) = tokio::join!(c.open_tunnel_with(8080, window), fake);
+        (t.unwrap(), id)
+    }
+
+    /// Bytes both ways, acknowledgements, both ends of stream and the
+    /// final reply, against a fake agent that checks the frames.
+    #[tokio::test]
+    async fn a_tunnel_carries_bytes_both_ways_and_closes_cleanly() {
+        let (c, mut agent) = pair();
+        let (mut t, id) = open(&c, &mut agent, 1024).await;
+        t.write_all(b"ping").await.unwrap();
+        let (h, p) = agent.recv().await;
+        assert!(matches!(h.op, Op::TunnelData { target, eof: false } if target == id));
+        assert_eq!(&p[..], b"ping");
+        agent.send(h.id, ok(serde_json::json!({})), &[]).await;
+        agent.send(id, Reply::Stdout, b"pong").await;
+        let mut buf = [0u8; 4];
+        t.read_exact(&mut buf).await.unwrap();
+        assert_eq!(&buf, b"pong");
+        let (h, _) = agent.recv().await;
+        assert!(
+            matches!(h.op, Op::TunnelAck { target, bytes: 4 } if target == id),
+            "{h:?}"
+        );
+        agent.send(id, Reply::Stdout, b"").await;
+        assert_eq!(
+            t.read(&mut buf).await.unwrap(),
+            0,
+            "the guest's end of stream"
+        );
+        t.shutdown().await.unwrap();
+        let (h, p) = agent.recv().await;
+        assert!(matches!(h.op, Op::TunnelData { eof: true, .. }) && p.is_empty());
+        let done = TunnelResult {
+            bytes_in: 4,
+            bytes_out: 4,
+            aborted: false,
+        };
+        agent.send(id, ok(&done), &[]).await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        assert_eq!(t.outcome(), Some(Ok(done)));
+        drop(t);
+        assert!(c.routes.lock().unwrap().as_ref().unwrap().is_empty());
+    }
+
+    /// A write waits while a window of bytes is unanswered; each `ok`
+    /// from the guest lets the next bytes go.
+    #[tokio::test]
+    async fn tunnel_writes_wait_for_the_guest_window() {
+        let (c, mut agent) = pair();
+        let (mut t, _) = open(&c, &mut agent, 8).await;
+        let writer = tokio::spawn(async move {
+            t.write_all(b"0123456789abcdefghij").await.unwrap();
+            t
+        });
+        let mut got = Vec::new();
+        while got.len() < 20 {
+            let (h, p) = agent.recv().await;
+            assert!(matches!(h.op, Op::TunnelData { eof: false, .. }), "{h:?}");
+            assert!(
+                p.len() <= 8,
+                "{} bytes in one go over a window of 8",
+                p.len()
+            );
+            got.extend_from_slice(&p);
+            if p.len() == 8 {
+                // The window is spent: nothing more until this is answered.
+                let more = tokio::time::timeout(Duration::from_millis(50), agent.recv()).await;
+                assert!(more.is_err(), "the client wrote past its window: {more:?}");
+            }
+            agent.send(h.id, ok(serde_json::json!({})), &[]).await;
+        }
+        assert_eq!(&got[..], b"0123456789abcdefghij");
+        writer.await.unwrap();
+    }
+
+    /// A guest that ignores the window gets its tunnel failed; the client
+    /// never holds more than the window of its bytes.
+    #[tokio::test]
+    async fn a_guest_that_ignores_the_window_loses_its_tunnel() {
+        let (c, mut agent) = pair();
+        let (mut t, id) = open(&c, &mut agent, 1000).await;
+        for _ in 0..5 {
+            agent.send(id, Reply::Stdout, &[7u8; 300]).await;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(t.buffered() <= 1000, "{}", t.buffered());
+        let mut all = Vec::new();
+        let e = t.read_to_end(&mut all).await.unwrap_err();
+        assert!(e.to_string().contains("window"), "{e}");
+        assert!(all.len() <= 1000);
+        assert!(matches!(t.outcome(), Some(Err(_))));
+        // Its route is gone: later frames for it are dropped, and the
+        // channel serves other requests.
+        agent.send(id, Reply::Stdout, &[7u8; 300]).await;
+        let fake = async {
+            loop {
+                let (h, _) = agent.recv().await;
+                if matches!(h.op, Op::Ping) {
+                    return agent.send(h.id, ok(PingResult::default()), &[]).await;
+                }
+            }
+        };
+        let (p, ()) = tokio::join!(c.ping(Duration::from_secs(5)), fake);
+        p.unwrap();
     }
 
     /// A guest that floods a request nobody reads gets that request failed

@@ -33,7 +33,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use accel::{kvm_usable, kvm_usable_in, Accel, AccelChoice};
-pub use agent::{AgentClient, CallError, Events, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES};
+pub use agent::{
+    AgentClient, CallError, Events, Tunnel, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES, TUNNEL_WINDOW,
+};
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};
 pub use jail::{backing_chain, own as set_owner, JailConfig};

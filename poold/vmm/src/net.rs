@@ -5,7 +5,7 @@
 //! DNS when handed out; [`super::Vm::destroy`] tears the network down.
 
 use anyhow::{Context, Result};
-use forkd_net::{AddrPool, ChildNet, EgressPolicy};
+use forkd_net::{AddrPool, Baseline, ChildNet, EffectivePolicy, EgressPolicy};
 use std::path::Path;
 use std::sync::OnceLock;
 
@@ -20,6 +20,16 @@ static SETTINGS: OnceLock<Settings> = OnceLock::new();
 /// before any child is restored. Later calls are ignored.
 pub fn configure(pool: AddrPool, egress: EgressPolicy) {
     let _ = SETTINGS.set(Settings { pool, egress });
+}
+
+/// The operator's ranges denied like the built-in internal ones
+/// (`net.internal_ranges`).
+static INTERNAL: OnceLock<Vec<forkd_net::Ipv4Net>> = OnceLock::new();
+
+/// Sets the extra internal ranges (poold's config) once, before any child
+/// is restored. Later calls are ignored.
+pub fn configure_internal(ranges: Vec<forkd_net::Ipv4Net>) {
+    let _ = INTERNAL.set(ranges);
 }
 
 fn settings() -> &'static Settings {
@@ -75,15 +85,25 @@ pub async fn create_child(data_dir: &Path, id: &str) -> Result<ChildNet> {
         .context("creating the child's network namespace (docs/network.md)")
 }
 
+/// What every child gets whatever its policy: the internal ranges (built-in
+/// and configured) and the host's upstream resolvers, read now.
+pub fn baseline() -> Baseline {
+    let extra = INTERNAL.get().map(Vec::as_slice).unwrap_or_default();
+    Baseline::new(extra, forkd_net::upstream_resolvers())
+}
+
+/// What a child with `policy` may reach (`SandboxInfo.egress`).
+pub fn effective(policy: &EgressPolicy) -> EffectivePolicy {
+    baseline().effective(policy)
+}
+
 /// Applies `policy` to the child's network (replacing the previous one).
 pub async fn apply_policy(net: &ChildNet, policy: &EgressPolicy) -> Result<()> {
     let (net, policy) = (net.clone(), policy.clone());
-    tokio::task::spawn_blocking(move || {
-        forkd_net::apply_policy(&net, &policy, &forkd_net::upstream_resolvers())
-    })
-    .await
-    .context("network policy task panicked")?
-    .map_err(anyhow::Error::from)
+    tokio::task::spawn_blocking(move || forkd_net::apply_policy(&net, &policy, &baseline()))
+        .await
+        .context("network policy task panicked")?
+        .map_err(anyhow::Error::from)
 }
 
 /// Tears a child's network down; failures are logged (reconcile at the

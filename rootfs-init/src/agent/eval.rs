@@ -26,6 +26,11 @@ const OPENSSL_RESEED_NODE: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/ope
 const NATIVE_DIR: &str = "/run/forkd";
 /// Default bound on one eval; on expiry the interpreter is restarted.
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
+/// Bound on a reseed, warm-up modules' `forkd_reseed` hooks included. A
+/// hook may do real work (the browser image's reseeds every Chromium
+/// process and opens a page in a new renderer: seconds under TCG), yet
+/// the whole identity request must answer within the host's 30 s.
+pub const RESEED_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// What ping reports about the interpreter.
 #[derive(Debug, Clone, Default)]
@@ -166,6 +171,8 @@ impl Interpreter {
             }
         };
         cmd.envs(self.env.iter().map(|(k, v)| (k, v)));
+        // CA bundles installed before this (re)start.
+        cmd.envs(super::ca::env());
         cmd.env("PYTHONDONTWRITEBYTECODE", "1");
         cmd.stdin(Stdio::null())
             .stdout(Stdio::inherit())
@@ -229,13 +236,40 @@ impl Interpreter {
         let reply = self
             .call(
                 serde_json::json!({"op": "reseed", "seed": hex}),
-                Duration::from_secs(10),
+                RESEED_TIMEOUT,
             )
             .await?;
         match reply.get("error").and_then(|e| e.as_str()) {
             Some(e) => Err(AgentError::new(
                 ErrorKind::Internal,
                 format!("reseeding the warm interpreter: {e}"),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// Sets `vars` in the running interpreter's environment (`os.environ`,
+    /// `process.env`), for what it reads per call (requests reads
+    /// `REQUESTS_CA_BUNDLE` per request) and the processes it starts. A
+    /// no-op when no interpreter runs: the next one starts with them.
+    pub async fn set_env(&self, vars: &[(String, String)]) -> Result<(), AgentError> {
+        if !self.status().ready {
+            return Ok(());
+        }
+        let set: serde_json::Map<String, serde_json::Value> = vars
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))
+            .collect();
+        let reply = self
+            .call(
+                serde_json::json!({"op": "env", "set": set}),
+                Duration::from_secs(10),
+            )
+            .await?;
+        match reply.get("error").and_then(|e| e.as_str()) {
+            Some(e) => Err(AgentError::new(
+                ErrorKind::Internal,
+                format!("setting the warm interpreter's environment: {e}"),
             )),
             None => Ok(()),
         }
@@ -281,6 +315,16 @@ impl Interpreter {
         };
         self.start_locked(&mut guard).await;
         Err(failure)
+    }
+}
+
+/// Writes the OpenSSL reseed addon to `/run/forkd/openssl_reseed.node`
+/// at the agent's start, in every mode: other Node processes in the guest
+/// that must be reseeded after a fork load it from there (the
+/// code-interpreter image's JavaScript contexts).
+pub fn install_native_helpers() {
+    if let Err(e) = install_openssl_reseed(std::path::Path::new(NATIVE_DIR)) {
+        eprintln!("forkd-agent: {e}");
     }
 }
 

@@ -203,6 +203,9 @@ async function main() {
       const req = JSON.parse(line);
       if (req.op === 'eval') reply = await run(String(req.code));
       else if (req.op === 'reseed') reply = reseed(req.seed);
+      // CA bundles installed at hand-out: for the processes this one starts
+      // (Node itself read NODE_EXTRA_CA_CERTS when it started).
+      else if (req.op === 'env') { Object.assign(process.env, req.set || {}); reply = { env: true }; }
       else reply = { error: `unknown op ${JSON.stringify(req.op)}` };
     } catch (e) {
       reply = { error: describe(e), traceback: e && e.stack ? String(e.stack) : null };

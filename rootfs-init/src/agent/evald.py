@@ -138,6 +138,11 @@ def main():
                 reply = run(req["code"])
             elif op == "reseed":
                 reply = reseed(req.get("seed", ""))
+            elif op == "env":
+                # CA bundles installed at hand-out: what requests and
+                # subprocesses read from the environment.
+                os.environ.update({str(k): str(v) for k, v in req.get("set", {}).items()})
+                reply = {"env": True}
             else:
                 reply = {"error": "unknown op %r" % op}
         except BaseException as e:

@@ -3,10 +3,19 @@
 //! optionally on a pseudo-terminal (`pty`: the process gets the terminal's
 //! slave side as its controlling terminal in a new session; the agent reads
 //! and writes the master side and can resize it).
+//!
+//! A spec with a `user` runs with that account's uid, gid and groups
+//! ([`super::users`]), its HOME/USER/LOGNAME and its home as the default
+//! cwd; without one, as root with HOME=/root, as always.
+//!
+//! A streaming exec's events go to every request following it: the exec
+//! request itself and each `attach` since ([`Sinks`]); each is also a
+//! `target` for `stdin`, `resize` and `signal` until the exec ends.
 
 use super::server::Outbox;
+use super::users::{self, User};
 use crate::protocol::{
-    AgentError, ErrorKind, ExecResult, ExecSpec, PtySize, Reply, DEFAULT_OUTPUT_LIMIT,
+    AgentError, ErrorKind, ExecInfo, ExecResult, ExecSpec, PtySize, Reply, DEFAULT_OUTPUT_LIMIT,
 };
 use bytes::Bytes;
 use std::collections::HashMap;
@@ -35,17 +44,28 @@ const BASE_ENV: &[(&str, &str)] = &[
     ("TERM", "xterm"),
 ];
 
-/// Running execs by request id, so `signal` and `stdin` ops can reach them.
+/// Running execs by request id (and by the id of each `attach` following
+/// one), so `signal`, `stdin`, `resize` and `attach` ops can reach them.
 #[derive(Default)]
 pub struct ExecRegistry {
     running: Mutex<HashMap<u64, Running>>,
 }
 
+/// The requests a streaming exec's events go to: (outbox, request id).
+pub type Sinks = Arc<Mutex<Vec<(Outbox, u64)>>>;
+
+#[derive(Clone)]
 struct Running {
     pgid: i32,
     stdin: Option<mpsc::Sender<StdinChunk>>,
     /// The terminal's master side, for a PTY exec.
     pty: Option<Arc<OwnedFd>>,
+    /// Where its events go (streaming execs; shared with attaches).
+    sinks: Sinks,
+    /// What `list_execs` says of it; None for an attach's alias entry.
+    info: Option<ExecInfo>,
+    /// The exec request this entry follows (itself for the exec's own).
+    primary: u64,
 }
 
 enum StdinChunk {
@@ -168,21 +188,108 @@ impl ExecRegistry {
                 pgid: 0,
                 stdin: tx,
                 pty: None,
+                sinks: Arc::default(),
+                info: None,
+                primary: id,
             },
         );
         rx.map(StdinQueue)
     }
 
-    fn started(&self, id: u64, pgid: i32, pty: Option<Arc<OwnedFd>>) {
-        if let Some(r) = self.running.lock().unwrap().get_mut(&id) {
-            r.pgid = pgid;
-            r.pty = pty;
+    /// Records that exec `id`'s process runs; returns where its events go.
+    fn started(&self, id: u64, pgid: i32, pty: Option<Arc<OwnedFd>>, info: ExecInfo) -> Sinks {
+        let mut running = self.running.lock().unwrap();
+        match running.get_mut(&id) {
+            Some(r) => {
+                r.pgid = pgid;
+                r.pty = pty;
+                r.info = Some(info);
+                r.sinks.clone()
+            }
+            None => Arc::default(),
         }
     }
 
-    /// Forgets exec `id` once it has finished (its process group is gone).
+    /// Forgets exec `id` and every attach following it, once it has
+    /// finished (its process group is gone).
     pub fn remove(&self, id: u64) {
-        self.running.lock().unwrap().remove(&id);
+        self.running.lock().unwrap().retain(|_, r| r.primary != id);
+    }
+
+    /// Makes request `new_id` follow the streaming exec whose process is
+    /// `pid`: it gets `started`, then every later event and the final
+    /// reply, and becomes a `target` for `stdin`, `resize` and `signal`.
+    pub async fn attach(&self, pid: u32, outbox: &Outbox, new_id: u64) -> Result<(), AgentError> {
+        let entry = {
+            let running = self.running.lock().unwrap();
+            running
+                .values()
+                .find(|r| r.pgid == pid as i32 && r.pgid > 0 && r.info.is_some())
+                .cloned()
+        };
+        let Some(entry) = entry else {
+            return Err(AgentError::new(
+                ErrorKind::NotFound,
+                format!("no running exec with pid {pid} (list_execs names them)"),
+            ));
+        };
+        if !entry.info.as_ref().is_some_and(|i| i.stream) {
+            return Err(AgentError::new(
+                ErrorKind::BadRequest,
+                format!("exec with pid {pid} is not streaming: there is nothing to attach to"),
+            ));
+        }
+        // `started` first, then the events: the sink is added after it.
+        outbox
+            .send(new_id, Reply::Started { pid }, Bytes::new())
+            .await;
+        let mut running = self.running.lock().unwrap();
+        // It may have ended while `started` was queued: then the attach
+        // gets no more frames, and says so.
+        if !running.contains_key(&entry.primary) {
+            return Err(AgentError::new(
+                ErrorKind::NotFound,
+                format!("the exec with pid {pid} ended while attaching"),
+            ));
+        }
+        entry.sinks.lock().unwrap().push((outbox.clone(), new_id));
+        running.insert(
+            new_id,
+            Running {
+                info: None,
+                ..entry
+            },
+        );
+        Ok(())
+    }
+
+    /// The running execs (not the attaches following them).
+    pub fn list(&self) -> Vec<ExecInfo> {
+        let running = self.running.lock().unwrap();
+        let mut v: Vec<ExecInfo> = running
+            .iter()
+            .filter(|(id, r)| **id == r.primary)
+            .filter_map(|(id, r)| {
+                r.info.clone().map(|mut i| {
+                    i.id = *id;
+                    i.pid = r.pgid.max(0) as u32;
+                    i
+                })
+            })
+            .collect();
+        v.sort_by_key(|i| i.id);
+        v
+    }
+
+    /// The attaches following exec `id` (its sinks past the first).
+    fn followers(&self, sinks: &Sinks, id: u64) -> Vec<(Outbox, u64)> {
+        sinks
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, i)| *i != id)
+            .cloned()
+            .collect()
     }
 }
 
@@ -203,6 +310,8 @@ pub struct Finished {
     pub stdout: Vec<u8>,
     /// Captured stderr, at most `output_limit` bytes.
     pub stderr: Vec<u8>,
+    /// Attaches that followed the exec: each is owed the final reply too.
+    pub followers: Vec<(Outbox, u64)>,
 }
 
 /// Runs `spec` for request `id`. In streaming mode `started` and output events
@@ -225,7 +334,14 @@ pub async fn run(
         DEFAULT_OUTPUT_LIMIT
     };
     let limit = spec.output_limit.unwrap_or(default_limit);
-    let (mut child, pty) = match spawn(&spec) {
+    let user = match users::lookup_opt(spec.user.as_deref()) {
+        Ok(u) => u,
+        Err(e) => {
+            registry.remove(id);
+            return Err(e);
+        }
+    };
+    let (mut child, pty, info) = match spawn(&spec, user.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             registry.remove(id);
@@ -254,17 +370,18 @@ pub async fn run(
         Some(wr) => feed_stdin(Some(wr), stdin, queue),
         None => feed_stdin(child.stdin.take(), stdin, queue),
     }
-    registry.started(id, pid as i32, pty.clone());
+    let sinks = registry.started(id, pid as i32, pty.clone(), info);
     // `started` goes out before any output (the readers start after it).
     if spec.stream {
         outbox.send(id, Reply::Started { pid }, Bytes::new()).await;
+        sinks.lock().unwrap().push((outbox.clone(), id));
     }
 
-    let stream_to = spec.stream.then(|| outbox.clone());
+    let stream_to = spec.stream.then(|| sinks.clone());
     let (out, err) = match term_rd {
         // A terminal has one output: stdout and stderr alike.
         Some(rd) => {
-            let out = spawn_reader(Some(rd), limit, stream_to.map(|o| (o, id, true)));
+            let out = spawn_reader(Some(rd), limit, stream_to.map(|s| (s, true)));
             let none: Option<tokio::fs::File> = None;
             (out, spawn_reader(none, limit, None))
         }
@@ -272,20 +389,18 @@ pub async fn run(
             let out = spawn_reader(
                 child.stdout.take(),
                 limit,
-                stream_to.clone().map(|o| (o, id, true)),
+                stream_to.clone().map(|s| (s, true)),
             );
-            let err = spawn_reader(
-                child.stderr.take(),
-                limit,
-                stream_to.map(|o| (o, id, false)),
-            );
+            let err = spawn_reader(child.stderr.take(), limit, stream_to.map(|s| (s, false)));
             (out, err)
         }
     };
 
     let (status, timed_out) = wait_with_timeout(&mut child, pid, spec.timeout_ms).await;
-    registry.remove(id);
     let (out, err) = drain(out, err).await;
+    // After the output: an attach made until now gets all of it.
+    registry.remove(id);
+    let followers = registry.followers(&sinks, id);
 
     let status = status
         .map_err(|e| AgentError::new(ErrorKind::Io, format!("waiting for pid {pid}: {e}")))?;
@@ -312,13 +427,17 @@ pub async fn run(
         result,
         stdout: out.data,
         stderr: err.data,
+        followers,
     })
 }
 
 /// Builds and starts the process in its own session (so its process group
-/// can be killed as a whole); with `pty`, on a new terminal whose master
-/// side is returned.
-fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
+/// can be killed as a whole), as `user` when given; with `pty`, on a new
+/// terminal whose master side is returned.
+fn spawn(
+    spec: &ExecSpec,
+    user: Option<&User>,
+) -> Result<(Child, Option<Arc<OwnedFd>>, ExecInfo), AgentError> {
     if let Some(size) = &spec.pty {
         if !spec.stream {
             return Err(AgentError::new(
@@ -340,7 +459,12 @@ fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
             ))
         }
     };
-    let cwd = spec.cwd.as_deref().unwrap_or("/");
+    let cwd = match (&spec.cwd, user) {
+        (Some(c), u) => users::resolve_path(c, u)?,
+        (None, Some(u)) => u.home.clone(),
+        (None, None) => "/".into(),
+    };
+    let cwd = cwd.as_str();
     match std::fs::metadata(cwd) {
         Ok(m) if m.is_dir() => {}
         Ok(_) => {
@@ -356,13 +480,27 @@ fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
     if spec.clear_env {
         cmd.env_clear();
     } else {
-        cmd.env_clear().envs(BASE_ENV.iter().copied());
+        // The base, then what the host installed since (CA bundles).
+        cmd.env_clear()
+            .envs(BASE_ENV.iter().copied())
+            .envs(super::ca::env());
+        if let Some(u) = user {
+            cmd.env("HOME", &u.home)
+                .env("USER", &u.name)
+                .env("LOGNAME", &u.name);
+        }
     }
     cmd.envs(&spec.env);
     let master = match spec.pty {
         Some(size) => {
             let (master, slave) =
                 open_pty(size).map_err(|e| AgentError::io("opening a pseudo-terminal", &e))?;
+            // The terminal belongs to whoever runs on it (as login does):
+            // programs that check their tty's owner (ssh, sudo, mesg) work.
+            if let Some(u) = user {
+                std::os::unix::fs::fchown(&slave, Some(u.uid), None)
+                    .map_err(|e| AgentError::io("the terminal", &e))?;
+            }
             let io = |f: &OwnedFd| {
                 f.try_clone()
                     .map(Stdio::from)
@@ -381,13 +519,24 @@ fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
         }
     };
     let tty = master.is_some();
-    // SAFETY: setsid, ioctl and sigprocmask are async-signal-safe.
+    let creds = user.map(|u| (u.uid, u.gid, u.groups.clone()));
+    // SAFETY: setsid, ioctl, setgroups, setgid, setuid and sigprocmask are
+    // async-signal-safe; `groups` was allocated before the fork.
     unsafe {
         cmd.pre_exec(move || {
             nix::unistd::setsid().map_err(std::io::Error::from)?;
             // The terminal on stdin becomes the new session's controlling one.
             if tty && libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
+            }
+            // Groups first, while still root; the uid last.
+            if let Some((uid, gid, groups)) = &creds {
+                if libc::setgroups(groups.len(), groups.as_ptr()) != 0
+                    || libc::setgid(*gid) != 0
+                    || libc::setuid(*uid) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             crate::unblock_all_signals()
         });
@@ -402,7 +551,16 @@ fn spawn(spec: &ExecSpec) -> Result<(Child, Option<Arc<OwnedFd>>), AgentError> {
     // The slave side's copies went with `cmd`: once the process and its
     // children close theirs, reading the master ends (EIO).
     drop(cmd);
-    Ok((child, master))
+    let info = ExecInfo {
+        id: 0,
+        pid: 0,
+        argv,
+        stream: spec.stream,
+        pty: spec.pty,
+        user: user.map(|u| u.name.clone()),
+        cwd: cwd.to_string(),
+    };
+    Ok((child, master, info))
 }
 
 /// A new pseudo-terminal of `size`: (master, slave), both close-on-exec (so
@@ -483,11 +641,12 @@ fn feed_stdin<W: AsyncWrite + Unpin + Send + 'static>(
 
 type Reader = (tokio::task::JoinHandle<()>, Arc<Mutex<Capture>>);
 
-/// Reads one output pipe into a capture, or streams it when `stream` is set.
+/// Reads one output pipe into a capture, or streams it to the sinks when
+/// `stream` is set (true: as stdout).
 fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
     pipe: Option<R>,
     limit: u64,
-    stream: Option<(Outbox, u64, bool)>,
+    stream: Option<(Sinks, bool)>,
 ) -> Reader {
     let cap = Arc::new(Mutex::new(Capture::default()));
     let c = cap.clone();
@@ -510,15 +669,17 @@ fn spawn_reader<R: AsyncRead + Unpin + Send + 'static>(
                 }
                 keep
             };
-            if let (Some((outbox, id, is_stdout)), true) = (&stream, keep > 0) {
-                let ev = if *is_stdout {
-                    Reply::Stdout
-                } else {
-                    Reply::Stderr
-                };
-                outbox
-                    .send(*id, ev, Bytes::copy_from_slice(&buf[..keep]))
-                    .await;
+            if let (Some((sinks, is_stdout)), true) = (&stream, keep > 0) {
+                let chunk = Bytes::copy_from_slice(&buf[..keep]);
+                let to = sinks.lock().unwrap().clone();
+                for (outbox, id) in to {
+                    let ev = if *is_stdout {
+                        Reply::Stdout
+                    } else {
+                        Reply::Stderr
+                    };
+                    outbox.send(id, ev, chunk.clone()).await;
+                }
             }
         }
     });

@@ -2,6 +2,7 @@
 //! virtio-serial port named [`AGENT_PORT_NAME`], and forkd's line protocol on
 //! TCP :8888 for compatibility.
 
+pub mod ca;
 pub mod compat;
 pub mod config;
 pub mod eval;
@@ -10,6 +11,8 @@ pub mod files;
 pub mod identity;
 pub mod port;
 pub mod server;
+pub mod tunnel;
+pub mod users;
 
 use crate::protocol::{FrameDecoder, AGENT_PORT_NAME};
 use anyhow::Context;
@@ -28,6 +31,9 @@ pub fn main() -> anyhow::Result<()> {
 
 async fn run() -> anyhow::Result<()> {
     let cfg = config::AgentConfig::load();
+    // Before the warm interpreter starts, so it inherits them too.
+    ca::restore_env();
+    eval::install_native_helpers();
     let interp = eval::Interpreter::new(
         cfg.lang,
         cfg.interpreter(),
@@ -80,14 +86,20 @@ async fn serve_port(agent: Arc<Agent>, path: &std::path::Path) -> anyhow::Result
     });
     let mut dec = FrameDecoder::new();
     let mut buf = vec![0u8; 256 * 1024];
+    let mut connected = false;
     loop {
         match port.read(&mut buf).await {
             Ok(0) => {
                 // Host not connected: drop any partial frame and wait for it.
+                // Its tunnels will never be closed by it: close them now.
+                if std::mem::take(&mut connected) {
+                    agent.tunnels.abort_all();
+                }
                 dec.reset();
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
             Ok(n) => {
+                connected = true;
                 dec.extend(&buf[..n]);
                 agent.pump(&mut dec, &outbox);
             }

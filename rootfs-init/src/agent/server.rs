@@ -1,10 +1,10 @@
 //! Request dispatch: decode frames, run each request on its own task, send
 //! replies and stream events through one outbox per channel.
 
-use super::{eval::Interpreter, exec, exec::ExecRegistry, files, identity};
+use super::{ca, eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users};
 use crate::protocol::{
-    encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecSpec, Frame, FrameDecoder,
-    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader,
+    encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecList, ExecSpec, Frame, FrameDecoder,
+    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, FEATURES,
     MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
 };
 use bytes::{Bytes, BytesMut};
@@ -76,6 +76,8 @@ pub struct Agent {
     pub exec: Arc<ExecRegistry>,
     /// The warm interpreter (Python, or Node in Node mode) behind `eval`.
     pub interp: Interpreter,
+    /// Open TCP tunnels.
+    pub tunnels: Arc<tunnel::Tunnels>,
 }
 
 impl Agent {
@@ -85,6 +87,7 @@ impl Agent {
             started: Instant::now(),
             exec: Arc::new(ExecRegistry::default()),
             interp,
+            tunnels: Arc::default(),
         })
     }
 
@@ -127,6 +130,31 @@ impl Agent {
                 return;
             }
         };
+        // Ops whose effect must keep channel order act here, before the
+        // next frame is decoded; the rest run on their own tasks.
+        let done = |r: Result<(), AgentError>| {
+            let id = req.id;
+            let outbox = outbox.clone();
+            tokio::spawn(async move {
+                match r {
+                    Ok(()) => outbox.ok(id, &serde_json::json!({}), Bytes::new()).await,
+                    Err(e) => outbox.err(id, e).await,
+                }
+            });
+        };
+        match &req.op {
+            Op::TunnelData { target, eof } => {
+                // Its `ok` comes from the tunnel once the bytes are written.
+                let r = self.tunnels.data(*target, req.id, frame.payload, *eof);
+                if r.is_err() {
+                    done(r);
+                }
+                return;
+            }
+            Op::TunnelAck { target, bytes } => return self.tunnels.ack(*target, *bytes),
+            Op::TunnelClose { target } => return done(self.tunnels.close(*target)),
+            _ => {}
+        }
         let queue = match &req.op {
             Op::Exec(spec) => self.exec.reserve(
                 req.id,
@@ -170,6 +198,21 @@ impl Agent {
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 request_power_off(reboot);
             }
+            Op::TunnelOpen { port, window } => {
+                self.tunnels.clone().open(id, port, window, outbox).await
+            }
+            Op::Attach { pid } => {
+                // On success the exec's events (and final reply) follow.
+                if let Err(e) = self.exec.attach(pid, &outbox, id).await {
+                    outbox.err(id, e).await
+                }
+            }
+            Op::ListExecs => {
+                let list = ExecList {
+                    execs: self.exec.list(),
+                };
+                outbox.ok(id, &list, Bytes::new()).await
+            }
             op => file_op(id, op, payload, &outbox).await,
         }
     }
@@ -189,6 +232,7 @@ impl Agent {
             numpy_version: st.numpy_version,
             agent_lang: Some(self.interp.lang().as_str().to_string()),
             node_version: st.node_version,
+            features: FEATURES.iter().map(|f| f.to_string()).collect(),
         }
     }
 
@@ -211,6 +255,9 @@ impl Agent {
         }
         match exec::run(id, spec, stdin, queue, outbox.clone(), self.exec.clone()).await {
             Ok(f) => {
+                for (ob, follower) in &f.followers {
+                    ob.ok(*follower, &f.result, Bytes::new()).await;
+                }
                 let mut payload = f.stdout;
                 payload.extend_from_slice(&f.stderr);
                 outbox.ok(id, &f.result, payload.into()).await
@@ -244,6 +291,19 @@ impl Agent {
             }
             None => false,
         };
+        let ca_certs_installed = match &spec.ca_certs {
+            Some(pem) => {
+                let pem = pem.clone();
+                let n = tokio::task::spawn_blocking(move || ca::install(&pem))
+                    .await
+                    .map_err(|e| {
+                        AgentError::new(ErrorKind::Internal, format!("installing CAs: {e}"))
+                    })??;
+                self.interp.set_env(&ca::env()).await?;
+                n
+            }
+            None => 0,
+        };
         let mut reseeded = false;
         if spec.reseed_interpreter && self.interp.status().ready {
             self.interp.reseed(entropy).await?;
@@ -255,30 +315,67 @@ impl Agent {
             entropy_bytes: entropy.len(),
             interpreter_reseeded: reseeded,
             resolv_conf_written,
+            ca_certs_installed,
         })
     }
 }
 
+/// A file op's path and the owner of what it creates, for its `user`
+/// (none: the path must be absolute and root owns what is made).
+fn as_user(path: &str, user: Option<&str>) -> Result<(String, files::Owner), AgentError> {
+    let u = users::lookup_opt(user)?;
+    let path = users::resolve_path(path, u.as_ref())?;
+    Ok((path, u.map(|u| (u.uid, u.gid))))
+}
+
 async fn file_op(id: u64, op: Op, payload: Bytes, outbox: &Outbox) {
     let res = files::blocking(move || match op {
-        Op::ReadFile { path, offset, len } => {
+        Op::ReadFile {
+            path,
+            user,
+            offset,
+            len,
+        } => {
+            let (path, _) = as_user(&path, user.as_deref())?;
             files::read(&path, offset, len).map(|(r, d)| (json(&r), Bytes::from(d)))
         }
         Op::WriteFile {
             path,
+            user,
             mode,
             append,
             create_parents,
-        } => files::write(&path, &payload, mode, append, create_parents)
-            .map(|s| (json(&s), Bytes::new())),
+        } => {
+            let (path, owner) = as_user(&path, user.as_deref())?;
+            files::write(&path, &payload, mode, append, create_parents, owner)
+                .map(|s| (json(&s), Bytes::new()))
+        }
         Op::ListDir { path } => files::list(&path).map(|l| (json(&l), Bytes::new())),
         Op::Stat { path } => files::stat(&path).map(|s| (json(&s), Bytes::new())),
+        Op::Entry { path, user } => {
+            let (path, _) = as_user(&path, user.as_deref())?;
+            files::entry(&path, &users::Names::load()).map(|e| (json(&e), Bytes::new()))
+        }
+        Op::ListEntries { path, depth, user } => {
+            let (path, _) = as_user(&path, user.as_deref())?;
+            files::list_entries(&path, depth, &users::Names::load())
+                .map(|l| (json(&l), Bytes::new()))
+        }
         Op::Mkdir {
             path,
+            user,
             mode,
             parents,
-        } => files::mkdir(&path, mode, parents).map(|s| (json(&s), Bytes::new())),
-        Op::Remove { path, recursive } => {
+        } => {
+            let (path, owner) = as_user(&path, user.as_deref())?;
+            files::mkdir(&path, mode, parents, owner).map(|s| (json(&s), Bytes::new()))
+        }
+        Op::Remove {
+            path,
+            user,
+            recursive,
+        } => {
+            let (path, _) = as_user(&path, user.as_deref())?;
             files::remove(&path, recursive).map(|_| (json(&()), Bytes::new()))
         }
         other => Err(AgentError::new(

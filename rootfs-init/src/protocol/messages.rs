@@ -9,7 +9,21 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 /// Version of this protocol, reported by `ping`. Bump on incompatible changes.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// 2 added users, `entry`/`list_entries`, tunnels, `attach` and `list_execs`
+/// (each also named in [`PingResult::features`]); a version-1 host never
+/// sends them, and a version-2 host checks the features before it does.
+pub const PROTOCOL_VERSION: u32 = 2;
+
+/// [`PingResult::features`]: `user` on exec and the file ops, `entry` and
+/// `list_entries`. An agent without it would ignore `user` and run as root,
+/// so a host must not send `user` to it.
+pub const FEATURE_USERS: &str = "users";
+/// [`PingResult::features`]: `tunnel_open`, `tunnel_data`, `tunnel_ack`, `tunnel_close`.
+pub const FEATURE_TUNNEL: &str = "tunnel";
+/// [`PingResult::features`]: `attach` and `list_execs`.
+pub const FEATURE_ATTACH: &str = "attach";
+/// Every feature this protocol version defines, as an agent of it reports them.
+pub const FEATURES: &[&str] = &[FEATURE_USERS, FEATURE_TUNNEL, FEATURE_ATTACH];
 
 /// Name of the virtio-serial port the agent listens on.
 pub const AGENT_PORT_NAME: &str = "org.forkd.agent";
@@ -63,8 +77,11 @@ pub enum Op {
     Eval(EvalSpec),
     /// Read up to `len` bytes at `offset`. Reply: [`ReadResult`], payload = bytes.
     ReadFile {
-        /// Absolute guest path.
+        /// Guest path: absolute, or relative to `user`'s home when `user` is set.
         path: String,
+        /// Resolve a relative path (or `~/...`) against this user's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// Where to start reading.
         #[serde(default)]
         offset: u64,
@@ -75,8 +92,13 @@ pub enum Op {
     /// Write the payload to `path`: atomically (temp file + rename) unless
     /// `append`. Reply: [`FileStat`] of the result.
     WriteFile {
-        /// Absolute guest path.
+        /// Guest path: absolute, or relative to `user`'s home when `user` is set.
         path: String,
+        /// Owner of what the write creates (the file when it is new or
+        /// replaced, missing parent directories): a user name or uid. None:
+        /// root, as before. Also resolves a relative path against the home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// Permission bits for a new file (default 0o644).
         #[serde(default)]
         mode: Option<u32>,
@@ -97,10 +119,35 @@ pub enum Op {
         /// Absolute guest path.
         path: String,
     },
+    /// Everything a file manager (or E2B's envd) reports about one path:
+    /// owner and group names, nanosecond mtime, the resolved target of a
+    /// symlink and its kind. Reply: [`EntryInfo`].
+    Entry {
+        /// Guest path: absolute, or relative to `user`'s home when `user` is set.
+        path: String,
+        /// Resolve a relative path against this user's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+    },
+    /// [`EntryInfo`] of every entry of a directory, down to `depth` levels
+    /// (1: the directory's own entries). Reply: [`EntryList`].
+    ListEntries {
+        /// Guest path of the directory: absolute, or relative to `user`'s home.
+        path: String,
+        /// Levels to descend, 1..=[`MAX_LIST_DEPTH`] (default 1).
+        #[serde(default = "one")]
+        depth: u32,
+        /// Resolve a relative path against this user's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+    },
     /// Create a directory (`parents` = `mkdir -p`). Reply: [`FileStat`].
     Mkdir {
-        /// Absolute guest path.
+        /// Guest path: absolute, or relative to `user`'s home when `user` is set.
         path: String,
+        /// Owner of the directories created (a user name or uid); None: root.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// Permission bits (default 0o755).
         #[serde(default)]
         mode: Option<u32>,
@@ -110,8 +157,11 @@ pub enum Op {
     },
     /// Remove a file, symlink or empty directory (`recursive` removes trees).
     Remove {
-        /// Absolute guest path.
+        /// Guest path: absolute, or relative to `user`'s home when `user` is set.
         path: String,
+        /// Resolve a relative path against this user's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// Remove a directory with everything in it.
         #[serde(default)]
         recursive: bool,
@@ -125,7 +175,68 @@ pub enum Op {
         #[serde(default)]
         reboot: bool,
     },
+    /// Open a TCP connection to `port` on the guest's loopback and carry
+    /// its bytes over this channel (docs/agent-protocol.md, "tunnels").
+    /// Replies: `started` (pid 0) once connected; `stdout` events with the
+    /// bytes the guest side sends (a zero-length one: its end of stream);
+    /// a final `ok` ([`TunnelResult`]) once both directions are closed, or
+    /// `error`.
+    TunnelOpen {
+        /// The guest port (127.0.0.1, else ::1).
+        port: u16,
+        /// Bytes the agent may send before the host acknowledges them
+        /// (`tunnel_ack`), 1..=[`MAX_TUNNEL_WINDOW`].
+        window: u32,
+    },
+    /// Bytes for tunnel `target` (the payload), then its write side closed
+    /// when `eof`. Reply: `ok` once the bytes are written to the socket
+    /// (the host keeps at most a window of bytes unanswered).
+    TunnelData {
+        /// Request id of the `tunnel_open`.
+        target: u64,
+        /// Shut the connection's write side down after these bytes.
+        #[serde(default)]
+        eof: bool,
+    },
+    /// The host has consumed `bytes` of tunnel `target`'s data: the agent
+    /// may send that many more. The one op without a reply.
+    TunnelAck {
+        /// Request id of the `tunnel_open`.
+        target: u64,
+        /// Bytes consumed since the last ack.
+        bytes: u32,
+    },
+    /// Abort tunnel `target`: the connection is closed in both directions
+    /// at once (its final reply still goes to the `tunnel_open` id).
+    /// Reply: `ok`.
+    TunnelClose {
+        /// Request id of the `tunnel_open`.
+        target: u64,
+    },
+    /// Follow a running streaming exec from this request too (a host that
+    /// reconnected, a second viewer of a terminal): `started` with its pid,
+    /// then its output events and its final reply. This request's id is
+    /// then also a `target` for `stdin`, `resize` and `signal`.
+    Attach {
+        /// Pid of the exec's process (from `started` or `list_execs`).
+        pid: u32,
+    },
+    /// The running execs. Reply: [`ExecList`].
+    ListExecs,
 }
+
+fn one() -> u32 {
+    1
+}
+
+/// Deepest `list_entries`.
+pub const MAX_LIST_DEPTH: u32 = 16;
+/// Most entries one `list_entries` returns.
+pub const MAX_LIST_ENTRIES: usize = 10_000;
+/// Largest tunnel window.
+pub const MAX_TUNNEL_WINDOW: u32 = 4 << 20;
+/// Largest `stdout` event of a tunnel, and of one `tunnel_data` payload.
+pub const TUNNEL_CHUNK: usize = 64 * 1024;
 
 /// A process to run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -164,6 +275,12 @@ pub struct ExecSpec {
     /// into it (stdin stays open); `resize` changes its size.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pty: Option<PtySize>,
+    /// Run as this user (a name from the guest's /etc/passwd, or a uid):
+    /// its uid, primary gid and supplementary groups; HOME, USER and
+    /// LOGNAME from its entry (the request's `env` still wins); `cwd`
+    /// defaults to its home. None: root, as before.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// A terminal's size in character cells.
@@ -223,7 +340,18 @@ pub struct IdentitySpec {
     /// host's upstream resolvers); the file is replaced when set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nameservers: Option<Vec<std::net::Ipv4Addr>>,
+    /// Extra CA certificates the guest trusts from now on: PEM text of
+    /// `CERTIFICATE` blocks only (the host has parsed each one), at most
+    /// [`MAX_CA_CERTS_BYTES`]. Added to the system store and named by the
+    /// variables Python, requests, pip and Node read, for every later exec
+    /// (docs/agent-protocol.md, "identity").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_certs: Option<String>,
 }
+
+/// Largest `ca_certs` an `identity` request may carry (a host's whole CA
+/// bundle is ~220 KiB); it travels in the frame header.
+pub const MAX_CA_CERTS_BYTES: usize = 512 << 10;
 
 /// Header of every agent→host frame.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -374,6 +502,17 @@ pub struct PingResult {
     /// Node's version, when the warm interpreter is Node.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_version: Option<String>,
+    /// What this agent understands beyond version 1 ([`FEATURES`]); empty
+    /// from older agents.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+}
+
+impl PingResult {
+    /// Whether the agent reported `feature`.
+    pub fn has(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
 }
 
 /// Reply to `exec`: how the process ended and how much output there is.
@@ -502,6 +641,143 @@ pub struct ListResult {
     pub entries: Vec<DirEntry>,
 }
 
+/// One path as `entry` and `list_entries` report it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct EntryInfo {
+    /// Last path component.
+    pub name: String,
+    /// The absolute path (a relative request resolved against the home).
+    pub path: String,
+    /// What the path itself is (a symlink is `symlink`).
+    pub kind: FileKind,
+    /// What a symlink leads to, after every link is followed; for anything
+    /// else its own kind. None: a dangling link.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_kind: Option<FileKind>,
+    /// Size in bytes (of the link itself for a symlink).
+    pub size: u64,
+    /// The whole `st_mode`: file type and permission bits (`lstat`).
+    pub st_mode: u32,
+    /// Permission bits of what a symlink leads to (its own otherwise); 0
+    /// for a dangling link.
+    pub target_mode: u32,
+    /// Owner uid.
+    pub uid: u32,
+    /// Group gid.
+    pub gid: u32,
+    /// The owner's name from /etc/passwd, else the uid in decimal.
+    pub owner: String,
+    /// The group's name from /etc/group, else the gid in decimal.
+    pub group: String,
+    /// Last modification, seconds since the Unix epoch.
+    pub mtime_unix: i64,
+    /// Nanoseconds past `mtime_unix`.
+    pub mtime_nsec: u32,
+    /// A symlink's text as stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_target: Option<String>,
+    /// A symlink's target as an absolute path with every link followed
+    /// (what E2B's envd reports); the path itself when it cannot be
+    /// resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub symlink_resolved: Option<String>,
+}
+
+impl EntryInfo {
+    /// `st_mode` as Go's `FileMode.String()` writes it, which is what E2B's
+    /// envd reports as `permissions`: a type letter (`d` directory, `L`
+    /// symlink, `D` device, `c` character device after `D`, `p` pipe,
+    /// `S` socket, `u`/`g`/`t` for setuid/setgid/sticky) or `-`, then
+    /// `rwxrwxrwx`.
+    pub fn permissions(&self) -> String {
+        let m = self.st_mode;
+        let mut out = String::new();
+        match m & libc_mode::S_IFMT {
+            libc_mode::S_IFDIR => out.push('d'),
+            libc_mode::S_IFLNK => out.push('L'),
+            libc_mode::S_IFBLK => out.push('D'),
+            libc_mode::S_IFCHR => out.push_str("Dc"),
+            libc_mode::S_IFIFO => out.push('p'),
+            libc_mode::S_IFSOCK => out.push('S'),
+            _ => {}
+        }
+        if m & 0o4000 != 0 {
+            out.push('u');
+        }
+        if m & 0o2000 != 0 {
+            out.push('g');
+        }
+        if m & 0o1000 != 0 {
+            out.push('t');
+        }
+        if out.is_empty() {
+            out.push('-');
+        }
+        for (i, c) in "rwxrwxrwx".chars().enumerate() {
+            out.push(if m & (1 << (8 - i)) != 0 { c } else { '-' });
+        }
+        out
+    }
+}
+
+/// File type bits of `st_mode` (Linux values, the same on every arch).
+mod libc_mode {
+    pub const S_IFMT: u32 = 0o170000;
+    pub const S_IFSOCK: u32 = 0o140000;
+    pub const S_IFLNK: u32 = 0o120000;
+    pub const S_IFBLK: u32 = 0o060000;
+    pub const S_IFDIR: u32 = 0o040000;
+    pub const S_IFCHR: u32 = 0o020000;
+    pub const S_IFIFO: u32 = 0o010000;
+}
+
+/// Reply to `list_entries`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct EntryList {
+    /// Every entry found, depth first, each directory's entries by name.
+    pub entries: Vec<EntryInfo>,
+}
+
+/// Final reply of a tunnel.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct TunnelResult {
+    /// Bytes the host sent into the connection.
+    pub bytes_in: u64,
+    /// Bytes the guest side sent back.
+    pub bytes_out: u64,
+    /// The host aborted it (`tunnel_close`).
+    #[serde(default)]
+    pub aborted: bool,
+}
+
+/// One running exec, as `list_execs` reports it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecInfo {
+    /// Request id of the exec (a `target` for `stdin`, `resize`, `signal`).
+    pub id: u64,
+    /// Pid of its process (0 while it is starting).
+    pub pid: u32,
+    /// Its argv (a shell command as `/bin/sh -c CMD`).
+    pub argv: Vec<String>,
+    /// Streaming: `attach` can follow it.
+    pub stream: bool,
+    /// Its terminal's size when it runs on one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+    /// The user it runs as, when one was asked for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Its working directory.
+    pub cwd: String,
+}
+
+/// Reply to `list_execs`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct ExecList {
+    /// The running execs, by request id.
+    pub execs: Vec<ExecInfo>,
+}
+
 /// Reply to `identity`: what the child now is.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct IdentityResult {
@@ -516,6 +792,10 @@ pub struct IdentityResult {
     /// Whether `/etc/resolv.conf` was written.
     #[serde(default)]
     pub resolv_conf_written: bool,
+    /// How many of the request's `ca_certs` the guest now trusts (0 from
+    /// an agent that predates them: the host then refuses the hand-out).
+    #[serde(default)]
+    pub ca_certs_installed: usize,
 }
 
 /// Checks a guest path given by the host: absolute, no NUL, bounded length.
@@ -572,6 +852,57 @@ mod tests {
             serde_json::json!({"id":9,"type":"error","error":{"kind":"not_found","message":"/x: gone"}})
         );
         assert_eq!(ErrorKind::NotFound.to_string(), "not_found");
+    }
+
+    #[test]
+    fn permissions_read_as_envd_writes_them() {
+        let e = |st_mode: u32| EntryInfo {
+            name: "x".into(),
+            path: "/x".into(),
+            kind: FileKind::File,
+            target_kind: Some(FileKind::File),
+            size: 0,
+            st_mode,
+            target_mode: st_mode & 0o7777,
+            uid: 0,
+            gid: 0,
+            owner: "root".into(),
+            group: "root".into(),
+            mtime_unix: 0,
+            mtime_nsec: 0,
+            symlink_target: None,
+            symlink_resolved: None,
+        };
+        assert_eq!(e(0o100644).permissions(), "-rw-r--r--");
+        assert_eq!(e(0o040755).permissions(), "drwxr-xr-x");
+        assert_eq!(e(0o120777).permissions(), "Lrwxrwxrwx");
+        assert_eq!(e(0o104755).permissions(), "urwxr-xr-x");
+        assert_eq!(e(0o041777).permissions(), "dtrwxrwxrwx");
+        assert_eq!(e(0o020620).permissions(), "Dcrw--w----");
+        assert_eq!(e(0o010600).permissions(), "prw-------");
+    }
+
+    /// A version-1 request still parses (no `user`), and a `user` a
+    /// version-1 agent would ignore is only sent when set.
+    #[test]
+    fn user_fields_are_optional_on_the_wire() {
+        let old: RequestHeader =
+            serde_json::from_value(serde_json::json!({"id":1,"op":"write_file","path":"/x"}))
+                .unwrap();
+        assert!(matches!(old.op, Op::WriteFile { user: None, .. }));
+        let v = serde_json::to_value(RequestHeader {
+            id: 2,
+            op: Op::Exec(ExecSpec {
+                shell: Some("true".into()),
+                ..Default::default()
+            }),
+        })
+        .unwrap();
+        assert!(v.get("user").is_none(), "{v}");
+        let p: PingResult = serde_json::from_value(serde_json::json!({
+            "agent_version":"0","protocol":1,"uptime_ms":0,"hostname":"h","warm_ready":false}))
+        .unwrap();
+        assert!(!p.has(FEATURE_USERS));
     }
 
     #[test]

@@ -305,8 +305,104 @@ fn fixups(root: &Path, recipe: &Recipe) -> Result<()> {
         write_file(root, &rel, text.as_bytes(), 0o644)
             .with_context(|| format!("writing the recipe's file {path}"))?;
     }
+    if let Some(u) = &recipe.user {
+        add_user(root, u).with_context(|| format!("adding the recipe's [user] {:?}", u.name))?;
+    }
     if std::fs::symlink_metadata(root.join("etc/machine-id")).is_ok() {
         std::fs::remove_file(root.join("etc/machine-id"))?;
+    }
+    Ok(())
+}
+
+/// Adds `[user]` to the image's account files (never following a symlink
+/// in the root): passwd, group, shadow and gshadow entries when the image
+/// has those files, a home made from `/etc/skel` and owned by the user,
+/// and with `sudo` a sudoers.d entry. An account of that name already in
+/// the image must have the same uid; a uid or gid taken by another name
+/// fails the build.
+fn add_user(root: &Path, u: &super::recipe::UserSpec) -> Result<()> {
+    use super::rootfs::{ensure_dir, exists_plain, write_file};
+    let read = |rel: &str| -> Result<Option<String>> {
+        let p = Path::new(rel);
+        if std::fs::symlink_metadata(root.join(p)).is_err() {
+            return Ok(None);
+        }
+        if !exists_plain(root, p) {
+            bail!("the image's {rel} is a symlink; forkd does not follow it");
+        }
+        Ok(Some(std::fs::read_to_string(root.join(p))?))
+    };
+    let entries = |text: &str| -> Vec<(String, String)> {
+        text.lines()
+            .filter_map(|l| {
+                let mut f = l.split(':');
+                Some((f.next()?.to_string(), f.nth(1)?.to_string()))
+            })
+            .collect()
+    };
+    let (name, id) = (u.name.as_str(), u.uid.to_string());
+    let home = u.home();
+    let add = |rel: &str, line: String, check_id: bool, mode: u32| -> Result<()> {
+        let Some(text) = read(rel)? else {
+            return Ok(());
+        };
+        let have = entries(&text);
+        if let Some((_, other)) = have.iter().find(|(n, _)| n == name) {
+            if check_id && *other != id {
+                bail!("the image's {rel} has {name} with id {other}, not {id}");
+            }
+            return Ok(());
+        }
+        if let Some((other, _)) = have.iter().find(|(_, i)| check_id && *i == id) {
+            bail!("id {id} is {other}'s in the image's {rel}; choose another [user] uid");
+        }
+        let mut text = text;
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&line);
+        text.push('\n');
+        write_file(root, Path::new(rel), text.as_bytes(), mode)
+    };
+    add(
+        "etc/passwd",
+        format!("{name}:x:{id}:{id}::{home}:{}", u.shell),
+        true,
+        0o644,
+    )?;
+    add("etc/group", format!("{name}:x:{id}:"), true, 0o644)?;
+    // No password: nobody logs in with one; root and sudo need none.
+    add(
+        "etc/shadow",
+        format!("{name}:*:19000:0:99999:7:::"),
+        false,
+        0o640,
+    )?;
+    add("etc/gshadow", format!("{name}:!::"), false, 0o640)?;
+    let home_rel = super::recipe::guest_file_path(&home)?;
+    let dir = ensure_dir(root, &home_rel)?;
+    std::os::unix::fs::lchown(&dir, Some(u.uid), Some(u.uid))?;
+    if exists_plain(root, Path::new("etc/skel")) {
+        for e in std::fs::read_dir(root.join("etc/skel"))?.flatten() {
+            if !e.file_type().is_ok_and(|t| t.is_file()) {
+                continue;
+            }
+            let rel = home_rel.join(e.file_name());
+            write_file(root, &rel, &std::fs::read(e.path())?, 0o644)?;
+            std::os::unix::fs::lchown(root.join(&rel), Some(u.uid), Some(u.uid))?;
+        }
+    }
+    if u.sudo {
+        if !exists_plain(root, Path::new("etc/sudoers.d")) {
+            bail!("[user] sudo = true needs sudo in the image: add the `sudo` package");
+        }
+        let rule = format!("{name} ALL=(ALL:ALL) NOPASSWD: ALL\n");
+        write_file(
+            root,
+            &Path::new("etc/sudoers.d").join(name),
+            rule.as_bytes(),
+            0o440,
+        )?;
     }
     Ok(())
 }
@@ -401,6 +497,59 @@ fn run_logged(mut cmd: Command, log: &Path, what: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_user_gets_its_entries_home_and_sudo_rule() {
+        if !nix::unistd::geteuid().is_root() {
+            eprintln!("skipped: needs root to chown");
+            return;
+        }
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path();
+        std::fs::create_dir_all(root.join("etc/skel")).unwrap();
+        std::fs::create_dir_all(root.join("etc/sudoers.d")).unwrap();
+        std::fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/bash\n").unwrap();
+        std::fs::write(root.join("etc/group"), "root:x:0:\n").unwrap();
+        std::fs::write(root.join("etc/shadow"), "root:*:1:0:99999:7:::\n").unwrap();
+        std::fs::write(root.join("etc/skel/.bashrc"), "# rc\n").unwrap();
+        let u: super::super::recipe::UserSpec = toml::from_str("").unwrap();
+        add_user(root, &u).unwrap();
+        add_user(root, &u).unwrap(); // idempotent
+        let passwd = std::fs::read_to_string(root.join("etc/passwd")).unwrap();
+        assert!(
+            passwd.ends_with("user:x:1000:1000::/home/user:/bin/bash\n"),
+            "{passwd}"
+        );
+        assert_eq!(passwd.lines().filter(|l| l.starts_with("user:")).count(), 1);
+        let group = std::fs::read_to_string(root.join("etc/group")).unwrap();
+        assert!(group.contains("user:x:1000:"), "{group}");
+        assert!(std::fs::read_to_string(root.join("etc/shadow"))
+            .unwrap()
+            .contains("user:*:"));
+        use std::os::unix::fs::MetadataExt;
+        let home = std::fs::metadata(root.join("home/user")).unwrap();
+        assert_eq!((home.uid(), home.gid()), (1000, 1000));
+        assert_eq!(
+            std::fs::metadata(root.join("home/user/.bashrc"))
+                .unwrap()
+                .uid(),
+            1000
+        );
+        let sudo = root.join("etc/sudoers.d/user");
+        assert_eq!(
+            std::fs::read_to_string(&sudo).unwrap(),
+            "user ALL=(ALL:ALL) NOPASSWD: ALL\n"
+        );
+        assert_eq!(std::fs::metadata(&sudo).unwrap().mode() & 0o777, 0o440);
+        // Another name holding uid 1000 is a clear error.
+        let other: super::super::recipe::UserSpec = toml::from_str("name = 'other'").unwrap();
+        let e = add_user(root, &other).unwrap_err();
+        assert!(format!("{e:#}").contains("id 1000 is user's"), "{e:#}");
+        // sudo without the sudo package says what to add.
+        std::fs::remove_dir_all(root.join("etc/sudoers.d")).unwrap();
+        let e = add_user(root, &u).unwrap_err();
+        assert!(format!("{e:#}").contains("`sudo` package"), "{e:#}");
+    }
 
     #[test]
     fn debootstrap_log_names_the_missing_virtual_packages() {

@@ -100,6 +100,7 @@ pub async fn delete(State(d): D, Path(tag): Path<String>) -> ApiResult<StatusCod
         warm_eval: None,
         page_out: false,
         keep_resident: None,
+        network: None,
     };
     let t = tag.clone();
     d.state

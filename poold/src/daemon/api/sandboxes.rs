@@ -55,6 +55,7 @@ pub async fn spawn(
         ports: b.ports,
         volumes: b.volumes,
         workspace: None,
+        ca_certs: b.ca_certs,
     };
     let recs = detached(async move { lifecycle::spawn(&d, req).await }).await?;
     Ok((

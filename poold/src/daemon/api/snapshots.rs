@@ -230,6 +230,12 @@ async fn create_work(
         }
     };
     let volumes = super::super::volumes::accept(&d.cfg.volume_roots, &b.volumes)?;
+    let ca = b
+        .ca_certs
+        .as_deref()
+        .map(|t| forkd_snapshot::ca::CaBundle::parse(t, "ca_certs"))
+        .transpose()
+        .map_err(|e| ApiError::bad_request(e.to_string()))?;
     if tag_exists(&d, &b.tag).await? {
         return Err(ApiError::bad_request(format!(
             "snapshot {:?} already exists; DELETE first",
@@ -258,6 +264,7 @@ async fn create_work(
         lifetime: Lifetime::Ephemeral,
         verbose: false,
         volumes,
+        ca,
     };
     // An image not built or a spec no VM can be is a 400 (typed errors,
     // mapped in `daemon::error`); anything else a 500.

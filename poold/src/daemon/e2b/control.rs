@@ -97,6 +97,81 @@ struct NewSandbox {
     auto_pause: Option<bool>,
     #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
     volume_mounts: Option<Vec<Value>>,
+    /// false: the sandbox reaches nothing (E2B's deny-all).
+    #[serde(default, alias = "allowInternetAccess")]
+    allow_internet_access: Option<bool>,
+    /// E2B's `{allowOut, denyOut, allowPublicTraffic, maskRequestHost}`.
+    #[serde(default)]
+    network: Option<Value>,
+}
+
+/// The egress of an E2B create, as forkd's spawn fields `(net, network)`
+/// (docs/e2b.md, docs/network.md). `allowOut`/`denyOut` take addresses,
+/// CIDRs and domain names and allow wins, as in E2B; `allowOut` is also
+/// how an internal address is opened, as in `/v1`. Without them the
+/// sandbox gets the pool's or the config's policy: the public internet,
+/// nothing internal. What poold cannot honour is refused: a traffic token
+/// on the sandbox's URLs (`allowPublicTraffic: false`), `maskRequestHost`,
+/// unknown keys.
+fn egress_of(
+    internet: Option<bool>,
+    network: Option<&Value>,
+) -> R<(Option<bool>, Option<forkd_net::EgressPolicy>)> {
+    let no_internet = internet == Some(false);
+    let Some(net) = network.filter(|v| !v.is_null()) else {
+        return Ok((no_internet.then_some(false), None));
+    };
+    let Some(obj) = net.as_object() else {
+        return Err(bad("network must be an object ({allowOut, denyOut})"));
+    };
+    let list = |key: &str| -> R<Vec<forkd_net::Target>> {
+        let Some(v) = obj.get(key).filter(|v| !v.is_null()) else {
+            return Ok(Vec::new());
+        };
+        let items = v
+            .as_array()
+            .ok_or_else(|| bad(format!("network.{key} must be a list of strings")))?;
+        items
+            .iter()
+            .map(|t| {
+                let s = t
+                    .as_str()
+                    .ok_or_else(|| bad(format!("network.{key}: {t} is not a string")))?;
+                forkd_net::Target::parse(s).map_err(|e| bad(format!("network.{key}: {e}")))
+            })
+            .collect()
+    };
+    let mut policy = forkd_net::EgressPolicy {
+        allow_out: list("allowOut")?,
+        deny_out: list("denyOut")?,
+    };
+    for (k, v) in obj {
+        match (k.as_str(), v) {
+            ("allowOut" | "denyOut", _) | ("allowPublicTraffic", Value::Bool(true) | Value::Null) => {}
+            ("allowPublicTraffic", _) => {
+                return Err(bad(
+                    "network.allowPublicTraffic: poold does not gate sandbox URLs with a traffic token; leave it out (the sandbox plane's auth applies)",
+                ))
+            }
+            ("maskRequestHost", Value::Null) => {}
+            ("maskRequestHost", _) => {
+                return Err(bad("network.maskRequestHost is not supported by poold; leave it out"))
+            }
+            _ => return Err(bad(format!("network.{k} is not an E2B network setting poold knows"))),
+        }
+    }
+    if no_internet {
+        policy
+            .deny_out
+            .push(forkd_net::Target::Net(forkd_net::Ipv4Net::default()));
+    }
+    if policy == forkd_net::EgressPolicy::default() {
+        return Ok((None, None));
+    }
+    policy
+        .validate()
+        .map_err(|e| bad(format!("network: {e}")))?;
+    Ok((None, Some(policy)))
 }
 
 fn bad(m: impl Into<String>) -> E2bError {
@@ -166,10 +241,13 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
     if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
         return Err(bad("volumeMounts are not supported by poold (docs/e2b.md)"));
     }
+    let (net, network) = egress_of(b.allow_internet_access, b.network.as_ref())?;
     let req = SpawnRequest {
         tag: b.template_id.clone(),
         n: 1,
         ttl_secs: Some(timeout),
+        net,
+        network,
         ..Default::default()
     };
     let d = e.d.clone();
@@ -517,6 +595,36 @@ mod tests {
         assert_eq!((q.limit, q.states.is_none()), (MAX_PAGE, true));
         assert!(parse_list_query(Some("limit=0")).is_err());
         assert!(parse_list_query(Some("limit=101")).is_err());
+    }
+
+    #[test]
+    fn egress_maps_e2b_network_settings() {
+        let deny_all = forkd_net::Target::Net(forkd_net::Ipv4Net::default());
+        assert_eq!(egress_of(None, None).unwrap(), (None, None));
+        assert_eq!(egress_of(Some(true), None).unwrap(), (None, None));
+        assert_eq!(egress_of(Some(false), None).unwrap(), (Some(false), None));
+        let net = json!({"allowOut": ["10.0.5.20", "pypi.org"], "allowPublicTraffic": true});
+        let (n, p) = egress_of(Some(true), Some(&net)).unwrap();
+        assert_eq!(n, None);
+        let p = p.unwrap();
+        assert_eq!(p.allow_out.len(), 2);
+        assert!(p.deny_out.is_empty());
+        // No internet plus an allow list: E2B's allow-list form.
+        let (_, p) = egress_of(Some(false), Some(&net)).unwrap();
+        assert_eq!(p.unwrap().deny_out, vec![deny_all]);
+        assert_eq!(egress_of(None, Some(&json!({}))).unwrap(), (None, None));
+        for (bad, why) in [
+            (json!({"allowOut": ["10.0.0.1/8"]}), "host bits"),
+            (json!({"allowOut": "1.2.3.4"}), "a list of strings"),
+            (json!({"denyOut": [7]}), "not a string"),
+            (json!({"allowPublicTraffic": false}), "traffic token"),
+            (json!({"maskRequestHost": "x.${PORT}"}), "maskRequestHost"),
+            (json!({"allowOutt": []}), "allowOutt"),
+            (json!(["1.2.3.4"]), "an object"),
+        ] {
+            let e = egress_of(None, Some(&bad)).unwrap_err();
+            assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
+        }
     }
 
     #[test]

@@ -1,0 +1,54 @@
+//! forkd-gateway: one endpoint in front of many poold nodes (docs/cluster.md).
+//!
+//! Clients (the forkd SDK, the `forkd` CLI with `FORKD_URL`, `forkd mcp`)
+//! talk to the gateway exactly as to one poold's `/v1`. The gateway places
+//! spawns where warm pools are ([`place`]), sends every per-sandbox call to
+//! the node that holds the sandbox, and merges lists.
+//!
+//! ```text
+//!  clients ──► gateway replica ─┬─► poold node a   (pools, sandboxes, forkd-fs)
+//!              gateway replica ─┼─► poold node b
+//!                (stateless)    └─► poold node c
+//! ```
+//!
+//! Invariants:
+//! - **Stateless.** Everything the gateway knows it learns from nodes: a
+//!   health poll ([`nodes`]) and, for a sandbox it has not seen, asking every
+//!   healthy node. A restarted or second replica routes exactly the same;
+//!   the id cache only saves round trips.
+//! - **A sandbox's calls go to its node, never elsewhere.** When that node
+//!   is down the call fails with 410 naming the node; the gateway never
+//!   guesses another node.
+//! - **Bodies stream.** Per-sandbox requests and responses (exec streams,
+//!   file transfers, logs) pass through chunk by chunk; only the bounded
+//!   JSON of spawns and lists is read whole.
+//! - **One error mapping.** Errors the gateway makes itself are
+//!   [`GatewayError`], turned into HTTP in one place; a node's own error
+//!   reply passes through unchanged, with its status.
+//! - **No partial spawns.** A spawn of `n` either returns `n` sandboxes or
+//!   none: shares that fail are placed again on other nodes once, and if that
+//!   fails too, the sandboxes already made are killed before the error.
+
+pub mod config;
+mod error;
+pub mod nodes;
+pub mod place;
+mod proxy;
+
+pub use config::{Config, NodeSource};
+pub use error::GatewayError;
+pub use nodes::{Health, NodeView, Registry};
+pub use proxy::router;
+
+use std::sync::Arc;
+
+/// Runs the gateway on `listener` until the process ends: the health poll
+/// in the background, the router in the foreground.
+pub async fn serve(config: Config, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+    let registry = Arc::new(Registry::new(&config)?);
+    tokio::spawn(nodes::poll_forever(registry.clone()));
+    registry.poll_once().await;
+    let app = router(registry, config.token.clone());
+    axum::serve(listener, app).await?;
+    Ok(())
+}

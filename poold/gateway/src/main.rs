@@ -1,0 +1,104 @@
+//! `forkd-gateway`: one endpoint in front of many poold nodes (docs/cluster.md).
+
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use clap::Parser;
+use forkd_gateway::config::{parse_discover, NodeAddr};
+use forkd_gateway::{Config, NodeSource};
+
+#[derive(Parser)]
+#[command(
+    name = "forkd-gateway",
+    about = "One forkd /v1 endpoint in front of many poold nodes"
+)]
+struct Args {
+    /// Address to serve on.
+    #[arg(long, default_value = "127.0.0.1:7080", env = "FORKD_GATEWAY_BIND")]
+    bind: std::net::SocketAddr,
+    /// A node, `NAME=URL` or `URL` (repeat for each node).
+    #[arg(long = "node", conflicts_with = "discover")]
+    nodes: Vec<String>,
+    /// Discover nodes from every address of a DNS name, `HOST:PORT`
+    /// (a Kubernetes headless Service), re-read at each poll.
+    #[arg(long)]
+    discover: Option<String>,
+    /// With --discover: the nodes serve https.
+    #[arg(long)]
+    https: bool,
+    /// File whose first line is the bearer token clients must send;
+    /// required unless the bind address is loopback.
+    #[arg(long, env = "FORKD_GATEWAY_TOKEN_FILE")]
+    token_file: Option<std::path::PathBuf>,
+    /// File whose first line is the bearer token of the nodes' poold.
+    #[arg(long, env = "FORKD_NODE_TOKEN_FILE")]
+    node_token_file: Option<std::path::PathBuf>,
+    /// PEM file of the CA that signed the nodes' TLS certificates.
+    #[arg(long, env = "FORKD_NODE_CA_CERT")]
+    node_ca_cert: Option<std::path::PathBuf>,
+    /// Milliseconds between health polls of the nodes.
+    #[arg(long, default_value_t = 1000)]
+    poll_ms: u64,
+    /// Milliseconds a node may take to answer a poll or accept a request.
+    #[arg(long, default_value_t = 3000)]
+    node_timeout_ms: u64,
+}
+
+fn read_token(path: &std::path::Path) -> anyhow::Result<String> {
+    let t = forkd_hub::auth::read_token_file(path)?;
+    forkd_hub::auth::check_token(&t).with_context(|| format!("the token in {}", path.display()))?;
+    Ok(t)
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("FORKD_GATEWAY_LOG")
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let a = Args::parse();
+    let source = match (&a.discover, a.nodes.is_empty()) {
+        (Some(d), _) => parse_discover(d, a.https).map_err(anyhow::Error::msg)?,
+        (None, false) => NodeSource::Static(
+            a.nodes
+                .iter()
+                .map(|n| NodeAddr::parse(n))
+                .collect::<Result<_, _>>()
+                .map_err(anyhow::Error::msg)?,
+        ),
+        (None, true) => {
+            bail!("no nodes: give --node NAME=URL for each poold, or --discover HOST:PORT")
+        }
+    };
+    let token = a.token_file.as_deref().map(read_token).transpose()?;
+    if token.is_none() && !a.bind.ip().is_loopback() {
+        bail!(
+            "--bind {} is not loopback: give --token-file so only your clients can spawn",
+            a.bind
+        );
+    }
+    let config = Config {
+        source,
+        token,
+        node_token: a.node_token_file.as_deref().map(read_token).transpose()?,
+        node_ca_cert: a
+            .node_ca_cert
+            .as_deref()
+            .map(|p| std::fs::read(p).with_context(|| format!("reading {}", p.display())))
+            .transpose()?,
+        poll_interval: Duration::from_millis(a.poll_ms.max(100)),
+        node_timeout: Duration::from_millis(a.node_timeout_ms.max(100)),
+    };
+    let listener = tokio::net::TcpListener::bind(a.bind)
+        .await
+        .with_context(|| format!("binding {}", a.bind))?;
+    // The line tests and scripts wait for, as poold prints its own.
+    println!(
+        "forkd-gateway listening on http://{}",
+        listener.local_addr()?
+    );
+    forkd_gateway::serve(config, listener).await
+}

@@ -1,0 +1,764 @@
+//! The gateway's HTTP surface: forkd's `/v1`, routed to nodes
+//! (docs/cluster.md, "what goes where").
+//!
+//! - `POST /v1/sandboxes`: placed by [`crate::place`], split over nodes.
+//! - `/v1/sandboxes/{id}/...`: the sandbox's node, streamed both ways
+//!   (the PTY WebSocket is relayed frame by frame).
+//! - `GET /v1/sandboxes`, `/v1/snapshots`, `/v1/pools`: every healthy node,
+//!   merged; a header `forkd-unreachable-nodes` names the ones left out.
+//! - Snapshot deletes and pool settings: every healthy node.
+//! - `GET /v1/nodes`: the gateway's own view of its nodes.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::body::{Body, Bytes};
+use axum::extract::ws::{self, WebSocket, WebSocketUpgrade};
+use axum::extract::{OriginalUri, Path, Request, State};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use axum::{middleware, Json, Router};
+use futures::{SinkExt, StreamExt};
+use serde_json::Value;
+
+use crate::error::GatewayError;
+use crate::nodes::{error_chain, Bound, Node, Registry};
+use crate::place::{place, Candidate};
+
+/// The most of a request body the gateway reads whole (spawns, snapshot
+/// creation); anything streamed to a sandbox is not bounded here.
+const MAX_JSON_BODY: usize = 1 << 20;
+/// Names the nodes a merged list or a fan-out could not reach.
+const UNREACHABLE_HEADER: &str = "forkd-unreachable-nodes";
+
+#[derive(Clone)]
+struct App {
+    reg: Arc<Registry>,
+    token: Option<Arc<str>>,
+}
+
+type Reply = Result<Response, GatewayError>;
+
+/// The gateway's routes; every one but `/healthz` behind `token`.
+pub fn router(reg: Arc<Registry>, token: Option<String>) -> Router {
+    let app = App {
+        reg,
+        token: token.map(Arc::from),
+    };
+    let not_routed = || {
+        GatewayError::NotRouted {
+        what: "this path",
+        hint: "the gateway routes /v1/sandboxes, /v1/snapshots, /v1/pools and /v1/nodes; call a node's poold for the rest",
+    }
+    };
+    Router::new()
+        .route("/v1/nodes", get(nodes))
+        .route("/v1/sandboxes", get(list_sandboxes).post(spawn))
+        .route("/v1/sandboxes/{id}", any(per_sandbox))
+        .route("/v1/sandboxes/{id}/pty", get(pty))
+        .route("/v1/sandboxes/{id}/{*rest}", any(per_sandbox))
+        .route("/v1/snapshots", get(list_snapshots).post(create_snapshot))
+        .route(
+            "/v1/snapshots/{tag}",
+            get(one_snapshot).delete(on_every_holder),
+        )
+        .route("/v1/snapshots/{tag}/info", get(one_snapshot))
+        .route("/v1/snapshots/{tag}/compact", post(on_every_holder))
+        .route("/v1/pools", get(list_pools))
+        .route(
+            "/v1/pools/{tag}",
+            get(one_pool).put(on_every_holder).delete(on_every_holder),
+        )
+        .route("/openapi.json", get(any_node))
+        .route(
+            "/v1/workspaces",
+            any(|| async {
+                GatewayError::NotRouted {
+                    what: "workspaces",
+                    hint: "a workspace lives on one node; call that node's poold directly",
+                }
+            }),
+        )
+        .fallback(move || async move { not_routed() })
+        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .with_state(app)
+}
+
+async fn auth(State(app): State<App>, req: Request, next: middleware::Next) -> Response {
+    if let Some(want) = &app.token {
+        let got = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok());
+        if !forkd_hub::auth::bearer_matches(got, want) {
+            return GatewayError::Unauthorized.into_response();
+        }
+    }
+    next.run(req).await
+}
+
+async fn nodes(State(app): State<App>) -> Json<Vec<crate::NodeView>> {
+    Json(app.reg.views())
+}
+
+// ---- spawning ----
+
+/// How a node's share of a spawn went.
+enum Share {
+    Made(Vec<Value>),
+    /// The node refused the request itself (a 4xx that every node would
+    /// give): passed to the client as it is.
+    Refused(NodeReply),
+    /// Worth placing elsewhere: unreachable, out of capacity, lost the
+    /// snapshot since the last poll.
+    Failed(Response),
+}
+
+/// A node's reply, read whole.
+struct NodeReply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+impl IntoResponse for NodeReply {
+    fn into_response(self) -> Response {
+        let mut r = (self.status, self.body).into_response();
+        if let Some(ct) = self.headers.get(header::CONTENT_TYPE) {
+            r.headers_mut().insert(header::CONTENT_TYPE, ct.clone());
+        }
+        r
+    }
+}
+
+async fn spawn(State(app): State<App>, req: Request) -> Reply {
+    let body = read_object(req).await?;
+    let tag = body
+        .get("snapshot_tag")
+        .and_then(Value::as_str)
+        .ok_or(GatewayError::BadRequest {
+            field: "snapshot_tag",
+            why: "required: the tag of the snapshot to spawn from".into(),
+        })?
+        .to_string();
+    let n = match body.get("n") {
+        None => 1,
+        Some(v) => {
+            v.as_u64()
+                .filter(|n| (1..=1000).contains(n))
+                .ok_or(GatewayError::BadRequest {
+                    field: "n",
+                    why: format!("{v} is not an integer in 1..=1000"),
+                })? as usize
+        }
+    };
+    let nodes = app.reg.up_nodes();
+    let mut failed: HashSet<usize> = HashSet::new();
+    let mut made: Vec<(usize, Value)> = Vec::new();
+    let mut todo = n;
+    let mut last_failure: Option<Response> = None;
+    // One placement, and one more for the shares that failed.
+    for _round in 0..2 {
+        let Some(plan) = place(todo, &candidates(&nodes, &tag, &failed)) else {
+            break;
+        };
+        let shares = plan.iter().map(|&(i, k)| spawn_share(&nodes[i], &body, k));
+        let results = futures::future::join_all(shares).await;
+        todo = 0;
+        for (&(i, k), r) in plan.iter().zip(results) {
+            match r {
+                Share::Made(list) => {
+                    nodes[i].note_spawned(&tag, list.len());
+                    made.extend(list.into_iter().map(|s| (i, s)));
+                }
+                Share::Refused(reply) => {
+                    undo(&nodes, &made).await;
+                    return Ok(reply.into_response());
+                }
+                Share::Failed(resp) => {
+                    failed.insert(i);
+                    todo += k;
+                    last_failure = Some(resp);
+                }
+            }
+        }
+        if todo == 0 {
+            break;
+        }
+    }
+    if todo > 0 {
+        undo(&nodes, &made).await;
+        return match last_failure {
+            Some(r) => Ok(r),
+            None => Err(GatewayError::NoNodeHolds {
+                tag,
+                down: app.reg.down(),
+            }),
+        };
+    }
+    let list: Vec<Value> = made
+        .into_iter()
+        .map(|(i, s)| {
+            if let Some(id) = s.get("id").and_then(Value::as_str) {
+                app.reg.remember(id, &nodes[i].name);
+            }
+            s
+        })
+        .collect();
+    Ok((StatusCode::CREATED, Json(list)).into_response())
+}
+
+fn candidates(nodes: &[Arc<Node>], tag: &str, failed: &HashSet<usize>) -> Vec<Candidate> {
+    nodes
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !failed.contains(i))
+        .map(|(i, n)| {
+            let (ready, has_snapshot, load) = n.for_tag(tag);
+            Candidate {
+                node: i,
+                ready,
+                has_snapshot,
+                load,
+            }
+        })
+        .collect()
+}
+
+/// Asks `node` for `k` of the children, with the client's body otherwise
+/// unchanged (the node validates it as it always does).
+async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usize) -> Share {
+    let mut body = body.clone();
+    body.insert("n".into(), Value::from(k));
+    let sent = node
+        .call(Bound::Connect, Method::POST, "/v1/sandboxes")
+        .json(&body)
+        .send()
+        .await;
+    let reply = match read_reply(node, sent).await {
+        Ok(r) => r,
+        Err(e) => return Share::Failed(e.into_response()),
+    };
+    if reply.status.is_success() {
+        return match serde_json::from_slice::<Vec<Value>>(&reply.body) {
+            Ok(list) => Share::Made(list),
+            Err(e) => Share::Failed(
+                GatewayError::NodeUnreachable {
+                    node: node.name.clone(),
+                    why: format!("its spawn reply is not a list of sandboxes: {e}"),
+                }
+                .into_response(),
+            ),
+        };
+    }
+    let elsewhere = reply.status.is_server_error()
+        || matches!(
+            reply.status,
+            StatusCode::CONFLICT | StatusCode::NOT_FOUND | StatusCode::TOO_MANY_REQUESTS
+        );
+    if elsewhere {
+        tracing::warn!(node = %node.name, status = %reply.status, "spawn share failed; placing it elsewhere");
+        Share::Failed(reply.into_response())
+    } else {
+        Share::Refused(reply)
+    }
+}
+
+/// Kills the sandboxes a failed spawn already made (no partial spawns).
+async fn undo(nodes: &[Arc<Node>], made: &[(usize, Value)]) {
+    let kills = made.iter().filter_map(|(i, s)| {
+        let id = s.get("id")?.as_str()?.to_string();
+        let node = nodes[*i].clone();
+        Some(async move {
+            let path = format!("/v1/sandboxes/{id}");
+            if let Err(e) = node.call(Bound::Whole, Method::DELETE, &path).send().await {
+                tracing::warn!(node = %node.name, %id, error = %error_chain(&e), "could not kill a sandbox of a failed spawn");
+            }
+        })
+    });
+    futures::future::join_all(kills).await;
+}
+
+// ---- per-sandbox calls ----
+
+/// A sandbox id as poold makes them (`sb-` + hex); anything else cannot
+/// name a sandbox and is refused before any node is asked.
+fn check_id(id: &str) -> Result<(), GatewayError> {
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(GatewayError::BadRequest {
+            field: "id",
+            why: format!("{id:?} is not a sandbox id (sb- and 24 hex digits)"),
+        })
+    }
+}
+
+async fn per_sandbox(
+    State(app): State<App>,
+    Path(params): Path<Vec<(String, String)>>,
+    req: Request,
+) -> Reply {
+    let id = params
+        .iter()
+        .find(|(k, _)| k == "id")
+        .map(|(_, v)| v.clone())
+        .unwrap_or_default();
+    check_id(&id)?;
+    let node = app.reg.locate(&id).await?;
+    let is_kill =
+        req.method() == Method::DELETE && req.uri().path() == format!("/v1/sandboxes/{id}");
+    let resp = forward(&node, req).await?;
+    if is_kill && (resp.status().is_success() || resp.status() == StatusCode::NOT_FOUND) {
+        app.reg.forget(&id);
+    }
+    Ok(resp)
+}
+
+/// Sends `req` to `node` and its reply back, both bodies streamed.
+async fn forward(node: &Node, req: Request) -> Reply {
+    let (parts, body) = req.into_parts();
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let mut rb = node.call(Bound::Connect, parts.method.clone(), pq);
+    for (k, v) in parts.headers.iter() {
+        if passes(k) && k != header::CONTENT_LENGTH {
+            rb = rb.header(k, v);
+        }
+    }
+    let sent = rb
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()))
+        .send()
+        .await
+        .map_err(|e| unreachable(node, &e))?;
+    Ok(stream_back(sent))
+}
+
+fn stream_back(r: reqwest::Response) -> Response {
+    let mut out = Response::builder().status(r.status());
+    for (k, v) in r.headers() {
+        if passes(k) {
+            out = out.header(k, v);
+        }
+    }
+    out.body(Body::from_stream(r.bytes_stream()))
+        .unwrap_or_else(|e| (StatusCode::BAD_GATEWAY, e.to_string()).into_response())
+}
+
+/// Hop-by-hop headers stay on their hop (RFC 9110 §7.6.1); the client's
+/// token is the gateway's, not the node's.
+fn passes(h: &HeaderName) -> bool {
+    !matches!(
+        h.as_str(),
+        "connection"
+            | "keep-alive"
+            | "proxy-connection"
+            | "proxy-authenticate"
+            | "proxy-authorization"
+            | "te"
+            | "trailer"
+            | "transfer-encoding"
+            | "upgrade"
+            | "host"
+            | "authorization"
+    )
+}
+
+fn unreachable(node: &Node, e: &reqwest::Error) -> GatewayError {
+    GatewayError::NodeUnreachable {
+        node: node.name.clone(),
+        why: error_chain(e),
+    }
+}
+
+/// The PTY's WebSocket, relayed frame by frame to the sandbox's node.
+async fn pty(
+    State(app): State<App>,
+    Path(id): Path<String>,
+    OriginalUri(uri): OriginalUri,
+    ws: WebSocketUpgrade,
+) -> Reply {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    check_id(&id)?;
+    let node = app.reg.locate(&id).await?;
+    let Some(hostport) = node.url.strip_prefix("http://") else {
+        return Err(GatewayError::NotRouted {
+            what: "a PTY on a node served over https",
+            hint: "open the PTY on the node directly",
+        });
+    };
+    let pq = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+    let mut up = format!("ws://{hostport}{pq}")
+        .into_client_request()
+        .map_err(|e| unreachable_ws(&node, &e))?;
+    if let Some(t) = node.token() {
+        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {t}")) {
+            up.headers_mut().insert(header::AUTHORIZATION, v);
+        }
+    }
+    let upstream = match tokio_tungstenite::connect_async(up).await {
+        Ok((s, _)) => s,
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+            let (parts, body) = r.into_parts();
+            return Ok((parts.status, body.unwrap_or_default()).into_response());
+        }
+        Err(e) => return Err(unreachable_ws(&node, &e)),
+    };
+    Ok(ws.on_upgrade(move |client| relay(client, upstream)))
+}
+
+fn unreachable_ws(node: &Node, e: &dyn std::error::Error) -> GatewayError {
+    GatewayError::NodeUnreachable {
+        node: node.name.clone(),
+        why: error_chain(e),
+    }
+}
+
+type Upstream =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+/// Copies frames both ways until either side closes.
+async fn relay(client: WebSocket, upstream: Upstream) {
+    use tokio_tungstenite::tungstenite::Message as T;
+    let (mut c_tx, mut c_rx) = client.split();
+    let (mut u_tx, mut u_rx) = upstream.split();
+    let up = async {
+        while let Some(Ok(m)) = c_rx.next().await {
+            let m = match m {
+                ws::Message::Text(t) => T::text(t.as_str()),
+                ws::Message::Binary(b) => T::binary(b),
+                ws::Message::Ping(b) => T::Ping(b),
+                ws::Message::Pong(b) => T::Pong(b),
+                ws::Message::Close(_) => break,
+            };
+            if u_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = u_tx.close().await;
+    };
+    let down = async {
+        while let Some(Ok(m)) = u_rx.next().await {
+            let m = match m {
+                T::Text(t) => ws::Message::text(t.as_str()),
+                T::Binary(b) => ws::Message::binary(b),
+                T::Ping(b) => ws::Message::Ping(b),
+                T::Pong(b) => ws::Message::Pong(b),
+                T::Close(_) | T::Frame(_) => break,
+            };
+            if c_tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = c_tx.close().await;
+    };
+    tokio::select! {
+        _ = up => {}
+        _ = down => {}
+    }
+}
+
+// ---- lists and fan-outs ----
+
+/// GETs `pq` from every healthy node: the successful JSON replies (with
+/// the node's index) and the names of the nodes that did not answer.
+async fn gather(
+    reg: &Registry,
+    nodes: &[Arc<Node>],
+    pq: &str,
+) -> (Vec<(usize, NodeReply)>, Vec<String>) {
+    let asks = nodes.iter().map(|n| async move {
+        let sent = n.call(Bound::Whole, Method::GET, pq).send().await;
+        read_reply(n, sent).await
+    });
+    let mut ok = Vec::new();
+    let mut missing = reg.down().0;
+    for (i, r) in futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .enumerate()
+    {
+        match r {
+            Ok(reply) => ok.push((i, reply)),
+            Err(_) => missing.push(nodes[i].name.clone()),
+        }
+    }
+    (ok, missing)
+}
+
+/// Reads a node's reply whole (bounded: only lists and small JSON replies
+/// come this way).
+async fn read_reply(
+    node: &Node,
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Result<NodeReply, GatewayError> {
+    let r = sent.map_err(|e| unreachable(node, &e))?;
+    let status = r.status();
+    let headers = r.headers().clone();
+    let body = r.bytes().await.map_err(|e| unreachable(node, &e))?;
+    Ok(NodeReply {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn with_unreachable(mut r: Response, missing: &[String]) -> Response {
+    if !missing.is_empty() {
+        if let Ok(v) = HeaderValue::from_str(&missing.join(",")) {
+            r.headers_mut().insert(UNREACHABLE_HEADER, v);
+        }
+    }
+    r
+}
+
+/// The JSON arrays of the successful replies, each item with its node index.
+fn items(replies: Vec<(usize, NodeReply)>) -> Vec<(usize, Value)> {
+    replies
+        .into_iter()
+        .filter(|(_, r)| r.status.is_success())
+        .filter_map(|(i, r)| Some((i, serde_json::from_slice::<Vec<Value>>(&r.body).ok()?)))
+        .flat_map(|(i, list)| list.into_iter().map(move |v| (i, v)))
+        .collect()
+}
+
+async fn list_sandboxes(State(app): State<App>, OriginalUri(uri): OriginalUri) -> Response {
+    let nodes = app.reg.up_nodes();
+    let pq = uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/v1/sandboxes");
+    let (replies, missing) = gather(&app.reg, &nodes, pq).await;
+    let mut all = items(replies);
+    for (i, s) in &all {
+        if let Some(id) = s.get("id").and_then(Value::as_str) {
+            app.reg.remember(id, &nodes[*i].name);
+        }
+    }
+    all.sort_by_key(|(_, s)| {
+        (
+            s.get("created_at_unix")
+                .and_then(Value::as_u64)
+                .unwrap_or(0),
+            s.get("id")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string(),
+        )
+    });
+    let list: Vec<Value> = all.into_iter().map(|(_, s)| s).collect();
+    with_unreachable(Json(list).into_response(), &missing)
+}
+
+async fn list_snapshots(State(app): State<App>) -> Response {
+    let nodes = app.reg.up_nodes();
+    let (replies, missing) = gather(&app.reg, &nodes, "/v1/snapshots").await;
+    let mut seen = HashSet::new();
+    let list: Vec<Value> = items(replies)
+        .into_iter()
+        .map(|(_, s)| s)
+        .filter(|s| {
+            seen.insert(
+                s.get("tag")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+            )
+        })
+        .collect();
+    with_unreachable(Json(list).into_response(), &missing)
+}
+
+/// Pools summed per tag over the nodes: what the cluster holds ready.
+async fn list_pools(State(app): State<App>) -> Response {
+    let nodes = app.reg.up_nodes();
+    let (replies, missing) = gather(&app.reg, &nodes, "/v1/pools").await;
+    let list = merge_pools(items(replies).into_iter().map(|(_, p)| p));
+    with_unreachable(Json(list).into_response(), &missing)
+}
+
+async fn one_pool(
+    State(app): State<App>,
+    Path(tag): Path<String>,
+    OriginalUri(uri): OriginalUri,
+) -> Reply {
+    let nodes = app.reg.up_nodes();
+    let (replies, missing) = gather(&app.reg, &nodes, uri.path()).await;
+    let found: Vec<Value> = replies
+        .iter()
+        .filter(|(_, r)| r.status.is_success())
+        .filter_map(|(_, r)| serde_json::from_slice(&r.body).ok())
+        .collect();
+    if found.is_empty() {
+        return match replies.into_iter().next() {
+            Some((_, r)) => Ok(with_unreachable(r.into_response(), &missing)),
+            None => Err(GatewayError::NoNodeHolds {
+                tag,
+                down: app.reg.down(),
+            }),
+        };
+    }
+    let merged = merge_pools(found.into_iter()).pop().unwrap_or(Value::Null);
+    Ok(with_unreachable(Json(merged).into_response(), &missing))
+}
+
+/// Sums the counters of pools of the same tag; settings come from the
+/// first node (they are set on every node alike through the gateway).
+fn merge_pools(pools: impl Iterator<Item = Value>) -> Vec<Value> {
+    const SUMMED: [&str; 8] = [
+        "min_ready",
+        "max_ready",
+        "keep_resident",
+        "resident",
+        "ready",
+        "in_flight",
+        "hits",
+        "misses",
+    ];
+    let mut out: Vec<Value> = Vec::new();
+    for p in pools {
+        let tag = p.get("tag").cloned();
+        match out.iter_mut().find(|o| o.get("tag") == tag.as_ref()) {
+            None => out.push(p),
+            Some(o) => {
+                for k in SUMMED {
+                    let sum = o.get(k).and_then(Value::as_u64).unwrap_or(0)
+                        + p.get(k).and_then(Value::as_u64).unwrap_or(0);
+                    o[k] = Value::from(sum);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One snapshot's record: from a node that holds it.
+async fn one_snapshot(State(app): State<App>, Path(tag): Path<String>, req: Request) -> Reply {
+    let holder = app
+        .reg
+        .up_nodes()
+        .into_iter()
+        .find(|n| n.for_tag(&tag).1)
+        .ok_or_else(|| GatewayError::NoNodeHolds {
+            tag,
+            down: app.reg.down(),
+        })?;
+    forward(&holder, req).await
+}
+
+/// A new snapshot from an image, made on the least loaded healthy node.
+async fn create_snapshot(State(app): State<App>, req: Request) -> Reply {
+    let node = app
+        .reg
+        .up_nodes()
+        .into_iter()
+        .min_by_key(|n| n.load())
+        .ok_or_else(|| GatewayError::NoHealthyNode {
+            down: app.reg.down(),
+        })?;
+    forward(&node, req).await
+}
+
+/// The OpenAPI document (the same on every node).
+async fn any_node(State(app): State<App>, req: Request) -> Reply {
+    let node =
+        app.reg
+            .up_nodes()
+            .into_iter()
+            .next()
+            .ok_or_else(|| GatewayError::NoHealthyNode {
+                down: app.reg.down(),
+            })?;
+    forward(&node, req).await
+}
+
+/// Snapshot deletes and compactions, pool settings: sent to every healthy
+/// node that holds the tag. The first failure is the answer; else the
+/// first success (a pool's summed status for pool settings).
+async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: Request) -> Reply {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, MAX_JSON_BODY)
+        .await
+        .map_err(|_| GatewayError::BodyTooLarge {
+            limit: MAX_JSON_BODY,
+        })?;
+    let holders: Vec<Arc<Node>> = app
+        .reg
+        .up_nodes()
+        .into_iter()
+        .filter(|n| n.for_tag(&tag).1)
+        .collect();
+    if holders.is_empty() {
+        return Err(GatewayError::NoNodeHolds {
+            tag,
+            down: app.reg.down(),
+        });
+    }
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    let sends = holders.iter().map(|n| {
+        let mut rb = n.call(Bound::Whole, parts.method.clone(), pq);
+        if let Some(ct) = parts.headers.get(header::CONTENT_TYPE) {
+            rb = rb.header(header::CONTENT_TYPE, ct);
+        }
+        let rb = rb.body(body.clone());
+        async move { read_reply(n, rb.send().await).await }
+    });
+    let results = futures::future::join_all(sends).await;
+    let mut first_ok = None;
+    let mut pools = Vec::new();
+    for r in results {
+        let r = r?;
+        if !r.status.is_success() {
+            return Ok(with_unreachable(r.into_response(), &app.reg.down().0));
+        }
+        if let Ok(v) = serde_json::from_slice::<Value>(&r.body) {
+            if v.get("min_ready").is_some() {
+                pools.push(v);
+            }
+        }
+        first_ok.get_or_insert(r);
+    }
+    let missing = app.reg.down().0;
+    if !pools.is_empty() {
+        let merged = merge_pools(pools.into_iter()).pop().unwrap_or(Value::Null);
+        return Ok(with_unreachable(Json(merged).into_response(), &missing));
+    }
+    let r = first_ok
+        .map(IntoResponse::into_response)
+        .unwrap_or_else(|| StatusCode::NO_CONTENT.into_response());
+    Ok(with_unreachable(r, &missing))
+}
+
+/// A request body that must be one JSON object, read whole (bounded).
+async fn read_object(req: Request) -> Result<serde_json::Map<String, Value>, GatewayError> {
+    let bytes = axum::body::to_bytes(req.into_body(), MAX_JSON_BODY)
+        .await
+        .map_err(|_| GatewayError::BodyTooLarge {
+            limit: MAX_JSON_BODY,
+        })?;
+    match serde_json::from_slice::<Value>(&bytes) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(GatewayError::BadRequest {
+            field: "body",
+            why: "must be a JSON object".into(),
+        }),
+        Err(e) => Err(GatewayError::BadRequest {
+            field: "body",
+            why: format!("not JSON: {e}"),
+        }),
+    }
+}

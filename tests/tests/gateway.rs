@@ -1,0 +1,386 @@
+//! The cluster gateway in front of three real poold nodes (docs/cluster.md):
+//! placement over warm pools, per-sandbox routing with streamed bodies, the
+//! `forkd` CLI through it, a node killed mid-run and rejoining, and a
+//! gateway restart that loses nothing.
+//!
+//! The nodes are three poolds on this host, each with its own data dir,
+//! forkd-fs mount and port; each makes its own snapshot of the same tag
+//! (snapshots reaching every node through the hub is the lazy-pull work).
+
+use forkd_api::{Client, Method};
+use forkd_e2e::block_on;
+use forkd_e2e::daemon::{ids, Home, Poold};
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const MINIMAL_MIB: u64 = 128;
+const TAG: &str = "gw";
+
+/// A running `forkd-gateway`.
+struct Gateway {
+    child: Child,
+    url: String,
+    client: Client,
+}
+
+impl Gateway {
+    fn start(nodes: &[(&str, &str)]) -> Gateway {
+        let mut cmd = Command::new(forkd_e2e::bin("forkd-gateway"));
+        cmd.args([
+            "--bind",
+            "127.0.0.1:0",
+            "--poll-ms",
+            "200",
+            "--node-timeout-ms",
+            "2000",
+        ]);
+        for (name, url) in nodes {
+            cmd.args(["--node", &format!("{name}={url}")]);
+        }
+        let mut child = cmd
+            .env("FORKD_GATEWAY_LOG", "warn")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let url = line
+            .trim()
+            .strip_prefix("forkd-gateway listening on ")
+            .unwrap_or_else(|| panic!("gateway did not start: {line:?}"))
+            .to_string();
+        let client = Client::new(&url, None).unwrap();
+        Gateway { child, url, client }
+    }
+
+    async fn req(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let (st, bytes) = self.client.send(method, path, body).await.unwrap();
+        let v = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
+        (st.as_u16(), v)
+    }
+
+    /// `POST /v1/sandboxes/{id}/exec` of `args`.
+    async fn exec(&self, id: &str, args: &[&str]) -> (u16, Value) {
+        let path = format!("/v1/sandboxes/{id}/exec");
+        self.req(Method::POST, &path, Some(json!({ "args": args })))
+            .await
+    }
+
+    /// Waits until `GET /v1/nodes` satisfies `done`.
+    async fn wait_nodes(&self, what: &str, done: impl Fn(&HashMap<String, String>) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let (_, v) = self.req(Method::GET, "/v1/nodes", None).await;
+            let states: HashMap<String, String> = v
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|n| {
+                    let s = n["health"]["state"].as_str().unwrap_or("").to_string();
+                    (n["name"].as_str().unwrap().to_string(), s)
+                })
+                .collect();
+            if done(&states) {
+                return;
+            }
+            assert!(Instant::now() < deadline, "nodes never {what}: {v}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The node each sandbox id lives on, asked of the nodes themselves.
+async fn where_are(names: &[&str], pools: &[Option<Poold>]) -> HashMap<String, String> {
+    let mut out = HashMap::new();
+    for (name, p) in names.iter().zip(pools) {
+        let (st, v) = p.as_ref().unwrap().get("/v1/sandboxes").await;
+        assert_eq!(st, 200, "{v}");
+        for id in ids(&v) {
+            out.insert(id, name.to_string());
+        }
+    }
+    out
+}
+
+fn forkd_cli(gw: &Gateway, args: &[&str]) -> String {
+    let out = Command::new(forkd_e2e::bin("forkd"))
+        .args(args)
+        .env("FORKD_URL", &gw.url)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "forkd {args:?} through the gateway: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_restart() {
+    let homes = [Home::new(), Home::new(), Home::new()];
+    let mut pools: Vec<Option<Poold>> = homes
+        .iter()
+        .map(|h| Some(Poold::start(&h.dir, &[], None)))
+        .collect();
+    let urls: Vec<String> = pools
+        .iter()
+        .map(|p| p.as_ref().unwrap().url.clone())
+        .collect();
+    let names = ["a", "b", "c"];
+    let node_list: Vec<(&str, &str)> = names
+        .iter()
+        .copied()
+        .zip(urls.iter().map(String::as_str))
+        .collect();
+
+    block_on(async {
+        // Each node makes the snapshot (in parallel: three TCG boots).
+        let snaps = pools
+            .iter()
+            .map(|p| p.as_ref().unwrap().snapshot(TAG, "minimal", MINIMAL_MIB));
+        futures::future::join_all(snaps).await;
+    });
+
+    let mut gw = Gateway::start(&node_list);
+    block_on(async {
+        gw.wait_nodes("up", |s| s.len() == 3 && s.values().all(|h| h == "up"))
+            .await;
+
+        // The gateway's own errors are clear and bounded.
+        let (st, v) = gw
+            .req(Method::POST, "/v1/sandboxes", Some(json!({"n": 1})))
+            .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("snapshot_tag"), "{v}");
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": TAG, "n": 0})),
+            )
+            .await;
+        assert_eq!(st, 400, "{v}");
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": "nowhere"})),
+            )
+            .await;
+        assert_eq!(st, 404, "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("no healthy node holds"),
+            "{v}"
+        );
+        let (st, _) = gw.req(Method::GET, "/v1/sandboxes/..%2Fx/logs", None).await;
+        assert_eq!(st, 400);
+        let (st, v) = gw.req(Method::GET, "/v1/workspaces", None).await;
+        assert_eq!(st, 501, "{v}");
+        // A node's own refusal passes through unchanged.
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": TAG, "no_such_field": 1})),
+            )
+            .await;
+        assert_eq!(st, 400, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("no_such_field"),
+            "{v}"
+        );
+
+        // A pool of three on every node, set once through the gateway.
+        let (st, v) = gw
+            .req(
+                Method::PUT,
+                &format!("/v1/pools/{TAG}"),
+                Some(json!({"min_ready": 3})),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        for p in pools.iter().flatten() {
+            p.wait_pool(TAG, 3).await;
+        }
+        let (_, v) = gw.req(Method::GET, &format!("/v1/pools/{TAG}"), None).await;
+        assert_eq!(v["ready"], 9, "the cluster's pool: {v}");
+        // Let a poll see the full pools before placing.
+        tokio::time::sleep(Duration::from_millis(600)).await;
+
+        // n = 9: three pool hits on each node.
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": TAG, "n": 9})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let spawned = ids(&v);
+        assert_eq!(spawned.len(), 9);
+        assert!(
+            v.as_array().unwrap().iter().all(|s| s["pool_hit"] == true),
+            "{v}"
+        );
+        let placed = where_are(&names, &pools).await;
+        for name in names {
+            let k = spawned.iter().filter(|id| placed[*id] == name).count();
+            assert_eq!(k, 3, "node {name} got {k} of 9: {placed:?}");
+        }
+
+        // Per-sandbox calls reach each sandbox's node: exec, a streamed
+        // exec, files, through the gateway.
+        for id in &spawned {
+            let (st, v) = gw.exec(id, &["hostname"]).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["stdout"].as_str().map(str::trim), Some(id.as_str()));
+        }
+        let (st, bytes) = gw
+            .client
+            .send(
+                Method::POST,
+                &format!("/v1/sandboxes/{}/exec/stream", spawned[0]),
+                Some(json!({"cmd": "echo one; sleep 0.2; echo two"})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(st.as_u16(), 200);
+        let text = String::from_utf8_lossy(&bytes);
+        assert!(text.lines().next().unwrap().contains("started"), "{text}");
+        assert!(text.contains("one") && text.contains("two"), "{text}");
+        let (st, v) = gw.req(Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(st, 200);
+        let mut listed = ids(&v);
+        listed.sort();
+        let mut want = spawned.clone();
+        want.sort();
+        assert_eq!(listed, want);
+    });
+
+    // The forkd CLI works through the gateway unchanged.
+    let out = forkd_cli(&gw, &["ls"]);
+    let spawned: Vec<String> = block_on(async {
+        let (_, v) = gw.req(Method::GET, "/v1/sandboxes", None).await;
+        ids(&v)
+    });
+    assert!(spawned.iter().all(|id| out.contains(id.as_str())), "{out}");
+    let out = forkd_cli(&gw, &["exec", &spawned[4], "--", "echo", "via-cli"]);
+    assert!(out.contains("via-cli"), "{out}");
+
+    // Node b dies (SIGKILL: its children live on, unreachable through it).
+    let b_ids: Vec<String> = block_on(async {
+        let placed = where_are(&names, &pools).await;
+        spawned
+            .iter()
+            .filter(|id| placed[*id] == "b")
+            .cloned()
+            .collect()
+    });
+    pools[1].take().unwrap().kill9();
+    block_on(async {
+        gw.wait_nodes("b down", |s| s["b"] == "down").await;
+        let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
+        assert_eq!(st, 410, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("node b"), "{v}");
+        // Spawns keep working, on the nodes that are up.
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": TAG, "n": 2})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        for id in ids(&v) {
+            let (st, _) = gw
+                .req(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/ping"),
+                    Some(json!({})),
+                )
+                .await;
+            assert_eq!(st, 200);
+        }
+        // The merged list says whom it could not ask.
+        let (st, _) = gw.req(Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(st, 200);
+    });
+    let r = unreachable_header(&gw.url);
+    assert_eq!(r.as_deref(), Some("b"), "forkd-unreachable-nodes");
+
+    // A gateway restart loses nothing: it knows no ids, and finds them.
+    drop(gw);
+    gw = Gateway::start(&node_list);
+    block_on(async {
+        gw.wait_nodes("a, c up", |s| s["a"] == "up" && s["c"] == "up")
+            .await;
+        let a_or_c: Vec<&String> = spawned.iter().filter(|id| !b_ids.contains(id)).collect();
+        let (st, v) = gw.exec(a_or_c[0], &["true"]).await;
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
+        assert_eq!(st, 404, "{v}");
+        assert!(
+            v["error"].as_str().unwrap().contains("unreachable now: b"),
+            "{v}"
+        );
+    });
+
+    // Node b returns on its data dir, adopts its children, and rejoins.
+    pools[1] = Some(Poold::start(
+        &homes[1].dir,
+        &["--bind", urls[1].trim_start_matches("http://")],
+        None,
+    ));
+    block_on(async {
+        gw.wait_nodes("b back", |s| s["b"] == "up").await;
+        for id in &b_ids {
+            let (st, v) = gw.exec(id, &["hostname"]).await;
+            assert_eq!(st, 200, "{v}");
+        }
+        // Kill everything through the gateway.
+        let (_, v) = gw.req(Method::GET, "/v1/sandboxes", None).await;
+        for id in ids(&v) {
+            let (st, v) = gw
+                .req(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+                .await;
+            assert!(st == 200 || st == 204, "{st} {v}");
+        }
+        let (_, v) = gw.req(Method::GET, "/v1/sandboxes", None).await;
+        assert_eq!(ids(&v), Vec::<String>::new());
+    });
+}
+
+/// The `forkd-unreachable-nodes` header of `GET /v1/sandboxes`.
+fn unreachable_header(url: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(
+        s,
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.lines()
+        .find_map(|l| l.strip_prefix("forkd-unreachable-nodes: "))
+        .map(|v| v.trim().to_string())
+}
