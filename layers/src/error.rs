@@ -49,6 +49,16 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// Writers kept changing the store's files while a read-only view
+    /// opened, so no whole view could be had (see `db.rs`).
+    #[error("the store at {root} kept changing while a read-only view of it was opened (tried for {waited_ms} ms); retry when its writers are quieter")]
+    Busy {
+        /// The store's RocksDB directory.
+        root: PathBuf,
+        /// How long the open kept trying, ms.
+        waited_ms: u64,
+    },
+
     /// The store on disk was written by an incompatible version.
     #[error("store at {root} has format version {found}, this build understands version {expected}; use a matching forkd version")]
     FormatVersion {
