@@ -5,6 +5,7 @@
     forkd bench branch --json branch.json
     forkd hub bench --base py --head py-link --json hub-file.json
     forkd hub bench --base py --head py-link --hub serve --json hub-serve.json
+    forkd hub bench --lazy py --json hub-lazy.json
     scripts/plot-benchmarks.py --spawn spawn.json --branch branch.json \
         --hub hub-file.json --hub hub-serve.json --out docs/img
 
@@ -18,7 +19,9 @@ run) writes hub-transfer-time.svg and hub-transfer-bytes.svg (each push and
 pull step, full and incremental). --parking (once per run of the spawn
 bench, with and without --page-out) writes spawn-parking.svg (RAM per pooled
 child, resident and in compressed swap, next to the pool hit, the first
-eval and the largest fan-out). Any subset may be given.
+eval and the largest fan-out). --hub-lazy writes hub-lazy.svg (time to a
+fresh host's first answer and the bytes fetched before it, lazy vs full
+pull, per link, every run and the medians). Any subset may be given.
 Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
 a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
@@ -307,6 +310,50 @@ def plot_hub_bytes(plt, rs, out):
     return path
 
 
+def plot_hub_lazy(plt, r, out):
+    """First answer on a fresh host and bytes fetched before it: lazy vs full, per link."""
+    rows = [(s["link"], s["mode"]) for s in r["summary"]]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.8))
+    ys = list(range(len(rows)))
+    labels = [f"{link}, {mode}" for link, mode in rows]
+    med = {(s["link"], s["mode"]): s for s in r["summary"]}
+    for y, key in zip(ys, rows):
+        pts = [x for x in r["runs"] if (x["link"], x["mode"]) == key]
+        ax1.scatter([p["first_answer_s"] for p in pts], [y] * len(pts), color="0.5", s=12, zorder=3)
+        ax2.scatter([p["bytes_before_answer"] / MIB for p in pts], [y] * len(pts), color="0.5", s=12, zorder=3)
+    secs = [med[k]["first_answer_s"] for k in rows]
+    mb = [med[k]["bytes_before_answer"] / MIB for k in rows]
+    colors = ["C0" if m == "lazy" else "C1" for _, m in rows]
+    ax1.barh(ys, secs, color=colors, alpha=0.8)
+    for y, v in zip(ys, secs):
+        ax1.text(v, y, f" {v:.2f} s", va="center", fontsize=7)
+    ax2.barh(ys, mb, color=colors, alpha=0.8)
+    stored = r["stored_bytes"] / MIB
+    for y, v in zip(ys, mb):
+        ax2.text(v, y, f" {v:.1f} MiB ({100 * v / stored:.0f}%)", va="center", fontsize=7)
+    ax2.axvline(stored, color="C3", linestyle="--", label=f"snapshot stored: {stored:.1f} MiB")
+    ax2.axvline(stored / 4, color="C2", linestyle=":", label="25% of it")
+    for ax in (ax1, ax2):
+        ax.set_yticks(ys)
+        ax.set_yticklabels(labels, fontsize=8)
+        ax.invert_yaxis()
+        ax.margins(x=0.3)
+        ax.grid(alpha=0.3, axis="x")
+    ax1.set_xlabel("pull + first child's answer (s); dots: runs, bars: medians")
+    ax2.set_xlabel("bytes fetched from the hub before the answer (MiB)")
+    ax2.legend(fontsize=7, loc="lower right")
+    fig.suptitle(
+        f"A host that never saw {r['tag']}: lazy vs full pull over S3 (s3s-fs); shaped = "
+        f"{r['rate_mbit']} Mbit/s + {r['rtt_ms']} ms RTT\npush: {r['push']['requests']} requests, "
+        f"{r['push']['packs']} packs; {r['host_cpus']} host CPUs, forkd {r['version']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = os.path.join(out, "hub-lazy.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
 def check(r, bench, path):
     """Refuses a report of another bench or of a layout this script does not know."""
     if r.get("bench") != bench or r.get("schema") != 1:
@@ -320,10 +367,12 @@ def main():
     ap.add_argument("--parking", action="append", default=[], help="JSON of `forkd bench spawn --json`, with and without --page-out; once per run")
     ap.add_argument("--branch", help="JSON of `forkd bench branch --json`")
     ap.add_argument("--hub", action="append", default=[], help="JSON of `forkd hub bench --json`; once per hub kind")
+    ap.add_argument("--hub-lazy", help="JSON of `forkd hub bench --lazy TAG --json`")
     ap.add_argument("--out", default="docs/img", help="directory for the SVGs (default docs/img)")
     a = ap.parse_args()
-    if not (a.spawn or a.branch or a.hub or a.parking):
-        ap.error("nothing to plot: give --spawn, --parking, --branch and/or --hub FILE")
+    if not (a.spawn or a.branch or a.hub or a.parking or a.hub_lazy):
+        ap.error("nothing to plot: give --spawn, --parking, --branch, --hub and/or --hub-lazy FILE")
+    hub_lazy = check(load(a.hub_lazy), "hub-lazy", a.hub_lazy) if a.hub_lazy else None
     parking = [load(p) for p in a.parking]
     spawn = load(a.spawn) if a.spawn else None
     branch = check(load(a.branch), "branch", a.branch) if a.branch else None
@@ -348,6 +397,8 @@ def main():
         jobs += [(f, branch) for f in (plot_branch_pause, plot_branch_depth)]
     if hubs:
         jobs += [(f, hubs) for f in (plot_hub_time, plot_hub_bytes)]
+    if hub_lazy:
+        jobs.append((plot_hub_lazy, hub_lazy))
     for f, r in jobs:
         p = f(plt, r, a.out)
         if p:

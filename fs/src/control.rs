@@ -12,6 +12,7 @@
 //! | `{"op":"record_start","id":ID,"file":F,"invalidate":bool}` | `{"ok":true}` |
 //! | `{"op":"record_stop","id":ID,"file":F}` | `{"ranges":[[off,len],...],"bytes":N}` |
 //! | `{"op":"ranges","id":ID,"file":F}` | `{"ranges":[[off,len],...]}` or `{"ranges":null}` |
+//! | `{"op":"remote_ready","id":ID,"wait_ms":N}` | [`crate::lazy::RemoteReady`], or an error when the snapshot is lazy and its hub does not answer |
 //!
 //! Every failure is `{"error":"..."}`. `file` defaults to `memory.bin`.
 //! `prefetch` without `ranges` uses the stored list (see
@@ -109,6 +110,16 @@ pub enum Request {
         #[serde(default = "default_file")]
         file: String,
     },
+    /// `remote_ready`: may a child of this snapshot start now? Not lazy,
+    /// or lazy with its hub answering (probed when its last request failed);
+    /// starts fetching the working set, and waits up to `wait_ms` for it.
+    RemoteReady {
+        /// Snapshot id (hex; control requests take ids, not tags).
+        id: String,
+        /// Wait this long for the working set to be local.
+        #[serde(default)]
+        wait_ms: u64,
+    },
 }
 
 /// Decompressed-chunk cache counters.
@@ -168,6 +179,9 @@ pub struct Status {
     /// The group that may read the mount (`--gid`), if any.
     #[serde(default)]
     pub gid: Option<u32>,
+    /// Lazy snapshots: fetches, the fill, hubs' health, failures.
+    #[serde(default)]
+    pub lazy: crate::lazy::LazyStatus,
 }
 
 /// Errors the daemon answers that a caller may want to tell apart.
@@ -303,6 +317,15 @@ pub fn handle(sh: &Arc<Shared>, req: Request) -> Result<Value> {
             let _ = sh.catchup.now();
             json!({"ranges": prefetch::load_ranges(&sh.view, &sid, &file)?})
         }
+        Request::RemoteReady { id, wait_ms } => {
+            let sid = parse_id(&id)?;
+            let _ = sh.catchup.now();
+            let lazy = sh
+                .lazy
+                .get()
+                .ok_or_else(|| anyhow!("this mount serves no lazy snapshots"))?;
+            serde_json::to_value(lazy.remote_ready(sid, Duration::from_millis(wait_ms))?)?
+        }
     })
 }
 
@@ -370,6 +393,7 @@ fn status(sh: &Shared) -> Status {
         reads: sh.stats.snapshot(),
         gid: sh.group,
         inodes: sh.inodes.len() as u64,
+        lazy: sh.lazy.get().map(|l| l.status()).unwrap_or_default(),
     }
 }
 
@@ -514,6 +538,20 @@ impl Client {
             file: file.to_string(),
         })?;
         Ok(serde_json::from_value(v["ranges"].clone())?)
+    }
+
+    /// Whether a child of `id` may start now (see [`Request::RemoteReady`]);
+    /// an `Err` says why not (a lazy snapshot whose hub does not answer).
+    pub fn remote_ready(
+        &mut self,
+        id: &SnapshotId,
+        wait: Duration,
+    ) -> Result<crate::lazy::RemoteReady> {
+        let v = self.call(&Request::RemoteReady {
+            id: id.to_string(),
+            wait_ms: wait.as_millis() as u64,
+        })?;
+        Ok(serde_json::from_value(v)?)
     }
 
     /// The prefetch ranges stored with the snapshot, if any.

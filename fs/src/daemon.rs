@@ -62,6 +62,8 @@ pub struct ServeOptions {
     /// [`block_signals`]) as the order to unmount. Off when a program serves
     /// a mount in-process (fs-bench) and unmounts it itself.
     pub handle_signals: bool,
+    /// Lazy snapshots: how long a read retries a chunk, whether to fill.
+    pub lazy: crate::lazy::LazyOptions,
 }
 
 /// Signals that end the process cleanly. Blocked in every thread (call
@@ -240,6 +242,9 @@ fn open_store(
         opts.gid,
         worker,
     );
+    let lazy = crate::lazy::Lazy::start(reader.view(), opts.store_dir.clone(), opts.lazy)
+        .context("starting the lazy-snapshot threads")?;
+    let _ = shared.lazy.set(lazy);
     Ok((shared, reader))
 }
 
@@ -319,8 +324,16 @@ fn worker_args(opts: &ServeOptions, mp: &Path, journal: &Path) -> Vec<std::ffi::
     kv("--cache-mib", (opts.cache_bytes >> 20).to_string().into());
     kv("--threads", opts.threads.to_string().into());
     kv("--max-read-kib", opts.max_read_kib.to_string().into());
+    kv(
+        "--remote-deadline-secs",
+        opts.lazy.deadline.as_secs().to_string().into(),
+    );
+
     if let Some(g) = opts.gid {
         kv("--gid", g.to_string().into());
+    }
+    if !opts.lazy.fill {
+        a.push("--no-fill".into());
     }
     a
 }

@@ -13,7 +13,10 @@
 //!   (a separate `forkd-fs mount` process);
 //! - [`control::Client`]: status, open-handle counts, the delete protocol
 //!   (`begin_delete` / `end_delete`), refresh, prefetch, range recording;
-//! - [`prefetch::save_ranges`]: store a recorded range list with a snapshot.
+//! - [`prefetch::save_ranges`]: store a recorded range list with a snapshot;
+//! - [`lazy`]: lazy snapshots, whose chunks the mount fetches from their hub
+//!   when reads need them (`remote_ready` on the control socket says
+//!   whether a restore may start).
 
 #![warn(missing_docs)]
 
@@ -24,6 +27,7 @@ mod handles;
 pub mod holder;
 mod inode;
 mod journal;
+pub mod lazy;
 pub mod mount;
 mod ops;
 pub mod prefetch;

@@ -9,8 +9,10 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use forkd_fs::control::{Client, Request, DEFAULT_FILE};
 use forkd_fs::daemon::{self, ServeOptions};
+use forkd_fs::lazy::LazyOptions;
 use forkd_fs::{mount, prefetch, ranges};
 use forkd_layers::SnapshotId;
+use std::time::Duration;
 
 #[derive(Parser)]
 #[command(
@@ -58,6 +60,15 @@ enum Cmd {
         /// Without it only root reads the mount.
         #[arg(long)]
         gid: Option<u32>,
+        /// How long a read of a lazy snapshot keeps retrying a chunk its hub
+        /// does not deliver before it fails with EIO (the reading VM waits
+        /// that long).
+        #[arg(long, default_value_t = 120)]
+        remote_deadline_secs: u64,
+        /// Do not fill lazy snapshots in the background (fetch only what
+        /// reads need).
+        #[arg(long)]
+        no_fill: bool,
         /// Stay in the foreground, logging to stderr.
         #[arg(long)]
         foreground: bool,
@@ -87,6 +98,10 @@ enum Cmd {
         gid: Option<u32>,
         #[arg(long)]
         generation: u64,
+        #[arg(long, default_value_t = 120)]
+        remote_deadline_secs: u64,
+        #[arg(long)]
+        no_fill: bool,
     },
     /// Replace the process serving a mount with the forkd-fs binary now on
     /// disk, keeping the mount and every VM using it running.
@@ -183,6 +198,8 @@ fn run(cli: Cli) -> Result<()> {
             readahead_kib,
             max_read_kib,
             gid,
+            remote_deadline_secs,
+            no_fill,
             foreground,
             notify_ready,
         } => {
@@ -207,6 +224,10 @@ fn run(cli: Cli) -> Result<()> {
                 max_read_kib,
                 gid,
                 handle_signals: true,
+                lazy: LazyOptions {
+                    deadline: Duration::from_secs(remote_deadline_secs),
+                    fill: !no_fill,
+                },
             };
             if foreground {
                 init_logging();
@@ -238,6 +259,8 @@ fn run(cli: Cli) -> Result<()> {
             max_read_kib,
             gid,
             generation,
+            remote_deadline_secs,
+            no_fill,
         } => {
             init_logging();
             let opts = ServeOptions {
@@ -251,6 +274,10 @@ fn run(cli: Cli) -> Result<()> {
                 max_read_kib,
                 gid,
                 handle_signals: false,
+                lazy: LazyOptions {
+                    deadline: Duration::from_secs(remote_deadline_secs),
+                    fill: !no_fill,
+                },
             };
             daemon::serve_worker(&opts, &journal, generation)
         }
@@ -370,6 +397,9 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         .arg(opts.readahead_kib.to_string())
         .arg("--max-read-kib")
         .arg(opts.max_read_kib.to_string())
+        .arg("--remote-deadline-secs")
+        .arg(opts.lazy.deadline.as_secs().to_string())
+        .args((!opts.lazy.fill).then_some("--no-fill"))
         .arg("--foreground")
         .arg("--notify-ready")
         .args(opts.gid.map(|g| format!("--gid={g}")))

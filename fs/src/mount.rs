@@ -43,6 +43,13 @@ pub struct MountConfig {
     /// jail's. None: root only. A live mount serving another group is
     /// remounted when unused, else refused.
     pub gid: Option<u32>,
+    /// Do not fill lazy snapshots in the background (`--no-fill`): fetch
+    /// only what reads need. Applies when this call starts the mount.
+    pub no_fill: bool,
+    /// How long a read of a lazy snapshot retries an unreachable hub
+    /// (`--remote-deadline-secs`; default 120). Applies when this call
+    /// starts the mount.
+    pub remote_deadline_secs: Option<u64>,
 }
 
 impl MountConfig {
@@ -286,7 +293,7 @@ pub enum State {
     /// No mount at that path.
     Free,
     /// A forkd-fs mount answering its control socket.
-    Live(Status),
+    Live(Box<Status>),
     /// A forkd-fs mount that serves files but whose control socket does not
     /// answer (another instance with a different `--control`, or starting).
     Silent,
@@ -311,7 +318,7 @@ pub fn state(mountpoint: &Path, control: &Path) -> Result<State> {
     }
     if let Ok(st) = control_status(control, Duration::from_secs(2)) {
         if same_path(&st.mountpoint, mountpoint) {
-            return Ok(State::Live(st));
+            return Ok(State::Live(Box::new(st)));
         }
     }
     Ok(match probe(mountpoint, Duration::from_secs(3)) {
@@ -456,6 +463,12 @@ fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
     }
     if let Some(g) = cfg.gid {
         cmd.arg("--gid").arg(g.to_string());
+    }
+    if cfg.no_fill {
+        cmd.arg("--no-fill");
+    }
+    if let Some(d) = cfg.remote_deadline_secs {
+        cmd.arg("--remote-deadline-secs").arg(d.to_string());
     }
     let out = cmd.output().with_context(|| {
         format!(

@@ -11,6 +11,10 @@
 //! Reads are served from the store chunk by chunk (zero chunks are filled,
 //! never read); a chunk that fails verification or is missing makes the whole
 //! request fail with EIO and logs the snapshot, file, offset and chunk id.
+//! A read of a lazy snapshot first has its missing chunks fetched from the
+//! hub (`crate::lazy`, in the request's own thread: no global lock is held
+//! meanwhile); every read of a snapshot whose working set is being recorded
+//! is noted.
 //! Files are opened with FOPEN_KEEP_CACHE (the content of an inode never
 //! changes), so the kernel page cache survives across opens and is shared by
 //! every process mapping the file.
@@ -137,9 +141,9 @@ fn store_eio(what: &str, e: &StoreError) -> Errno {
 fn failed_chunk(e: &StoreError) -> Option<String> {
     match e {
         StoreError::FileRead { source, .. } => failed_chunk(source),
-        StoreError::CorruptChunk { id, .. } | StoreError::MissingChunk { id, .. } => {
-            Some(id.to_string())
-        }
+        StoreError::CorruptChunk { id, .. }
+        | StoreError::MissingChunk { id, .. }
+        | StoreError::RemoteFetch { id, .. } => Some(id.to_string()),
         _ => None,
     }
 }
@@ -280,6 +284,24 @@ impl ForkdFs {
         };
         let want = (size as u64).min(f.size.saturating_sub(offset)) as usize;
         sh.recorder.note(f.ino, offset, want as u64);
+        if let (Some(lazy), Some(r)) = (sh.lazy.get(), reader.as_ref()) {
+            let cs = u64::from(r.manifest().chunk_size());
+            lazy.note_read(&f.snap, &f.name, offset, want as u64, cs);
+            if lazy.is_lazy(&f.snap) {
+                if let Err(e) = lazy.ensure(r, offset, want as u64) {
+                    sh.stats.errors.fetch_add(1, Ordering::Relaxed);
+                    error!(
+                        snapshot = %f.snap,
+                        file = %f.name,
+                        offset,
+                        chunk = %failed_chunk(&e).unwrap_or_default(),
+                        request_len = size,
+                        "read of a lazy snapshot failed, answering EIO: {e}"
+                    );
+                    return Err(Errno::EIO);
+                }
+            }
+        }
         READ_BUF.with(|buf| {
             let mut buf = buf.borrow_mut();
             if buf.len() < want {
@@ -394,9 +416,13 @@ impl Filesystem for ForkdFs {
         if let Err(e) = self.shared.visible(&f.snap) {
             return reply.error(store_eio(&format!("opening snapshot {}", f.snap), &e));
         }
+        let first = self.shared.handles.count(&f.snap) == 0;
         match self.shared.handles.open(f.snap) {
             Ok(fh) => {
                 debug!(snapshot = %f.snap, file = %f.name, fh, "open");
+                if let (Some(lazy), Content::Stored(_)) = (self.shared.lazy.get(), &f.content) {
+                    lazy.on_open(f.snap, first);
+                }
                 reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
             }
             Err(Refusal::Hidden) | Err(Refusal::InUse(_)) => reply.error(Errno::ENOENT),

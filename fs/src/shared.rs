@@ -51,6 +51,8 @@ pub struct Shared {
     pub group: Option<u32>,
     /// Behind a holder: its pid and this worker's generation (1 = first).
     pub worker: Option<(u32, u64)>,
+    /// Lazy snapshots: faults from hubs, working sets, the fill.
+    pub lazy: std::sync::OnceLock<Arc<crate::lazy::Lazy>>,
 }
 
 impl Shared {
@@ -74,6 +76,7 @@ impl Shared {
             started: Instant::now(),
             group,
             worker,
+            lazy: std::sync::OnceLock::new(),
         })
     }
 

@@ -23,6 +23,11 @@
 //! (facebook/rocksdb#14444, #15051): a chunk deleted by GC and indexed again
 //! stays "missing". So a catch-up after a flush opens a fresh secondary
 //! instead, and reads that began on the old one finish on it.
+//!
+//! A secondary that opens while a writer opens (and so flushes and deletes
+//! the WAL it recovered) can miss that WAL's commits, even all of them. An
+//! open counts only if the primary's files did not change across it; else
+//! it is retried (`open_whole_secondary`).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, RwLock};
@@ -125,17 +130,40 @@ fn open_secondary_db(path: &Path, secondary_dir: &Path) -> Result<DB> {
         .map_err(|e| Error::db(format!("opening secondary of {}", path.display()), e))
 }
 
-/// [`open_secondary_db`] for a catch-up, retried a few times: the primary
-/// may be switching to a new MANIFEST while it is read.
-fn reopen_secondary(path: &Path, secondary_dir: &Path) -> Result<DB> {
-    let mut tries = 0;
+/// How long opening a secondary keeps retrying while writers keep
+/// changing the primary's files under it.
+const SECONDARY_OPEN_PATIENCE: Duration = Duration::from_secs(10);
+
+/// Opens a secondary whose view is whole, and the primary's files it saw.
+///
+/// A writer's open flushes the WAL it recovers into a table file, writes a
+/// new MANIFEST, points `CURRENT` at it and deletes that WAL. A secondary
+/// opening meanwhile can read the old MANIFEST and then find the WAL gone:
+/// it opens fine but shows an empty store ("no format version recorded")
+/// or one without the newest commits. So the open counts only if the
+/// primary's files did not change across it (the same test
+/// [`Db::catch_up`] uses); otherwise, or if it failed because the old
+/// MANIFEST went away under it, it is retried.
+fn open_whole_secondary(path: &Path, secondary_dir: &Path) -> Result<(DB, PrimaryFiles)> {
+    let start = Instant::now();
+    let mut tries = 0u64;
     loop {
-        match open_secondary_db(path, secondary_dir) {
-            Ok(db) => return Ok(db),
-            Err(e) if tries >= 4 => return Err(e),
-            Err(_) => {
+        let before = PrimaryFiles::read(path);
+        let res = open_secondary_db(path, secondary_dir);
+        let after = PrimaryFiles::read(path);
+        let patient = start.elapsed() < SECONDARY_OPEN_PATIENCE;
+        match res {
+            Ok(db) if !before.flushed_since(&after) => return Ok((db, after)),
+            Ok(_) if !patient => {
+                return Err(Error::Busy {
+                    root: path.to_path_buf(),
+                    waited_ms: start.elapsed().as_millis() as u64,
+                })
+            }
+            Err(e) if !patient => return Err(e),
+            _ => {
                 tries += 1;
-                std::thread::sleep(Duration::from_millis(10 * tries));
+                std::thread::sleep(Duration::from_millis((5 * tries).min(100)));
             }
         }
     }
@@ -265,11 +293,11 @@ impl Db {
             });
         }
         std::fs::create_dir_all(secondary_dir).map_err(|e| Error::io(secondary_dir, e))?;
-        let seen = PrimaryFiles::read(path);
+        let (db, seen) = open_whole_secondary(path, secondary_dir)?;
         let db = Db {
             handle: Handle::Secondary(Follower {
                 dir: secondary_dir.to_path_buf(),
-                db: RwLock::new(Arc::new(open_secondary_db(path, secondary_dir)?)),
+                db: RwLock::new(Arc::new(db)),
                 seen: Mutex::new(seen),
             }),
             path: path.to_path_buf(),
@@ -429,8 +457,7 @@ impl Db {
                 return Ok(());
             }
         }
-        let files = PrimaryFiles::read(&self.path);
-        let fresh = reopen_secondary(&self.path, &s.dir)?;
+        let (fresh, files) = open_whole_secondary(&self.path, &s.dir)?;
         *s.db.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(fresh);
         *seen = files;
         Ok(())

@@ -49,6 +49,16 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// Writers kept changing the store's files while a read-only view
+    /// opened, so no whole view could be had (see `db.rs`).
+    #[error("the store at {root} kept changing while a read-only view of it was opened (tried for {waited_ms} ms); retry when its writers are quieter")]
+    Busy {
+        /// The store's RocksDB directory.
+        root: PathBuf,
+        /// How long the open kept trying, ms.
+        waited_ms: u64,
+    },
+
     /// The store on disk was written by an incompatible version.
     #[error("store at {root} has format version {found}, this build understands version {expected}; use a matching forkd version")]
     FormatVersion {
@@ -104,6 +114,20 @@ pub enum Error {
         /// The chunk error underneath.
         #[source]
         source: Box<Error>,
+    },
+
+    /// A chunk of a lazy snapshot could not be fetched from its hub (after
+    /// retries, or because what the hub sent failed verification).
+    #[error(
+        "chunk {id} is not in the local store and fetching it from {source_url} failed: {reason}"
+    )]
+    RemoteFetch {
+        /// The chunk.
+        id: ChunkId,
+        /// The hub it is located on.
+        source_url: String,
+        /// What went wrong, and for how long it was tried.
+        reason: String,
     },
 
     /// A manifest id is not in the store.

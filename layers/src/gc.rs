@@ -155,6 +155,10 @@ impl Store {
             }
         }
         flush(&mut page, &mut batch)?;
+        // Remote locations of chunks now indexed or no longer referenced.
+        for k in self.stale_remote_locations()? {
+            batch.delete_cf(db.cf(CF_META), k);
+        }
         let packs = self.view.packs();
         // Unindexed tail first: safe before the batch, and frees space for it.
         report.bytes_reclaimed += packs.trim_active(indexed_end)?;

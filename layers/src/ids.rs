@@ -101,6 +101,22 @@ hex_id!(
     16
 );
 
+hex_id!(
+    /// blake3 of a hub object's bytes: the name of a content-addressed object
+    /// on a snapshot hub (a pack of chunks, an index of packs; docs/hub.md).
+    /// The store keeps it in [`crate::RemoteChunk`] to know where a chunk it
+    /// does not hold can be fetched from.
+    ObjectId,
+    32
+);
+
+impl ObjectId {
+    /// Hashes an object's bytes.
+    pub fn of(data: &[u8]) -> ObjectId {
+        ObjectId(*blake3::hash(data).as_bytes())
+    }
+}
+
 impl ChunkId {
     /// Hashes uncompressed chunk bytes.
     pub fn of(data: &[u8]) -> ChunkId {

@@ -19,7 +19,12 @@
 //!   every chunk it names is durable;
 //! - a snapshot commits record, tag and refcounts in one synced batch;
 //! - a live pack record is never overwritten in place; GC removes whole packs
-//!   and cuts only garbage off the end of the active pack.
+//!   and cuts only garbage off the end of the active pack;
+//! - a lazy snapshot (committed before its chunks arrived, see `remote`)
+//!   names only chunks that are indexed or have a remote location; a read of
+//!   a remote chunk goes through the view's [`Fetcher`], never returns
+//!   unverified bytes, and the snapshot stays marked lazy until every chunk
+//!   is indexed.
 
 #![warn(missing_docs)]
 
@@ -34,6 +39,7 @@ mod ingest;
 mod manifest;
 mod pack;
 mod reader;
+mod remote;
 mod secondary;
 mod snapshot;
 mod stats;
@@ -43,6 +49,7 @@ mod tag;
 mod transfer;
 mod verify;
 mod view;
+pub mod workingset;
 
 pub use annotation::MAX_ANNOTATION_BYTES;
 pub use cache::{CacheStats, ChunkData};
@@ -53,10 +60,11 @@ pub use chunk::{
 pub use db::FORMAT_VERSION;
 pub use error::{Error, Result};
 pub use gc::GcReport;
-pub use ids::{ChunkId, ManifestId, SnapshotId};
+pub use ids::{ChunkId, ManifestId, ObjectId, SnapshotId};
 pub use ingest::{FileSource, IngestOptions, IngestSource, IngestedFile, ProgressFn};
 pub use manifest::{ChunkRef, FileManifest};
 pub use reader::FileReader;
+pub use remote::{Fetcher, RemoteChunk, RemoteSource, Residency};
 pub use secondary::{StoreReader, DEFAULT_READER_CACHE_BYTES};
 pub use snapshot::{FileRef, NewSnapshot, SnapshotRecord};
 pub use stats::{DiffReport, FileDiff, FileStatus, Stats};
@@ -68,6 +76,7 @@ pub use transfer::{
 };
 pub use verify::{BadChunk, ChunkUser, VerifyReport};
 pub use view::StoreView;
+pub use workingset::WorkingSet;
 
 #[cfg(test)]
 mod tests {

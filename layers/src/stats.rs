@@ -44,6 +44,10 @@ pub struct Stats {
     pub dedup_ratio: f64,
     /// `unique_bytes / live_stored_bytes`.
     pub compression_ratio: f64,
+    /// Chunks of lazy snapshots still only on a hub.
+    pub remote_chunks: u64,
+    /// What they will occupy once fetched (their stored size on the hub).
+    pub remote_stored_bytes: u64,
 }
 
 /// How a file changed between two snapshots.
@@ -123,6 +127,7 @@ impl StoreView {
             s.stored_bytes += len;
         }
         s.garbage_bytes = s.stored_bytes.saturating_sub(s.live_stored_bytes);
+        (s.remote_chunks, s.remote_stored_bytes) = crate::remote::remote_totals(self)?;
         s.index_bytes = dir_bytes(&db_dir(self.root()));
         s.dedup_ratio = ratio(s.logical_bytes, s.unique_bytes);
         s.compression_ratio = ratio(s.unique_bytes, s.live_stored_bytes);
@@ -169,17 +174,26 @@ impl StoreView {
             };
             let m = self.manifest(&f.manifest)?;
             for c in m.distinct_chunks().iter().filter(|c| !in_a.contains(*c)) {
-                let loc = self.chunk_location(c)?.ok_or_else(|| Error::MissingChunk {
-                    id: *c,
-                    reason: format!("named by {name} of snapshot {b} but not indexed"),
-                })?;
+                // A chunk of a lazy snapshot counts what it will take here.
+                let (raw, stored) = match self.chunk_location(c)? {
+                    Some(loc) => (u64::from(loc.raw_len), loc.record_len()),
+                    None => match self.remote_chunk(c)? {
+                        Some(r) => (u64::from(r.raw_len), r.record_len()),
+                        None => {
+                            return Err(Error::MissingChunk {
+                                id: *c,
+                                reason: format!("named by {name} of snapshot {b} but not indexed"),
+                            })
+                        }
+                    },
+                };
                 fd.new_chunks += 1;
-                fd.new_raw_bytes += u64::from(loc.raw_len);
-                fd.new_stored_bytes += loc.record_len();
+                fd.new_raw_bytes += raw;
+                fd.new_stored_bytes += stored;
                 if counted.insert(*c) {
                     report.new_chunks += 1;
-                    report.new_raw_bytes += u64::from(loc.raw_len);
-                    report.new_stored_bytes += loc.record_len();
+                    report.new_raw_bytes += raw;
+                    report.new_stored_bytes += stored;
                 }
             }
             report.files.insert(name.clone(), fd);

@@ -21,8 +21,8 @@ use rocksdb::WriteBatch;
 
 use crate::chunk::{validate_chunk_size, DEFAULT_CHUNK_SIZE, DEFAULT_ZSTD_LEVEL};
 use crate::db::{
-    child_key, chunk_ref_key, decode_count, manifest_ref_key, Db, CF_CHILDREN, CF_CHUNKS, CF_REFS,
-    CF_SNAPSHOTS, CF_TAGS,
+    child_key, chunk_ref_key, decode_count, manifest_ref_key, Db, CF_CHILDREN, CF_CHUNKS, CF_META,
+    CF_REFS, CF_SNAPSHOTS, CF_TAGS,
 };
 use crate::error::{Error, Result};
 use crate::ids::{ChunkId, ManifestId, SnapshotId};
@@ -223,6 +223,7 @@ impl Store {
         if let Some(tag) = &spec.tag {
             batch.put_cf(db.cf(CF_TAGS), tag.as_bytes(), rec.id.as_bytes());
         }
+        self.inherit_marker(&mut batch, rec.parent.as_ref(), &rec.id)?;
         db.write(batch, "committing snapshot")?;
         // One pin per ingest: release one per file that named it.
         for f in rec.files.values() {
@@ -290,10 +291,15 @@ impl Store {
         }
         // Chunks becoming referenced must exist: never commit a reference to
         // data that is not durable (e.g. a manifest whose pin was released and
-        // whose chunks GC already dropped).
+        // whose chunks GC already dropped) or located on a hub (a lazy pull).
         let idx_keys: Vec<&[u8]> = revived.iter().map(|c| &c.as_bytes()[..]).collect();
-        for (cid, loc) in revived.iter().zip(db.multi_get(CF_CHUNKS, &idx_keys)?) {
-            if loc.is_none() {
+        let located = self.located(&revived)?;
+        for ((cid, loc), remote) in revived
+            .iter()
+            .zip(db.multi_get(CF_CHUNKS, &idx_keys)?)
+            .zip(located)
+        {
+            if loc.is_none() && !remote {
                 return Err(Error::MissingChunk {
                     id: **cid,
                     reason:
@@ -395,10 +401,14 @@ impl Store {
             report.tags_removed.push(tag);
         }
         batch.delete_cf(db.cf(CF_SNAPSHOTS), id.as_bytes());
+        batch.delete_cf(db.cf(CF_META), crate::remote::marker_key(id));
         if let Some(p) = &rec.parent {
             batch.delete_cf(db.cf(CF_CHILDREN), child_key(p, id));
         }
         for c in &children {
+            // An orphaned child of a lazy snapshot still names its remote
+            // chunks: it stays lazy from the same source.
+            self.inherit_marker(&mut batch, Some(id), c)?;
             let mut child = db.snapshot(c)?.ok_or(Error::NoSuchSnapshot(*c))?;
             child.parent = None;
             child

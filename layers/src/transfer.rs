@@ -28,7 +28,8 @@ use rocksdb::WriteBatch;
 
 use crate::chunk::{decode_verified, ChunkLocation, Compression, MAX_CHUNK_SIZE};
 use crate::db::{
-    child_key, chunk_ref_key, CF_CHILDREN, CF_CHUNKS, CF_MANIFESTS, CF_REFS, CF_SNAPSHOTS, CF_TAGS,
+    child_key, chunk_ref_key, CF_CHILDREN, CF_CHUNKS, CF_MANIFESTS, CF_META, CF_REFS, CF_SNAPSHOTS,
+    CF_TAGS,
 };
 use crate::error::{Error, Result};
 use crate::ids::{ChunkId, ManifestId, SnapshotId};
@@ -92,6 +93,12 @@ impl StoredChunk {
     /// Checks the lengths, decodes the payload (never past `raw_len`) and
     /// requires the bytes to hash to `id`. On failure, the reason.
     pub fn verify(self) -> std::result::Result<VerifiedChunk, String> {
+        self.verify_decoded().map(|(v, _)| v)
+    }
+
+    /// [`StoredChunk::verify`], also returning the uncompressed bytes it
+    /// checked (a lazy read answers with them).
+    pub fn verify_decoded(self) -> std::result::Result<(VerifiedChunk, Vec<u8>), String> {
         if self.raw_len == 0 || self.raw_len > MAX_CHUNK_SIZE {
             return Err(format!(
                 "raw length {} is outside 1..={MAX_CHUNK_SIZE}",
@@ -109,8 +116,8 @@ impl StoredChunk {
                 self.raw_len, self.compression
             ));
         }
-        decode_verified(&self.id, &self.location(), &self.payload)?;
-        Ok(VerifiedChunk(self))
+        let raw = decode_verified(&self.id, &self.location(), &self.payload)?;
+        Ok((VerifiedChunk(self), raw))
     }
 
     fn location(&self) -> ChunkLocation {
@@ -351,6 +358,8 @@ impl Store {
                 report.new_stored_bytes += loc.record_len();
             }
             packs.sync(&touched)?;
+            let new: Vec<ChunkId> = seen.iter().copied().collect();
+            self.forget_remote(&mut batch, &new)?;
             db.check_space(&batch, crate::db::RESERVE_GROW)?;
             committing = true;
             db.write_unchecked(batch, "indexing imported chunks")
@@ -402,6 +411,18 @@ impl Store {
         tag: Option<&str>,
         replace_tag: bool,
     ) -> Result<bool> {
+        self.commit_imported_with(rec, tag, replace_tag, None)
+    }
+
+    /// [`Store::commit_imported`], marking a new record lazy from `lazy`
+    /// (a remote source) in the same batch.
+    pub(crate) fn commit_imported_with(
+        &self,
+        rec: &SnapshotRecord,
+        tag: Option<&str>,
+        replace_tag: bool,
+        lazy: Option<u32>,
+    ) -> Result<bool> {
         if let Some(name) = rec.files.keys().find(|n| !is_valid_file_name(n)) {
             return Err(Error::InvalidFileName(name.clone()));
         }
@@ -422,6 +443,13 @@ impl Store {
             }
             None => {
                 batch = self.imported_record_batch(rec)?;
+                if let Some(src) = lazy {
+                    batch.put_cf(
+                        db.cf(CF_META),
+                        crate::remote::marker_key(&rec.id),
+                        src.to_le_bytes(),
+                    );
+                }
                 true
             }
         };

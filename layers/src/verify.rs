@@ -54,6 +54,9 @@ pub struct VerifyReport {
     /// Metadata inconsistencies (refcounts, missing manifests, dangling
     /// tags or parent links).
     pub problems: Vec<String>,
+    /// Referenced chunks not in the index but located on a hub (lazy
+    /// snapshots still filling): not damage.
+    pub remote_chunks: u64,
 }
 
 impl VerifyReport {
@@ -181,6 +184,7 @@ impl Store {
             report.snapshots_checked += 1;
         }
         let indexed: HashSet<ChunkId> = index.iter().map(|(c, _)| *c).collect();
+        let remote = crate::remote::remote_set(&self.view)?;
         let mut expected: HashMap<Vec<u8>, u64> = HashMap::new();
         let mut out = BTreeMap::new();
         for (mid, u) in users {
@@ -196,6 +200,9 @@ impl Store {
                 *expected
                     .entry(crate::db::chunk_ref_key(c).to_vec())
                     .or_default() += 1;
+                if !indexed.contains(c) && remote.contains_key(c) {
+                    continue;
+                }
                 if !indexed.contains(c)
                     && db.chunk_location(c)?.is_none()
                     && !bad.iter().any(|b| b.id == *c)
@@ -209,8 +216,20 @@ impl Store {
                     });
                 }
             }
-            out.insert(mid, (m.distinct_chunks().iter().copied().collect(), u));
+            out.insert(
+                mid,
+                (
+                    m.distinct_chunks().iter().copied().collect::<HashSet<_>>(),
+                    u,
+                ),
+            );
         }
+        report.remote_chunks = out
+            .values()
+            .flat_map(|(chunks, _)| chunks.iter())
+            .filter(|c| !indexed.contains(*c) && remote.contains_key(*c))
+            .collect::<HashSet<_>>()
+            .len() as u64;
         for kv in db.scan(CF_REFS) {
             let (k, v) = kv?;
             let got = decode_count(&v);

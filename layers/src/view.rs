@@ -3,7 +3,7 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use crate::cache::{CacheStats, ChunkCache, ChunkData, ManifestCache};
 use crate::chunk::{decode_verified, ChunkLocation};
@@ -31,6 +31,8 @@ pub(crate) struct ViewInner {
     pub packs: Packs,
     pub cache: ChunkCache,
     manifests: ManifestCache,
+    /// Reads chunks the store lacks (lazy snapshots), when installed.
+    pub fetcher: OnceLock<Arc<dyn crate::remote::Fetcher>>,
 }
 
 impl StoreView {
@@ -42,6 +44,7 @@ impl StoreView {
                 packs,
                 cache: ChunkCache::new(cache_bytes),
                 manifests: ManifestCache::new(MANIFEST_CACHE_BYTES),
+                fetcher: OnceLock::new(),
             }),
         }
     }
@@ -223,13 +226,27 @@ impl StoreView {
     ///
     /// If the chunk or its pack is missing or does not check out (GC may have
     /// moved it), a secondary catches up with the primary and retries once;
-    /// the primary just retries once.
+    /// the primary just retries once. A chunk the index lacks that has a
+    /// remote location (a lazy snapshot) is fetched through the installed
+    /// [`crate::Fetcher`] instead, without a catch-up.
     pub fn chunk(&self, id: &ChunkId) -> Result<ChunkData> {
         if let Some(d) = self.inner.cache.get(id) {
             return Ok(d);
         }
         let data: ChunkData = match self.load_chunk(id) {
             Ok(d) => d,
+            Err(Error::MissingChunk { .. }) if self.inner.fetcher.get().is_some() => {
+                match self.fetch_remote(id)? {
+                    Some(d) => {
+                        self.inner.cache.insert(*id, d.clone());
+                        return Ok(d);
+                    }
+                    None => {
+                        self.catch_up()?;
+                        self.load_chunk(id)?
+                    }
+                }
+            }
             // GC may have moved the chunk: a secondary's index or pack fd can
             // be stale. Learn the new location and retry once; real damage
             // fails again and is reported.

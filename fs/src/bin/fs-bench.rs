@@ -346,6 +346,7 @@ fn main() -> Result<()> {
         max_read_kib: args.max_read_kib,
         gid: None,
         handle_signals: false,
+        lazy: Default::default(),
     };
     let fuse_path = forkd_fs::prefetch::file_path(&mountpoint, &id, "memory.bin");
 

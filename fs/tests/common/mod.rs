@@ -97,6 +97,8 @@ impl TestStore {
             control_socket: None,
             binary: Some(PathBuf::from(BIN)),
             gid: None,
+            no_fill: false,
+            remote_deadline_secs: None,
         }
     }
 

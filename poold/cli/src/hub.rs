@@ -34,6 +34,11 @@ pub struct PushArgs {
     /// Tag to set on the hub (default: TAG).
     #[arg(long = "as", value_name = "HUBTAG")]
     pub as_tag: Option<String>,
+    /// Layout of a hub that is still empty: 2 (packs, default) or 1 (one
+    /// object per chunk, for clients from before layouts). A hub with
+    /// objects keeps its own.
+    #[arg(long)]
+    pub layout: Option<u32>,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
@@ -53,6 +58,11 @@ pub struct PullArgs {
     /// Refuse, before transferring, a snapshot whose QEMU version or machine differs from this host.
     #[arg(long)]
     pub strict: bool,
+    /// Fetch only the records and manifests: forkd-fs fetches chunks when
+    /// children read them (the working set first) and fills the rest in
+    /// the background.
+    #[arg(long)]
+    pub lazy: bool,
     #[command(flatten)]
     pub transfer: TransferArgs,
 }
@@ -106,11 +116,11 @@ pub enum HubCmd {
     /// Measure push/pull throughput and bytes moved for a base and a chain head.
     Bench {
         /// The base snapshot (tag or id).
-        #[arg(long)]
-        base: String,
+        #[arg(long, required_unless_present = "lazy")]
+        base: Option<String>,
         /// A descendant of the base (tag or id).
-        #[arg(long)]
-        head: String,
+        #[arg(long, required_unless_present = "lazy")]
+        head: Option<String>,
         /// Hub to use: a URL, or `serve` for a scratch `forkd hub serve` on
         /// 127.0.0.1 (default: a scratch file:// hub).
         #[arg(long)]
@@ -119,6 +129,25 @@ pub enum HubCmd {
         /// scripts/plot-benchmarks.py).
         #[arg(long)]
         json: Option<PathBuf>,
+        /// Instead: time from "host B has never seen TAG" to its first
+        /// child answering, lazy pull vs full pull, over an S3 hub (s3s-fs)
+        /// in network namespaces, shaped and unshaped.
+        #[arg(long, value_name = "TAG", conflicts_with_all = ["base", "head"])]
+        lazy: Option<String>,
+        #[command(flatten)]
+        lazy_opts: Box<forkd_hub::lazybench::Args>,
+        #[command(flatten)]
+        transfer: TransferArgs,
+    },
+    /// Turn a layout-1 hub (one object per chunk) into layout 2 (packs), in
+    /// place; a killed migration resumes.
+    Migrate {
+        /// file:///DIR or s3://BUCKET/PREFIX (an HTTP hub: migrate its directory on its host).
+        hub: String,
+        /// Delete the layout-1 chunk objects afterwards (clients from before
+        /// layouts can then no longer pull).
+        #[arg(long)]
+        prune: bool,
         #[command(flatten)]
         transfer: TransferArgs,
     },
@@ -135,10 +164,6 @@ fn open_store(paths: &Paths) -> Result<Arc<Store>> {
     Ok(Arc::new(store))
 }
 
-fn secs(d: std::time::Duration) -> f64 {
-    d.as_secs_f64()
-}
-
 pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
     let store = open_store(paths)?;
     let hub = Hub::open(&a.hub, hub::read_token(a.transfer.token_file.as_ref())?)?;
@@ -146,20 +171,11 @@ pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
         hub_tag: a.as_tag,
         jobs: a.transfer.jobs,
         quiet: a.transfer.quiet,
+        layout: a.layout,
+        pack_bytes: None,
     };
     let r = hub::push(store, &a.tag, &hub, &opts).await?;
-    println!(
-        "pushed {} to {}: {} of {} chunks sent ({} stored, {} on the wire), {} manifests, {} snapshot records in {:.1}s",
-        a.tag,
-        hub.describe(),
-        r.chunks,
-        r.chunks_total,
-        mib(r.stored_bytes),
-        mib(r.wire_bytes),
-        r.manifests,
-        r.snapshots,
-        secs(r.elapsed)
-    );
+    println!("pushed {} to {}: {}", a.tag, hub.describe(), r.summary());
     Ok(())
 }
 
@@ -173,24 +189,25 @@ pub async fn pull(paths: &Paths, a: PullArgs) -> Result<()> {
         jobs: a.transfer.jobs,
         quiet: a.transfer.quiet,
         on_chunks: None,
+        lazy: a.lazy,
     };
-    let r = hub::pull(store, &hub, &a.tag, &opts).await?;
+    let r = hub::pull(store.clone(), &hub, &a.tag, &opts).await?;
+    drop(store);
+    if a.lazy {
+        let p = paths.clone();
+        let head = r.snapshot;
+        hub::blocking(move || hub::lazy::start_filling(&p, Some(head))).await?;
+    }
     print_pull(&a.tag, &hub, &r);
     Ok(())
 }
 
 fn print_pull(what: &str, hub: &Hub, r: &hub::TransferReport) {
     println!(
-        "pulled {what} (snapshot {}) from {}: {} of {} chunks fetched ({} raw, {} on the wire), {} manifests, {} snapshot records in {:.1}s",
+        "pulled {what} (snapshot {}) from {}: {}",
         r.snapshot,
         hub.describe(),
-        r.chunks,
-        r.chunks_total,
-        mib(r.raw_bytes),
-        mib(r.wire_bytes),
-        r.manifests,
-        r.snapshots,
-        secs(r.elapsed)
+        r.summary()
     );
 }
 
@@ -236,6 +253,7 @@ pub async fn unpack(paths: &Paths, a: UnpackArgs) -> Result<()> {
         jobs: None,
         quiet: a.quiet,
         on_chunks: None,
+        lazy: false,
     };
     let r = hub::pull(store, &hub, &head, &opts).await?;
     print_pull(&a.file.display().to_string(), &hub, &r);
@@ -275,13 +293,39 @@ pub async fn run(paths: &Paths, cmd: HubCmd) -> Result<()> {
             })
             .await
         }
+        HubCmd::Migrate {
+            hub,
+            prune,
+            transfer,
+        } => {
+            let h = Hub::open(&hub, hub::read_token(transfer.token_file.as_ref())?)?;
+            let r = hub::migrate::migrate(&h, &paths.store_dir(), prune, transfer.jobs).await?;
+            println!("migrated {}: {}", h.describe(), r.summary());
+            Ok(())
+        }
+        HubCmd::Bench {
+            lazy: Some(tag),
+            lazy_opts,
+            json,
+            ..
+        } => {
+            let r = forkd_hub::lazybench::run(paths, &tag, &lazy_opts).await?;
+            print!("{}", r.render());
+            if let Some(path) = &json {
+                r.write(path, std::env::args().collect())?;
+                println!("\nreport written to {}", path.display());
+            }
+            Ok(())
+        }
         HubCmd::Bench {
             base,
             head,
             hub,
             json,
             transfer,
+            ..
         } => {
+            let (base, head) = (base.unwrap_or_default(), head.unwrap_or_default());
             let store = open_store(paths)?;
             let opts = bench::BenchOptions {
                 base: base.clone(),

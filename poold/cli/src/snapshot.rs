@@ -197,7 +197,8 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
                 .snapshot(&id)?
                 .ok_or_else(|| anyhow!("tag {tag} names missing snapshot {id}"))?;
             let parent = rec.parent.map(|p| forkd_snapshot::info::label(store, &p));
-            rows.push((tag, rec, parent));
+            let res = forkd_snapshot::info::residency(store, &rec)?;
+            rows.push((tag, rec, parent, res));
         }
         Ok(rows)
     })
@@ -205,12 +206,14 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
     if json {
         let v: Vec<_> = rows
             .iter()
-            .map(|(tag, rec, parent)| {
+            .map(|(tag, rec, parent, res)| {
                 serde_json::json!({
                     "tag": tag, "id": rec.id.to_string(), "parent": parent,
                     "created_at_unix": rec.created_at_unix,
                     "image": rec.config.get("image"),
                     "memory_bytes": rec.files.get("memory.bin").map(|f| f.size),
+                    "local_bytes": res.local_bytes, "remote_bytes": res.remote_bytes,
+                    "lazy_source": res.source,
                 })
             })
             .collect();
@@ -218,12 +221,12 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
         return Ok(0);
     }
     println!(
-        "{:<24} {:<32}  {:<24} {:<14} {:>9}  CREATED",
-        "TAG", "ID", "PARENT", "IMAGE", "MEMORY"
+        "{:<24} {:<32}  {:<24} {:<14} {:>9} {:>9} {:>9}  CREATED",
+        "TAG", "ID", "PARENT", "IMAGE", "MEMORY", "LOCAL", "REMOTE"
     );
-    for (tag, rec, parent) in &rows {
+    for (tag, rec, parent, res) in &rows {
         println!(
-            "{:<24} {:<32}  {:<24} {:<14} {:>9}  {}",
+            "{:<24} {:<32}  {:<24} {:<14} {:>9} {:>9} {:>9}  {}",
             tag,
             rec.id.to_string(),
             parent.as_deref().unwrap_or("-"),
@@ -234,6 +237,8 @@ async fn ls(paths: &Paths, json: bool) -> Result<i32> {
             rec.files
                 .get("memory.bin")
                 .map_or("-".into(), |f| format!("{}M", f.size >> 20)),
+            format!("{:.1}M", res.local_bytes as f64 / (1 << 20) as f64),
+            format!("{:.1}M", res.remote_bytes as f64 / (1 << 20) as f64),
             forkd_snapshot::format_unix(rec.created_at_unix)
         );
     }
@@ -287,6 +292,24 @@ async fn info(paths: &Paths, tag: String, json: bool) -> Result<i32> {
             mib(f.size),
             mib(f.zero_bytes)
         );
+    }
+    let r = &d.residency;
+    println!(
+        "stored:      {} local, {} remote ({} of {} chunks local){}",
+        mib(r.local_bytes),
+        mib(r.remote_bytes),
+        r.local_chunks,
+        r.chunks,
+        r.source
+            .as_ref()
+            .map_or(String::new(), |s| format!("; lazy, filling from {s}"))
+    );
+    match (r.working_set_chunks, r.working_set_local) {
+        (Some(n), Some(l)) => println!(
+            "working set: {n} chunks ({}), {l} local",
+            mib(r.working_set_bytes.unwrap_or(0))
+        ),
+        _ => println!("working set: not recorded yet (its first restore records it)"),
     }
     println!("config:      {}", d.config);
     if !d.lineage.is_empty() {

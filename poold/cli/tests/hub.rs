@@ -5,6 +5,7 @@
 //! shares most chunks with its base.
 
 use forkd_hub::pack::{PackIndex, PackReader, FOOTER_LEN, FOOTER_MAGIC};
+use forkd_hub::packs::Index;
 use forkd_hub::{pull, push, Hub, Key, PullOptions, PushOptions};
 use forkd_layers::{synth, IngestOptions, NewSnapshot, SnapshotId, Store, StoreOptions};
 use std::collections::BTreeMap;
@@ -225,26 +226,53 @@ async fn file_hub_moves_only_missing_chunks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flipped_byte_in_hub_chunk_fails_cleanly() {
-    let fx = fixture(65536);
-    let dir = tempfile::tempdir().unwrap();
-    let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
-    flipped_byte(&fx, &hub, dir.path()).await;
+    for layout in [1, 2] {
+        let fx = fixture(65536);
+        let dir = tempfile::tempdir().unwrap();
+        let hub = Hub::open(&format!("file://{}", dir.path().display()), None).unwrap();
+        flipped_byte(&fx, &hub, dir.path(), layout).await;
 
-    // The same through `forkd hub serve`, whose objects live in its dir.
-    let served = tempfile::tempdir().unwrap();
-    let tf = token_file(served.path());
-    let (_server, url) = start_hub_server(&served.path().join("hub"), &tf);
-    let hub = Hub::open(&url, Some(TOKEN.into())).unwrap();
-    flipped_byte(&fx, &hub, &served.path().join("hub")).await;
+        // The same through `forkd hub serve`, whose objects live in its dir.
+        let served = tempfile::tempdir().unwrap();
+        let tf = token_file(served.path());
+        let (_server, url) = start_hub_server(&served.path().join("hub"), &tf);
+        let hub = Hub::open(&url, Some(TOKEN.into())).unwrap();
+        flipped_byte(&fx, &hub, &served.path().join("hub"), layout).await;
+    }
+}
+
+/// Where a chunk's object bytes are in a hub directory: its own object
+/// (layout 1), or its range of a pack (layout 2, found through the index
+/// objects). Returns the file and the offset of the chunk object's end.
+fn chunk_bytes(objects: &Path, chunk: &forkd_layers::ChunkId) -> (PathBuf, usize) {
+    let own = objects.join(Key::Chunk(*chunk).path());
+    if own.is_file() {
+        return (own.clone(), std::fs::metadata(&own).unwrap().len() as usize);
+    }
+    for e in std::fs::read_dir(objects.join("index")).unwrap() {
+        let e = e.unwrap();
+        let id: forkd_layers::ObjectId = e.file_name().to_string_lossy().parse().unwrap();
+        let index = Index::decode(&id, &std::fs::read(e.path()).unwrap()).unwrap();
+        for p in &index.packs {
+            if let Some(en) = p.entries.iter().find(|en| en.chunk == *chunk) {
+                let end = (en.offset + u64::from(en.len)) as usize;
+                return (objects.join(Key::Pack(p.id).path()), end);
+            }
+        }
+    }
+    panic!("chunk {chunk} is nowhere on the hub");
 }
 
 /// Pushes the head, flips a byte of one of its chunks in the hub's
 /// directory `objects`, and checks that pulls fail naming the chunk and
 /// commit nothing, with or without the base already in the store.
-async fn flipped_byte(fx: &Fixture, hub: &Hub, objects: &Path) {
-    push(fx.store.clone(), "head", hub, &quiet_push())
-        .await
-        .unwrap();
+async fn flipped_byte(fx: &Fixture, hub: &Hub, objects: &Path, layout: u32) {
+    let opts = PushOptions {
+        layout: Some(layout),
+        ..quiet_push()
+    };
+    let r = push(fx.store.clone(), "head", hub, &opts).await.unwrap();
+    assert_eq!(r.layout, layout);
     // Corrupt one chunk of the head that is not in the base.
     let head = fx.store.snapshot(&fx.head).unwrap().unwrap();
     let base = fx.store.snapshot(&fx.base).unwrap().unwrap();
@@ -256,10 +284,9 @@ async fn flipped_byte(fx: &Fixture, hub: &Hub, objects: &Path) {
         .into_iter()
         .find(|c| !in_base.contains(c))
         .unwrap();
-    let path = objects.join(Key::Chunk(victim).path());
+    let (path, end) = chunk_bytes(objects, &victim);
     let mut b = std::fs::read(&path).unwrap();
-    let n = b.len();
-    b[n - 7] ^= 0x40;
+    b[end - 7] ^= 0x40;
     std::fs::write(&path, b).unwrap();
 
     for have_base in [false, true] {
@@ -718,7 +745,50 @@ async fn s3_hub_on_a_real_s3_server() {
     // The objects are in the bucket under the prefix, named as on any hub.
     let tag = root.path().join("forkd-test/hubs/one/tags/head");
     assert!(tag.is_file(), "{}", tag.display());
-    // Big have/want batches list fan-out directories instead of HEADing.
+    // A push of the chain is tens of requests, not one per chunk.
+    let fresh = Hub::open("s3://forkd-test/hubs/requests", None).unwrap();
+    let r = push(fx.store.clone(), "head", &fresh, &quiet_push())
+        .await
+        .unwrap();
+    assert!(r.chunks > 200, "{}", r.chunks);
+    assert!(
+        r.requests < 40,
+        "{} requests for {} chunks",
+        r.requests,
+        r.chunks
+    );
+    // Lazy: records, manifests and locations in a handful of requests; then
+    // ranged reads give the bytes.
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    let lazy = PullOptions {
+        lazy: true,
+        ..quiet_pull()
+    };
+    let r = pull(s.clone(), &fresh, "head", &lazy).await.unwrap();
+    assert_eq!((r.chunks, r.snapshots), (0, 2));
+    assert!(r.remote_chunks > 200 && r.requests < 20, "{r:?}");
+    assert!(!s
+        .residency(&s.snapshot(&fx.head).unwrap().unwrap())
+        .unwrap()
+        .is_local());
+    // A full pull afterwards completes it.
+    let r = pull(s.clone(), &fresh, "head", &quiet_pull())
+        .await
+        .unwrap();
+    assert!(r.chunks > 200, "{r:?}");
+    assert!(s.lazy_snapshots().unwrap().is_empty());
+    assert_same(&fx.store, &s, &fx.head);
+    assert!(s.verify().unwrap().is_ok());
+    // Big have/want batches list fan-out directories instead of HEADing
+    // (a layout-1 hub).
+    let v1 = Hub::open("s3://forkd-test/hubs/v1", None).unwrap();
+    let opts = PushOptions {
+        layout: Some(1),
+        ..quiet_push()
+    };
+    push(fx.store.clone(), "head", &v1, &opts).await.unwrap();
+    let hub = v1;
     let all: Vec<Key> = fx
         .store
         .snapshot_chunks(&fx.store.snapshot(&fx.head).unwrap().unwrap())

@@ -119,6 +119,7 @@ async fn run_in(store: Arc<Store>, opts: &BenchOptions, work: &Path) -> Result<B
         hub_tag: Some(format!("bench-{tag}-{suffix}")),
         jobs: opts.jobs,
         quiet: true,
+        ..Default::default()
     };
     let pull_opts = PullOptions {
         jobs: opts.jobs,

@@ -83,7 +83,8 @@ pub enum Error {
     #[error("{0}")]
     AtCapacity(String),
     /// The host is under a memory or disk floor (`min_free_*`, the
-    /// admission module); nothing started.
+    /// admission module), or a lazy snapshot's hub does not answer;
+    /// nothing started.
     #[error("{0}")]
     Unavailable(String),
     /// A snapshot exists but cannot be restored or used on this host
@@ -156,6 +157,9 @@ impl Error {
                     | SnapshotError::Incompatible { .. }
                     | SnapshotError::MissingFile { .. }
                     | SnapshotError::FileUnreadable { .. } => Error::Incompatible(format!("{e:#}")),
+                    // A lazy snapshot whose hub does not answer: retry
+                    // when it does (its children would stall on faults).
+                    SnapshotError::RemoteUnavailable { .. } => Error::Unavailable(format!("{e:#}")),
                 };
             }
             if let Some(ImageError::NotBuilt { .. }) = c.downcast_ref::<ImageError>() {

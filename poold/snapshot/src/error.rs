@@ -65,6 +65,16 @@ pub enum SnapshotError {
     /// A create request asks for something no VM can be (memory, vCPUs).
     #[error("{0}")]
     BadSpec(String),
+    /// The snapshot is lazy (pulled with `--lazy`, not all local yet) and
+    /// its hub does not answer: a child could not fault its memory in.
+    /// Temporary: it works again once the hub answers.
+    #[error("{reason}")]
+    RemoteUnavailable {
+        /// The snapshot.
+        id: SnapshotId,
+        /// What forkd-fs said, naming the hub.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

@@ -3,6 +3,7 @@
 //! really stores.
 
 use anyhow::Result;
+pub use forkd_layers::Residency;
 use forkd_layers::{SnapshotId, SnapshotRecord, StoreView};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -46,6 +47,9 @@ pub struct SnapshotDetail {
     pub config: serde_json::Value,
     /// Where it came from (`branched_from`, `pause_ms`, ...).
     pub lineage: BTreeMap<String, serde_json::Value>,
+    /// How much of it is in the local store and how much still on a hub
+    /// (a lazy pull filling), and whether its working set is local.
+    pub residency: Residency,
 }
 
 /// Size of one snapshot file.
@@ -90,7 +94,14 @@ pub fn detail(view: &StoreView, rec: &SnapshotRecord) -> Result<SnapshotDetail> 
         files,
         config: rec.config.clone(),
         lineage: rec.lineage.clone(),
+        residency: view.residency(rec)?,
     })
+}
+
+/// How much of `rec` is local (see [`Residency`]); what `/v1/snapshots`
+/// and `forkd snapshot ls` show per snapshot. O(chunks) index lookups.
+pub fn residency(view: &StoreView, rec: &SnapshotRecord) -> Result<Residency> {
+    Ok(view.residency(rec)?)
 }
 
 fn link(view: &StoreView, id: &SnapshotId) -> Result<Link> {
@@ -122,6 +133,10 @@ fn unique_of_root(view: &StoreView, rec: &SnapshotRecord) -> Result<(u64, u64)> 
                 if let Some(loc) = view.chunk_location(c)? {
                     stored += loc.record_len();
                     raw += u64::from(loc.raw_len);
+                } else if let Some(r) = view.remote_chunk(c)? {
+                    // A lazy snapshot's chunk: what it will take here.
+                    stored += r.record_len();
+                    raw += u64::from(r.raw_len);
                 }
             }
         }

@@ -78,12 +78,24 @@ impl Source {
                 .into());
             }
         }
+        check_remote(mount, &rec.id)?;
         Ok(Source {
             id: rec.id,
             dir,
             config,
             rootfs_size: rec.files[ROOTFS].size,
         })
+    }
+
+    /// Whether the snapshot's working set is local (always, for a snapshot
+    /// that is not lazy): what a pool waits for before it refills from a
+    /// lazy snapshot, so parked children never wait on a hub. Asks
+    /// forkd-fs, which also counts the chunks it fetched but has not
+    /// imported yet.
+    pub fn working_set_local(&self, mount: &std::path::Path) -> Result<bool> {
+        let mut c = forkd_fs::Client::connect(&forkd_fs::default_control_socket(mount))?;
+        Ok(c.remote_ready(&self.id, std::time::Duration::ZERO)?
+            .working_set_local)
     }
 
     /// `memory.bin`, mapped privately by each child.
@@ -97,6 +109,30 @@ impl Source {
     /// The disk each child's overlay sits on.
     pub fn rootfs(&self) -> PathBuf {
         self.dir.join(ROOTFS)
+    }
+}
+
+/// Refuses to start a child of a lazy snapshot whose hub does not answer
+/// ([`SnapshotError::RemoteUnavailable`]); for a lazy one whose hub does,
+/// starts fetching its working set now, while the restore gets going.
+/// A forkd-fs from before lazy snapshots (it does not know the request)
+/// serves none, so nothing is checked.
+fn check_remote(mount: &std::path::Path, id: &SnapshotId) -> Result<()> {
+    let sock = forkd_fs::default_control_socket(mount);
+    let Ok(mut c) = forkd_fs::Client::connect(&sock) else {
+        return Ok(());
+    };
+    match c.remote_ready(id, std::time::Duration::ZERO) {
+        Ok(_) => Ok(()),
+        Err(e) => match e.downcast_ref::<forkd_fs::ControlError>() {
+            Some(forkd_fs::ControlError::Refused(msg)) if msg.starts_with("bad request") => Ok(()),
+            Some(forkd_fs::ControlError::Refused(msg)) => Err(SnapshotError::RemoteUnavailable {
+                id: *id,
+                reason: msg.clone(),
+            }
+            .into()),
+            _ => Err(e),
+        },
     }
 }
 

@@ -23,8 +23,17 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(300);
 /// one process race on its files; so writers in one process also take turns
 /// on a process-wide mutex, held as long as this value lives.
 pub struct RwStore {
-    store: Store,
+    store: std::sync::Arc<Store>,
     _turn: std::sync::MutexGuard<'static, ()>,
+}
+
+impl RwStore {
+    /// The store as an `Arc`, for work that wants one (a hub transfer run
+    /// on this thread). Use it only while this value lives: this process's
+    /// turn to write ends when it is dropped.
+    pub fn shared(&self) -> std::sync::Arc<Store> {
+        self.store.clone()
+    }
 }
 
 impl std::ops::Deref for RwStore {
@@ -47,7 +56,10 @@ pub fn open_rw(paths: &Paths) -> Result<RwStore> {
     };
     let store = Store::open(&dir, opts)
         .with_context(|| format!("opening the layer store at {}", dir.display()))?;
-    Ok(RwStore { store, _turn: turn })
+    Ok(RwStore {
+        store: std::sync::Arc::new(store),
+        _turn: turn,
+    })
 }
 
 /// A long-lived read-only view (RocksDB secondary) private to one process,

@@ -7,27 +7,44 @@
 //!   first (chunk hash, manifest hash and chunks, record's manifests and
 //!   parent, tag's snapshot) and answers 409 with the reason otherwise;
 //! - `POST /v1/has` `{"keys": [paths]}` → `{"have": [bool]}`: the batched
-//!   have/want query, up to [`MAX_HAS_KEYS`] keys per request.
+//!   have/want query, up to [`MAX_HAS_KEYS`] keys per request;
+//! - `GET /v1/objects/<path>` with `Range: bytes=A-B`: 206 and exactly those
+//!   bytes (a lazy read of one chunk of a pack);
+//! - `GET /v1/list/<dir>` → `{"keys": [paths]}`: the objects directly in
+//!   `index` or `snapshots` (at most [`MAX_LIST_KEYS`]).
 
 use super::layout::Key;
+use crate::Traffic;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use reqwest::{header, Client, StatusCode, Url};
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Keys per `/v1/has` request.
 pub const MAX_HAS_KEYS: usize = 8192;
+/// Most names one `/v1/list` answer may hold.
+pub const MAX_LIST_KEYS: usize = 100_000;
+
+/// Answer of `GET /v1/list/<dir>`.
+#[derive(Debug, Serialize, Deserialize)]
+pub struct ListResponse {
+    /// Object paths relative to the hub root.
+    pub keys: Vec<String>,
+}
 
 /// Body of `POST /v1/has`.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HasRequest {
+    /// Object paths relative to the hub root.
     pub keys: Vec<String>,
 }
 
 /// Answer of `POST /v1/has`: one flag per requested key.
 #[derive(Debug, Serialize, Deserialize)]
 pub struct HasResponse {
+    /// One flag per requested key, in order.
     pub have: Vec<bool>,
 }
 
@@ -38,11 +55,28 @@ pub struct HttpHub {
     client: Client,
     token: Option<String>,
     shown: String,
+    traffic: Arc<Traffic>,
 }
 
 impl HttpHub {
     /// A client for the hub at `base` (`http://host:port` or `https://...`).
     pub fn new(base: &str, token: Option<String>) -> Result<HttpHub> {
+        Self::with_timeouts(
+            base,
+            token,
+            Duration::from_secs(10),
+            Duration::from_secs(300),
+        )
+    }
+
+    /// [`HttpHub::new`] with a connect timeout and a per-request timeout
+    /// (lazy reads use short ones and retry themselves).
+    pub fn with_timeouts(
+        base: &str,
+        token: Option<String>,
+        connect: Duration,
+        request: Duration,
+    ) -> Result<HttpHub> {
         let shown = base.trim_end_matches('/').to_string();
         let mut base: Url = base
             .parse()
@@ -51,8 +85,8 @@ impl HttpHub {
             base.set_path(&format!("{}/", base.path()));
         }
         let client = Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .timeout(Duration::from_secs(300))
+            .connect_timeout(connect)
+            .timeout(request)
             .user_agent(concat!("forkd/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("building the HTTP client")?;
@@ -61,7 +95,18 @@ impl HttpHub {
             client,
             token,
             shown,
+            traffic: Arc::new(Traffic::default()),
         })
+    }
+
+    /// Requests and bytes so far.
+    pub fn traffic(&self) -> &Arc<Traffic> {
+        &self.traffic
+    }
+
+    /// The bearer token, if any.
+    pub fn token(&self) -> Option<&str> {
+        self.token.as_deref()
     }
 
     /// The hub URL as given.
@@ -83,6 +128,7 @@ impl HttpHub {
     /// Fetches an object, refusing bodies over the kind's size limit.
     pub async fn get(&self, key: &Key) -> Result<Option<Bytes>> {
         let url = self.url(&format!("v1/objects/{}", key.path()));
+        self.traffic.request(0);
         let mut resp = self
             .auth(self.client.get(url.clone()))
             .send()
@@ -94,12 +140,68 @@ impl HttpHub {
         check(resp.status(), &url, &mut resp).await?;
         let what = format!("{key} from {url}");
         let buf = read_limited(&mut resp, key.max_len(), &what).await?;
+        self.traffic.received(buf.len() as u64);
         Ok(Some(Bytes::from(buf)))
+    }
+
+    /// Fetches `len` bytes at `start` of an object (a `Range` request); the
+    /// answer must be exactly those bytes.
+    pub async fn get_range(&self, key: &Key, start: u64, len: u64) -> Result<Option<Bytes>> {
+        let url = self.url(&format!("v1/objects/{}", key.path()));
+        if len == 0 || len > key.max_len() {
+            bail!("a read of {len} bytes of {key} is outside its kind's limits");
+        }
+        self.traffic.request(0);
+        let mut resp = self
+            .auth(self.client.get(url.clone()))
+            .header(header::RANGE, format!("bytes={start}-{}", start + len - 1))
+            .send()
+            .await
+            .with_context(|| format!("GET {url} (bytes {start}+{len})"))?;
+        if resp.status() == StatusCode::NOT_FOUND {
+            return Ok(None);
+        }
+        check(resp.status(), &url, &mut resp).await?;
+        if resp.status() != StatusCode::PARTIAL_CONTENT {
+            bail!(
+                "{url} answered {} to a range request; the hub server is too old for lazy reads (upgrade `forkd hub serve`)",
+                resp.status()
+            );
+        }
+        let what = format!("bytes {start}+{len} of {key} from {url}");
+        let buf = read_limited(&mut resp, len, &what).await?;
+        self.traffic.received(buf.len() as u64);
+        if buf.len() as u64 != len {
+            bail!("{what}: the hub sent {} bytes", buf.len());
+        }
+        Ok(Some(Bytes::from(buf)))
+    }
+
+    /// The objects directly in `dir` (`index` or `snapshots`).
+    pub async fn list(&self, dir: &str) -> Result<Vec<String>> {
+        let url = self.url(&format!("v1/list/{dir}"));
+        self.traffic.request(0);
+        let mut resp = self
+            .auth(self.client.get(url.clone()))
+            .send()
+            .await
+            .with_context(|| format!("GET {url}"))?;
+        check(resp.status(), &url, &mut resp).await?;
+        let what = format!("the answer of GET {url}");
+        let body = read_limited(&mut resp, 200 * MAX_LIST_KEYS as u64, &what).await?;
+        self.traffic.received(body.len() as u64);
+        let l: ListResponse = serde_json::from_slice(&body)
+            .with_context(|| format!("decoding the answer of GET {url}"))?;
+        if l.keys.len() > MAX_LIST_KEYS {
+            bail!("{url} listed over {MAX_LIST_KEYS} objects");
+        }
+        Ok(l.keys)
     }
 
     /// Stores an object; the server verifies it before accepting.
     pub async fn put(&self, key: &Key, data: Bytes) -> Result<()> {
         let url = self.url(&format!("v1/objects/{}", key.path()));
+        self.traffic.request(data.len() as u64);
         let mut resp = self
             .auth(self.client.put(url.clone()))
             .header(header::CONTENT_TYPE, "application/octet-stream")
@@ -118,6 +220,7 @@ impl HttpHub {
             let body = HasRequest {
                 keys: part.iter().map(Key::path).collect(),
             };
+            self.traffic.request(0);
             let mut resp = self
                 .auth(self.client.post(url.clone()))
                 .json(&body)

@@ -103,7 +103,7 @@ impl FileHub {
                 dirty.insert(d.to_path_buf());
             }
         }
-        let tmp = dir.join(format!(".tmp-{}", forkd_snapshot::random_hex(8)));
+        let tmp = dir.join(format!(".tmp-{}", crate::random_hex(8)));
         let write = || -> std::io::Result<()> {
             let mut f = File::create(&tmp)?;
             f.write_all(data)?;
@@ -116,6 +116,71 @@ impl FileHub {
         }
         self.inner.dirty.lock().unwrap().insert(dir.to_path_buf());
         Ok(())
+    }
+
+    /// Reads `len` bytes at `start` of an object; `None` if it is absent.
+    /// Refuses a range past the object's end or over its kind's limit.
+    pub fn get_range(&self, key: &Key, start: u64, len: u64) -> Result<Option<Vec<u8>>> {
+        use std::os::unix::fs::FileExt;
+        let path = self.path(key);
+        let file = match OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(e).with_context(|| format!("opening {}", path.display())),
+        };
+        let meta = file.metadata()?;
+        let end = start.checked_add(len);
+        if !meta.is_file() || end.is_none_or(|e| e > meta.len()) || len > key.max_len() {
+            bail!(
+                "{key} at {}: a read of {len} bytes at {start} does not fit the object ({} bytes)",
+                path.display(),
+                meta.len()
+            );
+        }
+        let mut buf = vec![0u8; len as usize];
+        file.read_exact_at(&mut buf, start)
+            .with_context(|| format!("reading {}", path.display()))?;
+        Ok(Some(buf))
+    }
+
+    /// Names of the objects directly in `dir` (`index`, `snapshots`, ...),
+    /// as paths relative to the root; temporaries are skipped.
+    pub fn list(&self, dir: &str) -> Result<Vec<String>> {
+        let path = self.inner.root.join(dir);
+        let rd = match std::fs::read_dir(&path) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(e).with_context(|| format!("listing {}", path.display())),
+        };
+        let mut out = Vec::new();
+        for e in rd {
+            let e = e.with_context(|| format!("listing {}", path.display()))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && e.file_type().is_ok_and(|t| t.is_file()) {
+                out.push(format!("{dir}/{name}"));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Removes an object (absent is fine).
+    pub fn delete(&self, key: &Key) -> Result<()> {
+        let path = self.path(key);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                if let Some(d) = path.parent() {
+                    self.inner.dirty.lock().unwrap().insert(d.to_path_buf());
+                }
+                Ok(())
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("removing {}", path.display())),
+        }
     }
 
     /// For each key, whether the object exists (as a regular file).

@@ -1,0 +1,1350 @@
+//! Lazy snapshots on the mount: fetching chunks the store lacks from their
+//! hub when a read needs them, prefetching a snapshot's working set when a
+//! restore starts, filling the rest in the background, and recording the
+//! working set of snapshots that have none (docs/fs.md, "Lazy snapshots").
+//!
+//! The fault path (a FUSE read, often a QEMU vCPU blocked on a page fault
+//! of `memory.bin`):
+//! 1. the read's chunks the store lacks are found (index lookups) and
+//!    fetched together: grouped by hub object and coalesced into few ranged
+//!    GETs, each chunk verified against its id (bounded zstd decode,
+//!    blake3) before anything is answered;
+//! 2. **single flight**: a chunk being fetched has one [`Flight`]; every
+//!    other read of it waits on that flight, never fetches again;
+//! 3. **bounded**: at most [`URGENT_REQUESTS`] requests of faults and
+//!    working-set prefetches are in flight, [`FILL_REQUESTS`] of the fill,
+//!    which also steps aside while urgent ones run;
+//! 4. **retries**: a request that fails for a reason that may pass (network,
+//!    5xx, timeout) is retried with backoff (100 ms doubling to 2 s) until
+//!    the deadline (`--remote-deadline-secs`, default 120 s) from its first
+//!    try; bytes that fail verification or an object the hub lacks are
+//!    refused at once. A final failure answers that read with EIO, is
+//!    logged with the chunk, snapshot and hub, and is kept in the `status`
+//!    reply (`lazy.failures`) for poold to report;
+//! 5. no lock is held across a network wait: the maps of flights and of
+//!    fetched chunks are locked only to look up or insert.
+//!
+//! Fetched chunks are **pending**: verified, held in memory, served from
+//! there, until the writer thread imports them into the store (it opens the
+//! store read-write for a moment, with a short lock timeout, so it never
+//! holds up poold or the CLI for long and never blocks a read). The store's
+//! own rules make that crash-safe: pack bytes are fdatasync'd before the
+//! one batch that indexes them (and drops their remote locations). A
+//! worker killed with chunks pending loses nothing the store had; the next
+//! worker fetches them again. A chunk is visible in the store only once it
+//! is durable and verified.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use forkd_layers::{
+    ChunkData, ChunkId, ChunkRef, Error as StoreError, FileReader, ObjectId, RemoteChunk,
+    SnapshotId, Store, StoreOptions, StoreView, VerifiedChunk, WorkingSet,
+};
+use forkd_remote::layout::{decode_chunk, Key};
+use forkd_remote::packs::{plan_reads, split_read, Coalesce, Location, RangeRead};
+use forkd_remote::{Credentials, Hub, Timeouts};
+use serde::{Deserialize, Serialize};
+use tracing::{debug, info, warn};
+
+/// Requests of faults and working-set prefetches in flight at once.
+pub const URGENT_REQUESTS: usize = 32;
+/// Requests of the background fill in flight at once.
+pub const FILL_REQUESTS: usize = 2;
+/// Largest read of a working-set prefetch, and how many are in flight.
+const PREFETCH_READ: u64 = 1 << 20;
+const PREFETCH_WINDOW: usize = 4;
+/// Fetched chunks held before the fill waits for the writer (faults never
+/// wait for it).
+const PENDING_MAX: u64 = 256 << 20;
+/// The writer imports once this much is pending (or every tick).
+const IMPORT_AT: u64 = 8 << 20;
+/// Failures kept for `status`.
+const FAILURES_KEPT: usize = 32;
+/// A working-set recording ends after this long without a read of the
+/// snapshot (its first child is idle), at least [`RECORD_MIN`] after the
+/// first open, and at most [`RECORD_MAX`] after it.
+const RECORD_QUIET: Duration = Duration::from_secs(3);
+const RECORD_MIN: Duration = Duration::from_secs(1);
+const RECORD_MAX: Duration = Duration::from_secs(30);
+/// The fill leaves a lazy snapshot's link to its working set this long
+/// after it first sees it (a restore usually starts right after a lazy
+/// pull, and its prefetch should have the bandwidth), unless the working
+/// set is local by then.
+const FILL_GRACE: Duration = Duration::from_secs(10);
+
+/// How lazy reads behave.
+#[derive(Debug, Clone, Copy)]
+pub struct LazyOptions {
+    /// How long one chunk may be retried before its read fails.
+    pub deadline: Duration,
+    /// Fill lazy snapshots in the background.
+    pub fill: bool,
+}
+
+impl Default for LazyOptions {
+    fn default() -> Self {
+        LazyOptions {
+            deadline: Duration::from_secs(120),
+            fill: true,
+        }
+    }
+}
+
+/// A hub a lazy snapshot comes from, opened once per worker.
+struct Source {
+    id: u32,
+    url: String,
+    layout: u32,
+    hub: Hub,
+    health: Mutex<Health>,
+}
+
+/// What the last requests to a hub did.
+#[derive(Default, Clone)]
+struct Health {
+    last_ok: Option<Instant>,
+    down_since: Option<Instant>,
+    last_error: Option<String>,
+    /// When `remote_ready` last probed, and whether the hub answered.
+    last_probe: Option<(Instant, bool)>,
+}
+
+/// How long a probe's answer stands for later `remote_ready` calls.
+const PROBE_FRESH: Duration = Duration::from_secs(1);
+
+/// One chunk being fetched; readers of it wait here.
+struct Flight {
+    done: Mutex<Option<Result<ChunkData, String>>>,
+    cv: Condvar,
+}
+
+impl Flight {
+    fn new() -> Arc<Flight> {
+        Arc::new(Flight {
+            done: Mutex::new(None),
+            cv: Condvar::new(),
+        })
+    }
+
+    fn finish(&self, r: Result<ChunkData, String>) {
+        *self.done.lock().unwrap() = Some(r);
+        self.cv.notify_all();
+    }
+
+    fn wait(&self) -> Result<ChunkData, String> {
+        let mut g = self.done.lock().unwrap();
+        loop {
+            if let Some(r) = g.as_ref() {
+                return r.clone();
+            }
+            g = self.cv.wait(g).unwrap();
+        }
+    }
+}
+
+/// Why a fetch failed.
+#[derive(Debug, Clone)]
+enum Failure {
+    /// May pass (network, server error, timeout): retried to the deadline.
+    Transient(String),
+    /// Will not pass (bad bytes, a missing object): not retried.
+    Refused(String),
+}
+
+/// A failed chunk fetch, as `status` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct FetchFailure {
+    /// Seconds since the Unix epoch.
+    pub at_unix: u64,
+    /// The chunk.
+    pub chunk: String,
+    /// The hub.
+    pub source: String,
+    /// What went wrong (and for how long it was tried).
+    pub error: String,
+}
+
+/// A hub as `status` reports it.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct SourceStatus {
+    /// The source's number in the store.
+    pub id: u32,
+    /// The hub URL.
+    pub url: String,
+    /// The last request to it succeeded.
+    pub healthy: bool,
+    /// For how long requests have been failing, ms.
+    pub down_ms: Option<u64>,
+    /// The last failure.
+    pub last_error: Option<String>,
+}
+
+/// The `lazy` part of the `status` reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct LazyStatus {
+    /// Chunks fetched from hubs since the worker started.
+    pub fetched_chunks: u64,
+    /// Their bytes as the hubs sent them.
+    pub fetched_bytes: u64,
+    /// Requests sent to hubs.
+    pub requests: u64,
+    /// Requests that were retried.
+    pub retries: u64,
+    /// Fetched chunks not yet imported into the store.
+    pub pending_chunks: u64,
+    /// Their stored bytes.
+    pub pending_bytes: u64,
+    /// Chunks imported into the store by this worker.
+    pub imported_chunks: u64,
+    /// Requests of faults and prefetches in flight now.
+    pub urgent_in_flight: u64,
+    /// Snapshots whose working set is being recorded now.
+    pub recording: Vec<String>,
+    /// Working sets recorded and saved by this worker.
+    pub recorded: u64,
+    /// The hubs opened, and their health.
+    pub sources: Vec<SourceStatus>,
+    /// The last fetches that failed for good, newest last.
+    pub failures: Vec<FetchFailure>,
+}
+
+/// The answer of `remote_ready`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RemoteReady {
+    /// The snapshot has chunks still on a hub.
+    pub lazy: bool,
+    /// Its working set is all here (or pending import).
+    pub working_set_local: bool,
+    /// Chunks of the working set (0 without one).
+    pub working_set_chunks: u64,
+}
+
+/// Work only the writer thread does (it opens the store read-write).
+#[derive(Default)]
+struct Jobs {
+    working_sets: Vec<(SnapshotId, WorkingSet)>,
+    finish: HashSet<SnapshotId>,
+}
+
+/// A working set being recorded.
+struct Recording {
+    started: Instant,
+    last: Instant,
+    ws: WorkingSet,
+    seen: HashSet<(String, u32)>,
+}
+
+#[derive(Default)]
+struct Counters {
+    fetched_chunks: AtomicU64,
+    fetched_bytes: AtomicU64,
+    requests: AtomicU64,
+    retries: AtomicU64,
+    imported: AtomicU64,
+    recorded: AtomicU64,
+}
+
+/// Everything lazy on one mount (see the module doc).
+pub struct Lazy {
+    view: StoreView,
+    store_dir: PathBuf,
+    opts: LazyOptions,
+    rt: tokio::runtime::Runtime,
+    urgent: tokio::sync::Semaphore,
+    fill: tokio::sync::Semaphore,
+    urgent_now: AtomicUsize,
+    sources: Mutex<HashMap<u32, Arc<Source>>>,
+    flights: Mutex<HashMap<ChunkId, Arc<Flight>>>,
+    pending: Mutex<HashMap<ChunkId, VerifiedChunk>>,
+    pending_bytes: AtomicU64,
+    jobs: Mutex<Jobs>,
+    writer_wake: (Mutex<bool>, Condvar),
+    prefetches: Mutex<HashMap<SnapshotId, Arc<Flight>>>,
+    recordings: Mutex<HashMap<SnapshotId, Recording>>,
+    recorded: Mutex<HashSet<SnapshotId>>,
+    failures: Mutex<VecDeque<FetchFailure>>,
+    counters: Counters,
+    /// When the fill first saw each lazy snapshot.
+    fill_seen: Mutex<HashMap<SnapshotId, Instant>>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+impl Lazy {
+    /// Starts the lazy machinery of a worker: its runtime, the writer, the
+    /// fill and the recorder's clock. Installs itself as the view's
+    /// [`forkd_layers::Fetcher`].
+    pub fn start(
+        view: StoreView,
+        store_dir: PathBuf,
+        opts: LazyOptions,
+    ) -> anyhow::Result<Arc<Lazy>> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("forkd-fs-remote")
+            .enable_all()
+            .build()?;
+        let lazy = Arc::new(Lazy {
+            view: view.clone(),
+            store_dir,
+            opts,
+            rt,
+            urgent: tokio::sync::Semaphore::new(URGENT_REQUESTS),
+            fill: tokio::sync::Semaphore::new(FILL_REQUESTS),
+            urgent_now: AtomicUsize::new(0),
+            sources: Mutex::new(HashMap::new()),
+            flights: Mutex::new(HashMap::new()),
+            pending: Mutex::new(HashMap::new()),
+            pending_bytes: AtomicU64::new(0),
+            jobs: Mutex::new(Jobs::default()),
+            writer_wake: (Mutex::new(false), Condvar::new()),
+            prefetches: Mutex::new(HashMap::new()),
+            recordings: Mutex::new(HashMap::new()),
+            recorded: Mutex::new(HashSet::new()),
+            failures: Mutex::new(VecDeque::new()),
+            counters: Counters::default(),
+            fill_seen: Mutex::new(HashMap::new()),
+        });
+        view.set_fetcher(Arc::new(ViewFetcher(Arc::downgrade(&lazy))));
+        let l = lazy.clone();
+        std::thread::Builder::new()
+            .name("forkd-fs-writer".into())
+            .spawn(move || l.writer_loop())?;
+        let l = lazy.clone();
+        std::thread::Builder::new()
+            .name("forkd-fs-fill".into())
+            .spawn(move || l.housekeeping_loop())?;
+        Ok(lazy)
+    }
+
+    // ---- the read path ----------------------------------------------------
+
+    /// Whether reads of `snap` may need fetching (it is lazy).
+    pub fn is_lazy(&self, snap: &SnapshotId) -> bool {
+        self.view.lazy_source(snap).ok().flatten().is_some()
+    }
+
+    /// Makes sure every chunk of `len` bytes at `offset` of `r` is local or
+    /// pending, fetching the missing ones together (see the module doc).
+    /// Called before a read of a lazy snapshot's file.
+    pub fn ensure(&self, r: &FileReader, offset: u64, len: u64) -> forkd_layers::Result<()> {
+        let m = r.manifest();
+        let cs = u64::from(m.chunk_size());
+        if len == 0 || offset >= m.size() {
+            return Ok(());
+        }
+        let first = offset / cs;
+        let last = (offset + len - 1).min(m.size() - 1) / cs;
+        let mut ids = Vec::new();
+        for slot in first..=last {
+            if let ChunkRef::Chunk(c) = m.entry(slot as usize) {
+                if !ids.contains(&c) {
+                    ids.push(c);
+                }
+            }
+        }
+        self.ensure_chunks(&ids, true)
+    }
+
+    /// Fetches the chunks of `ids` that are neither indexed nor pending,
+    /// joining flights already under way; returns once all are here.
+    fn ensure_chunks(&self, ids: &[ChunkId], urgent: bool) -> forkd_layers::Result<()> {
+        let have = self.view.has_chunks(ids)?;
+        let absent: Vec<ChunkId> = {
+            let pending = self.pending.lock().unwrap();
+            ids.iter()
+                .zip(have)
+                .filter(|(c, h)| !h && !pending.contains_key(*c))
+                .map(|(c, _)| *c)
+                .collect()
+        };
+        if absent.is_empty() {
+            return Ok(());
+        }
+        let locs = self.view.remote_chunks(&absent)?;
+        let mut lead: Vec<(ChunkId, RemoteChunk)> = Vec::new();
+        let mut wait: Vec<(ChunkId, Arc<Flight>)> = Vec::new();
+        {
+            let mut flights = self.flights.lock().unwrap();
+            for (c, loc) in absent.iter().zip(locs) {
+                // Not located: not remote after all (or stale view); the
+                // read goes to the store, which says what is wrong.
+                let Some(loc) = loc else { continue };
+                match flights.get(c) {
+                    Some(f) => wait.push((*c, f.clone())),
+                    None => {
+                        flights.insert(*c, Flight::new());
+                        lead.push((*c, loc));
+                    }
+                }
+            }
+        }
+        let mut first_err = None;
+        if !lead.is_empty() {
+            if let Err(e) = self.fetch_led(lead, urgent) {
+                first_err = Some(e);
+            }
+        }
+        for (c, f) in wait {
+            if let Err(e) = f.wait() {
+                first_err.get_or_insert((c, e));
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some((id, reason)) => Err(StoreError::RemoteFetch {
+                id,
+                source_url: self.url_of(&id),
+                reason,
+            }),
+        }
+    }
+
+    /// Fetches chunks this thread leads the flights of, then finishes those
+    /// flights. Returns the first failure.
+    fn fetch_led(
+        &self,
+        lead: Vec<(ChunkId, RemoteChunk)>,
+        urgent: bool,
+    ) -> Result<(), (ChunkId, String)> {
+        let ids: Vec<ChunkId> = lead.iter().map(|(c, _)| *c).collect();
+        let results = self.rt.block_on(self.fetch_many(lead, urgent));
+        let mut first_err = None;
+        let mut flights = self.flights.lock().unwrap();
+        for id in ids {
+            let r = results
+                .get(&id)
+                .cloned()
+                .unwrap_or_else(|| Err(format!("the hub's answer did not hold chunk {id}")));
+            if let Err(e) = &r {
+                first_err.get_or_insert_with(|| (id, e.clone()));
+            }
+            if let Some(f) = flights.remove(&id) {
+                f.finish(r);
+            }
+        }
+        match first_err {
+            None => Ok(()),
+            Some(e) => Err(e),
+        }
+    }
+
+    /// Groups chunks by source and object, plans coalesced reads and runs
+    /// them (bounded), each with retries to the deadline.
+    async fn fetch_many(
+        &self,
+        chunks: Vec<(ChunkId, RemoteChunk)>,
+        urgent: bool,
+    ) -> HashMap<ChunkId, Result<ChunkData, String>> {
+        let mut by_source: HashMap<u32, Vec<(ChunkId, RemoteChunk)>> = HashMap::new();
+        for (c, l) in chunks {
+            by_source.entry(l.source).or_default().push((c, l));
+        }
+        let mut tasks = Vec::new();
+        let mut out = HashMap::new();
+        for (src_id, list) in by_source {
+            let src = match self.source(src_id) {
+                Ok(s) => s,
+                Err(e) => {
+                    for (c, _) in list {
+                        out.insert(c, Err(e.clone()));
+                    }
+                    continue;
+                }
+            };
+            for read in reads_for(&src, &list, urgent) {
+                tasks.push(self.run_read(src.clone(), read, urgent));
+            }
+        }
+        for r in futures::future::join_all(tasks).await {
+            out.extend(r);
+        }
+        out
+    }
+
+    /// One planned read: waits for a request slot, fetches with retries,
+    /// verifies, keeps the chunks pending, returns their bytes.
+    async fn run_read(
+        &self,
+        src: Arc<Source>,
+        read: RangeRead,
+        urgent: bool,
+    ) -> Vec<(ChunkId, Result<ChunkData, String>)> {
+        let sem = if urgent { &self.urgent } else { &self.fill };
+        let _permit = sem.acquire().await.expect("semaphore open");
+        let _gauge = urgent.then(|| Gauge::up(&self.urgent_now));
+        let start = Instant::now();
+        let mut delay = Duration::from_millis(100);
+        let result = loop {
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            match self.get_read(&src, &read).await {
+                Ok(chunks) => {
+                    src.ok();
+                    break Ok(chunks);
+                }
+                Err(Failure::Refused(why)) => break Err(why),
+                Err(Failure::Transient(why)) => {
+                    src.failed(&why);
+                    if start.elapsed() + delay > self.opts.deadline {
+                        break Err(format!(
+                            "{why} (retried for {:.0} s, the deadline; is {} reachable?)",
+                            start.elapsed().as_secs_f64(),
+                            src.url
+                        ));
+                    }
+                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
+                    debug!(hub = %src.url, "retrying in {delay:?}: {why}");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(2));
+                }
+            }
+        };
+        match result {
+            Ok(chunks) => chunks,
+            Err(why) => {
+                for (c, _, _) in &read.chunks {
+                    self.record_failure(c, &src.url, &why);
+                }
+                read.chunks
+                    .iter()
+                    .map(|(c, _, _)| (*c, Err(why.clone())))
+                    .collect()
+            }
+        }
+    }
+
+    /// One attempt at a read: the bytes, then each chunk verified and kept
+    /// pending.
+    async fn get_read(
+        &self,
+        src: &Source,
+        read: &RangeRead,
+    ) -> Result<Vec<(ChunkId, Result<ChunkData, String>)>, Failure> {
+        let key = if src.layout == forkd_remote::LAYOUT_CHUNKS {
+            Key::Chunk(ChunkId(read.object.0))
+        } else {
+            Key::Pack(read.object)
+        };
+        let got = if read.object_len.is_none() || read.object_len == Some(read.len) {
+            src.hub.get(&key).await
+        } else {
+            src.hub.get_range(&key, read.start, read.len).await
+        };
+        let bytes = match got {
+            Ok(Some(b)) => b,
+            Ok(None) => {
+                return Err(Failure::Refused(format!(
+                    "{} has no {key}; the hub copy is incomplete, push the snapshot again",
+                    src.url
+                )))
+            }
+            Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
+        };
+        self.counters
+            .fetched_bytes
+            .fetch_add(bytes.len() as u64, Ordering::Relaxed);
+        let read2 = read.clone();
+        let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
+        let checked = tokio::task::spawn_blocking(move || {
+            if layout1 {
+                let id = ChunkId(read2.object.0);
+                vec![decode_chunk(id, &bytes)
+                    .and_then(|c| c.verify_decoded())
+                    .map_err(|why| (id, why))]
+            } else {
+                split_read(&read2, &bytes)
+                    .into_iter()
+                    .map(|r| r.and_then(reverify))
+                    .collect()
+            }
+        })
+        .await
+        .map_err(|e| Failure::Transient(format!("verifying panicked: {e}")))?;
+        let mut out = Vec::new();
+        for r in checked {
+            match r {
+                Ok((v, raw)) => {
+                    self.counters.fetched_chunks.fetch_add(1, Ordering::Relaxed);
+                    let id = v.id;
+                    self.keep(v);
+                    out.push((id, Ok(ChunkData::from(raw))));
+                }
+                Err((id, why)) => {
+                    let msg = format!(
+                        "chunk {id} from {} failed verification ({why}); refused, the hub copy is corrupt: re-push the snapshot",
+                        src.url
+                    );
+                    self.record_failure(&id, &src.url, &msg);
+                    out.push((id, Err(msg)));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Keeps a verified chunk until the writer imports it.
+    fn keep(&self, v: VerifiedChunk) {
+        let n = v.payload.len() as u64;
+        if self.pending.lock().unwrap().insert(v.id, v).is_none() {
+            let total = self.pending_bytes.fetch_add(n, Ordering::Relaxed) + n;
+            if total >= IMPORT_AT {
+                self.wake_writer();
+            }
+        }
+    }
+
+    /// A fault on one chunk the view did not find (the view's fallback,
+    /// when a read came without [`Lazy::ensure`]).
+    fn fetch_one(&self, id: &ChunkId, _loc: &RemoteChunk) -> forkd_layers::Result<ChunkData> {
+        if let Some(d) = self.pending_data(id) {
+            return Ok(d);
+        }
+        self.ensure_chunks(std::slice::from_ref(id), true)?;
+        match self.pending_data(id) {
+            Some(d) => Ok(d),
+            // Imported meanwhile: the store has it now.
+            None => {
+                self.view.catch_up()?;
+                self.view.chunk(id)
+            }
+        }
+    }
+
+    /// A pending chunk's bytes.
+    fn pending_data(&self, id: &ChunkId) -> Option<ChunkData> {
+        let v = self.pending.lock().unwrap().get(id).cloned()?;
+        v.into_inner()
+            .verify_decoded()
+            .ok()
+            .map(|(_, raw)| ChunkData::from(raw))
+    }
+
+    fn url_of(&self, id: &ChunkId) -> String {
+        self.view
+            .remote_chunk(id)
+            .ok()
+            .flatten()
+            .and_then(|l| {
+                self.sources
+                    .lock()
+                    .unwrap()
+                    .get(&l.source)
+                    .map(|s| s.url.clone())
+            })
+            .unwrap_or_else(|| "its hub".into())
+    }
+
+    fn record_failure(&self, chunk: &ChunkId, url: &str, why: &str) {
+        warn!(chunk = %chunk, hub = %url, "fetching a chunk of a lazy snapshot failed: {why}");
+        let mut f = self.failures.lock().unwrap();
+        f.push_back(FetchFailure {
+            at_unix: unix_now(),
+            chunk: chunk.to_string(),
+            source: url.to_string(),
+            error: why.to_string(),
+        });
+        while f.len() > FAILURES_KEPT {
+            f.pop_front();
+        }
+    }
+
+    /// The opened hub of source `id` (opened on first use, with the
+    /// credentials the lazy pull saved).
+    fn source(&self, id: u32) -> Result<Arc<Source>, String> {
+        if let Some(s) = self.sources.lock().unwrap().get(&id) {
+            return Ok(s.clone());
+        }
+        let rec = self
+            .view
+            .remote_source(id)
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("remote source {id} is not in the store"))?;
+        let creds = Credentials::load(&Credentials::path(&self.store_dir, id))
+            .map_err(|e| format!("{e:#}"))?;
+        let hub = Hub::open_with(&rec.url, &creds, Timeouts::LAZY)
+            .map_err(|e| format!("opening {}: {e:#}", rec.url))?;
+        let s = Arc::new(Source {
+            id,
+            url: rec.url,
+            layout: rec.layout,
+            hub,
+            health: Mutex::new(Health::default()),
+        });
+        Ok(self.sources.lock().unwrap().entry(id).or_insert(s).clone())
+    }
+
+    // ---- working sets: prefetch on restore, recording --------------------
+
+    /// A file of `snap` was opened (`first`: no other handle of the
+    /// snapshot was open). Starts the working-set prefetch of a lazy
+    /// snapshot, and the recording of the working set of a snapshot that
+    /// has none. The recording sees what the kernel asks for, so it is
+    /// complete when the page cache holds nothing of the snapshot: true
+    /// for a snapshot's first restore after it was made or pulled (its
+    /// files were never read through the mount); a snapshot first opened
+    /// after a worker restart may have pages cached and records less.
+    pub fn on_open(self: &Arc<Self>, snap: SnapshotId, first: bool) {
+        if self.is_lazy(&snap) {
+            self.start_prefetch(snap);
+        }
+        if !first
+            || self.recorded.lock().unwrap().contains(&snap)
+            || self.recordings.lock().unwrap().contains_key(&snap)
+        {
+            return;
+        }
+        match self.view.working_set(&snap) {
+            Ok(None) => {}
+            _ => {
+                self.recorded.lock().unwrap().insert(snap);
+                return;
+            }
+        }
+        let now = Instant::now();
+        self.recordings.lock().unwrap().insert(
+            snap,
+            Recording {
+                started: now,
+                last: now,
+                ws: WorkingSet::new(),
+                seen: HashSet::new(),
+            },
+        );
+        info!(snapshot = %snap, "recording its working set (its first restore)");
+    }
+
+    /// Notes a read for a working set being recorded.
+    pub fn note_read(&self, snap: &SnapshotId, file: &str, offset: u64, len: u64, chunk: u64) {
+        if len == 0 || chunk == 0 {
+            return;
+        }
+        let mut recs = self.recordings.lock().unwrap();
+        let Some(r) = recs.get_mut(snap) else { return };
+        r.last = Instant::now();
+        for slot in offset / chunk..=(offset + len - 1) / chunk {
+            let slot = slot as u32;
+            if r.seen.insert((file.to_string(), slot)) {
+                r.ws.push(file, slot);
+            }
+        }
+    }
+
+    /// Starts fetching `snap`'s working set in its recorded order (once per
+    /// worker, again after a failure); faults on its chunks join those
+    /// flights.
+    fn start_prefetch(self: &Arc<Self>, snap: SnapshotId) -> Arc<Flight> {
+        let mut p = self.prefetches.lock().unwrap();
+        if let Some(f) = p.get(&snap) {
+            // A failed prefetch (its hub was down) starts again.
+            if !matches!(*f.done.lock().unwrap(), Some(Err(_))) {
+                return f.clone();
+            }
+        }
+        let flight = Flight::new();
+        p.insert(snap, flight.clone());
+        drop(p);
+        let (l, f) = (self.clone(), flight.clone());
+        let spawned = std::thread::Builder::new()
+            .name("forkd-fs-prefetch".into())
+            .spawn(move || {
+                let t0 = Instant::now();
+                let r = l.prefetch_working_set(&snap);
+                match &r {
+                    Ok(n) => info!(
+                        snapshot = %snap,
+                        chunks = n,
+                        ms = t0.elapsed().as_millis() as u64,
+                        "working set prefetched"
+                    ),
+                    Err(e) => warn!(snapshot = %snap, "working-set prefetch failed: {e}"),
+                }
+                f.finish(
+                    r.map(|_| ChunkData::from(Vec::new()))
+                        .map_err(|e| e.to_string()),
+                );
+            });
+        if let Err(e) = spawned {
+            flight.finish(Err(e.to_string()));
+        }
+        flight
+    }
+
+    /// Fetches the working set **in the order it was recorded**, in reads
+    /// of up to [`PREFETCH_READ`] with [`PREFETCH_WINDOW`] in flight: the
+    /// chunks a restore needs first arrive first (all at once would share
+    /// the link and finish together), and the link stays full. Flights are
+    /// taken per read as it is issued, so a fault on a chunk further down
+    /// the list fetches it at once instead of queueing behind the others.
+    fn prefetch_working_set(&self, snap: &SnapshotId) -> forkd_layers::Result<usize> {
+        let Some(rec) = self.view.snapshot(snap)? else {
+            return Ok(0);
+        };
+        let Some(ws) = self.view.working_set(snap)? else {
+            return Ok(0);
+        };
+        let chunks = ws.chunks(&self.view, &rec)?;
+        let locs = self.view.remote_chunks(&chunks)?;
+        let remote: Vec<(ChunkId, RemoteChunk)> = chunks
+            .iter()
+            .zip(locs)
+            .filter_map(|(c, l)| l.map(|l| (*c, l)))
+            .collect();
+        let batches: Vec<Vec<ChunkId>> = if remote.iter().all(|(_, l)| l.len == 0) {
+            // Layout 1: an object per chunk, nothing to coalesce; batches
+            // keep as many GETs in flight as faults may have.
+            remote
+                .chunks(URGENT_REQUESTS / PREFETCH_WINDOW)
+                .map(|b| b.iter().map(|(c, _)| *c).collect())
+                .collect()
+        } else {
+            let wanted: Vec<(ChunkId, Location)> = remote
+                .iter()
+                .map(|(c, l)| {
+                    (
+                        *c,
+                        Location {
+                            pack: l.object,
+                            pack_len: 0,
+                            offset: l.offset,
+                            len: l.len,
+                            raw_len: l.raw_len,
+                            index: ObjectId::default(),
+                        },
+                    )
+                })
+                .collect();
+            let coalesce = Coalesce {
+                max_read: PREFETCH_READ,
+                ..Coalesce::LAZY
+            };
+            plan_reads(&wanted, coalesce)
+                .into_iter()
+                .map(|r| r.chunks.iter().map(|(c, _, _)| *c).collect())
+                .collect()
+        };
+        let next = AtomicUsize::new(0);
+        let first_err = Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..PREFETCH_WINDOW {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(ids) = batches.get(i) else { return };
+                    if let Err(e) = self.ensure_chunks(ids, true) {
+                        first_err.lock().unwrap().get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+        match first_err.into_inner().unwrap() {
+            Some(e) => Err(e),
+            None => Ok(chunks.len()),
+        }
+    }
+
+    /// Whether `snap` can be restored without waiting on a dead hub: not
+    /// lazy, or its hub answers (a HEAD of the record, 3 s at most; an
+    /// answer stands for a second, so a burst of spawns probes once).
+    /// Starts the working-set prefetch; with `wait`, waits for it up to
+    /// that long.
+    pub fn remote_ready(
+        self: &Arc<Self>,
+        snap: SnapshotId,
+        wait: Duration,
+    ) -> anyhow::Result<RemoteReady> {
+        let Some(src_id) = self.view.lazy_source(&snap)? else {
+            return Ok(RemoteReady {
+                lazy: false,
+                working_set_local: true,
+                working_set_chunks: 0,
+            });
+        };
+        let flight = self.start_prefetch(snap);
+        let src = self.source(src_id).map_err(|e| anyhow::anyhow!(e))?;
+        let last_probe = src.health.lock().unwrap().last_probe;
+        let fresh = last_probe.filter(|(at, _)| at.elapsed() < PROBE_FRESH);
+        if let Some((_, false)) = fresh {
+            let h = src.health.lock().unwrap().clone();
+            anyhow::bail!(
+                "snapshot {snap} is lazy and its hub {} does not answer ({}); new children cannot start until it does (running ones wait for it, up to {} s per read)",
+                src.url,
+                h.last_error.unwrap_or_default(),
+                self.opts.deadline.as_secs()
+            );
+        }
+        if fresh.is_none() {
+            let probe = self.rt.block_on(async {
+                tokio::time::timeout(Duration::from_secs(3), src.hub.has(&[Key::Snapshot(snap)]))
+                    .await
+            });
+            self.counters.requests.fetch_add(1, Ordering::Relaxed);
+            let answered = matches!(probe, Ok(Ok(_)));
+            src.health.lock().unwrap().last_probe = Some((Instant::now(), answered));
+            match probe {
+                Ok(Ok(_)) => src.ok(),
+                Ok(Err(e)) => {
+                    let why = format!("{e:#}");
+                    src.failed(&why);
+                    anyhow::bail!(
+                        "snapshot {snap} is lazy and its hub {} does not answer ({why}); new children cannot start until it does (running ones wait for it, up to {} s per read)",
+                        src.url,
+                        self.opts.deadline.as_secs()
+                    );
+                }
+                Err(_) => {
+                    src.failed("no answer within 3 s");
+                    anyhow::bail!(
+                        "snapshot {snap} is lazy and its hub {} does not answer within 3 s; new children cannot start until it does (running ones wait for it, up to {} s per read)",
+                        src.url,
+                        self.opts.deadline.as_secs()
+                    );
+                }
+            }
+        }
+        if !wait.is_zero() {
+            let deadline = Instant::now() + wait;
+            let mut g = flight.done.lock().unwrap();
+            while g.is_none() && Instant::now() < deadline {
+                g = flight
+                    .cv
+                    .wait_timeout(g, deadline - Instant::now())
+                    .unwrap()
+                    .0;
+            }
+            if let Some(Err(e)) = g.as_ref() {
+                anyhow::bail!("fetching the working set of snapshot {snap}: {e}");
+            }
+        }
+        let rec = self
+            .view
+            .snapshot(&snap)?
+            .ok_or(StoreError::NoSuchSnapshot(snap))?;
+        let (n, local) = match self.view.working_set(&snap)? {
+            Some(ws) => {
+                let c = ws.chunks(&self.view, &rec)?;
+                let have = self.view.has_chunks(&c)?;
+                let pending = self.pending.lock().unwrap();
+                let local = c
+                    .iter()
+                    .zip(have)
+                    .all(|(id, h)| h || pending.contains_key(id));
+                (c.len() as u64, local)
+            }
+            None => (0, false),
+        };
+        Ok(RemoteReady {
+            lazy: true,
+            working_set_local: local,
+            working_set_chunks: n,
+        })
+    }
+
+    // ---- background threads -----------------------------------------------
+
+    fn wake_writer(&self) {
+        *self.writer_wake.0.lock().unwrap() = true;
+        self.writer_wake.1.notify_one();
+    }
+
+    /// Imports pending chunks, finishes filled snapshots and saves recorded
+    /// working sets, each time opening the store read-write for a moment.
+    fn writer_loop(&self) {
+        let mut backoff = Duration::from_millis(250);
+        loop {
+            {
+                let g = self.writer_wake.0.lock().unwrap();
+                let (mut g, _) = self
+                    .writer_wake
+                    .1
+                    .wait_timeout_while(g, Duration::from_millis(250), |w| !*w)
+                    .unwrap();
+                *g = false;
+            }
+            let has_work = !self.pending.lock().unwrap().is_empty() || {
+                let j = self.jobs.lock().unwrap();
+                !j.working_sets.is_empty() || !j.finish.is_empty()
+            };
+            if !has_work {
+                continue;
+            }
+            match self.write_once() {
+                Ok(()) => backoff = Duration::from_millis(250),
+                Err(e) => {
+                    if matches!(
+                        e.downcast_ref::<StoreError>(),
+                        Some(StoreError::Locked { .. })
+                    ) {
+                        debug!("the store is busy; importing later");
+                    } else {
+                        warn!("importing fetched chunks: {e:#}; retrying in {backoff:?}");
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(Duration::from_secs(5));
+                }
+            }
+        }
+    }
+
+    fn write_once(&self) -> anyhow::Result<()> {
+        let batch: Vec<VerifiedChunk> = {
+            let p = self.pending.lock().unwrap();
+            let mut bytes = 0usize;
+            p.values()
+                .take_while(|c| {
+                    bytes += c.payload.len();
+                    bytes <= 64 << 20
+                })
+                .cloned()
+                .collect()
+        };
+        let (working_sets, finish) = {
+            let mut j = self.jobs.lock().unwrap();
+            (
+                std::mem::take(&mut j.working_sets),
+                std::mem::take(&mut j.finish),
+            )
+        };
+        let opts = StoreOptions {
+            lock_timeout: Duration::from_millis(500),
+            cache_bytes: 1 << 20,
+            ingest_threads: 1,
+            ..StoreOptions::default()
+        };
+        let store = match Store::open(&self.store_dir, opts) {
+            Ok(s) => s,
+            Err(e) => {
+                let mut j = self.jobs.lock().unwrap();
+                j.working_sets.extend(working_sets);
+                j.finish.extend(finish);
+                return Err(e.into());
+            }
+        };
+        if !batch.is_empty() {
+            let r = store.import_chunks(&batch)?;
+            self.counters
+                .imported
+                .fetch_add(r.new_chunks, Ordering::Relaxed);
+            debug!(chunks = r.new_chunks, "imported fetched chunks");
+        }
+        for (snap, ws) in &working_sets {
+            match store.set_working_set(snap, ws) {
+                Ok(()) => {
+                    self.counters.recorded.fetch_add(1, Ordering::Relaxed);
+                    info!(snapshot = %snap, reads = ws.reads.len(), "working set saved");
+                }
+                // Deleted meanwhile: nothing to keep.
+                Err(StoreError::NoSuchSnapshot(_)) => {}
+                Err(e) => warn!(snapshot = %snap, "saving its working set: {e}"),
+            }
+        }
+        for snap in &finish {
+            if store.finish_remote(snap)? {
+                info!(snapshot = %snap, "all local now");
+            }
+        }
+        drop(store);
+        self.view.catch_up()?;
+        // Drop from memory what the store serves now.
+        let ids: Vec<ChunkId> = batch.iter().map(|c| c.id).collect();
+        let indexed = self.view.has_chunks(&ids)?;
+        let mut p = self.pending.lock().unwrap();
+        for (id, ix) in ids.iter().zip(indexed) {
+            if ix {
+                if let Some(c) = p.remove(id) {
+                    self.pending_bytes
+                        .fetch_sub(c.payload.len() as u64, Ordering::Relaxed);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The recorder's clock, and the fill.
+    fn housekeeping_loop(&self) {
+        let mut next_fill = Instant::now();
+        loop {
+            std::thread::sleep(Duration::from_millis(250));
+            self.end_recordings();
+            if self.opts.fill && Instant::now() >= next_fill {
+                let busy = match self.fill_step() {
+                    Ok(b) => b,
+                    Err(e) => {
+                        debug!("fill: {e}");
+                        false
+                    }
+                };
+                next_fill = Instant::now()
+                    + if busy {
+                        Duration::ZERO
+                    } else {
+                        Duration::from_secs(1)
+                    };
+            }
+        }
+    }
+
+    fn end_recordings(&self) {
+        let now = Instant::now();
+        let done: Vec<(SnapshotId, WorkingSet)> = {
+            let mut recs = self.recordings.lock().unwrap();
+            let ended: Vec<SnapshotId> = recs
+                .iter()
+                .filter(|(_, r)| {
+                    let quiet = now - r.last >= RECORD_QUIET && now - r.started >= RECORD_MIN;
+                    quiet || now - r.started >= RECORD_MAX
+                })
+                .map(|(id, _)| *id)
+                .collect();
+            ended
+                .into_iter()
+                .filter_map(|id| recs.remove(&id).map(|r| (id, r.ws)))
+                .collect()
+        };
+        for (id, ws) in done {
+            self.recorded.lock().unwrap().insert(id);
+            if ws.reads.is_empty() {
+                continue;
+            }
+            info!(snapshot = %id, reads = ws.reads.len(), "working set recorded");
+            self.jobs.lock().unwrap().working_sets.push((id, ws));
+            self.wake_writer();
+        }
+    }
+
+    /// One step of the fill: the next missing chunks of the first lazy
+    /// snapshot that has any (working set first), fetched in large reads.
+    /// Returns whether there is more to do.
+    fn fill_step(&self) -> forkd_layers::Result<bool> {
+        if self.pending_bytes.load(Ordering::Relaxed) > PENDING_MAX
+            || self.urgent_now.load(Ordering::Relaxed) > 0
+        {
+            return Ok(false);
+        }
+        self.view.catch_up()?;
+        for (snap, _) in self.view.lazy_snapshots()? {
+            let Some(rec) = self.view.snapshot(&snap)? else {
+                continue;
+            };
+            let mut order = match self.view.working_set(&snap)? {
+                Some(ws) => ws.chunks(&self.view, &rec)?,
+                None => Vec::new(),
+            };
+            let seen_at = *self
+                .fill_seen
+                .lock()
+                .unwrap()
+                .entry(snap)
+                .or_insert_with(Instant::now);
+            if seen_at.elapsed() < FILL_GRACE && !order.is_empty() {
+                let have = self.view.has_chunks(&order)?;
+                let pending = self.pending.lock().unwrap();
+                let ws_local = order
+                    .iter()
+                    .zip(have)
+                    .all(|(c, h)| h || pending.contains_key(c));
+                if !ws_local {
+                    continue;
+                }
+            }
+            let mut seen: HashSet<ChunkId> = order.iter().copied().collect();
+            for c in self.view.snapshot_chunks(&rec)? {
+                if seen.insert(c) {
+                    order.push(c);
+                }
+            }
+            let have = self.view.has_chunks(&order)?;
+            let missing: Vec<ChunkId> = {
+                let pending = self.pending.lock().unwrap();
+                let flights = self.flights.lock().unwrap();
+                order
+                    .iter()
+                    .zip(have)
+                    .filter(|(c, h)| !h && !pending.contains_key(*c) && !flights.contains_key(*c))
+                    .map(|(c, _)| *c)
+                    .collect()
+            };
+            if missing.is_empty() {
+                let pending = self.pending.lock().unwrap();
+                if !order.iter().any(|c| pending.contains_key(c)) {
+                    self.jobs.lock().unwrap().finish.insert(snap);
+                    self.wake_writer();
+                }
+                continue;
+            }
+            // About 16 MiB per step, then look again (faults may have come).
+            let mut take = Vec::new();
+            let mut bytes = 0u64;
+            for (c, l) in missing.iter().zip(self.view.remote_chunks(&missing)?) {
+                let Some(l) = l else { continue };
+                bytes += u64::from(l.len.max(1 << 16));
+                take.push(*c);
+                if bytes >= 16 << 20 {
+                    break;
+                }
+            }
+            if take.is_empty() {
+                continue;
+            }
+            if let Err(e) = self.ensure_chunks(&take, false) {
+                debug!(snapshot = %snap, "fill: {e}");
+                return Ok(false);
+            }
+            return Ok(true);
+        }
+        Ok(false)
+    }
+
+    /// The `lazy` part of `status`.
+    pub fn status(&self) -> LazyStatus {
+        let c = &self.counters;
+        let (pending_chunks, pending_bytes) = {
+            let p = self.pending.lock().unwrap();
+            (p.len() as u64, self.pending_bytes.load(Ordering::Relaxed))
+        };
+        LazyStatus {
+            fetched_chunks: c.fetched_chunks.load(Ordering::Relaxed),
+            fetched_bytes: c.fetched_bytes.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            retries: c.retries.load(Ordering::Relaxed),
+            pending_chunks,
+            pending_bytes,
+            imported_chunks: c.imported.load(Ordering::Relaxed),
+            urgent_in_flight: self.urgent_now.load(Ordering::Relaxed) as u64,
+            recording: self
+                .recordings
+                .lock()
+                .unwrap()
+                .keys()
+                .map(|k| k.to_string())
+                .collect(),
+            recorded: c.recorded.load(Ordering::Relaxed),
+            sources: self
+                .sources
+                .lock()
+                .unwrap()
+                .values()
+                .map(|s| {
+                    let h = s.health.lock().unwrap();
+                    SourceStatus {
+                        id: s.id,
+                        url: s.url.clone(),
+                        healthy: h.down_since.is_none() && h.last_ok.is_some(),
+                        down_ms: h.down_since.map(|d| d.elapsed().as_millis() as u64),
+                        last_error: h.last_error.clone(),
+                    }
+                })
+                .collect(),
+            failures: self.failures.lock().unwrap().iter().cloned().collect(),
+        }
+    }
+}
+
+/// Re-checks a verified chunk to also get its uncompressed bytes.
+fn reverify(v: VerifiedChunk) -> Result<(VerifiedChunk, Vec<u8>), (ChunkId, String)> {
+    let id = v.id;
+    v.into_inner().verify_decoded().map_err(|why| (id, why))
+}
+
+/// The reads for `list` on `src`: coalesced ranges of packs (layout 2), or
+/// one whole object per chunk (layout 1).
+fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec<RangeRead> {
+    if src.layout == forkd_remote::LAYOUT_CHUNKS {
+        return list
+            .iter()
+            .map(|(c, _)| RangeRead {
+                object: ObjectId(c.0),
+                start: 0,
+                len: 0,
+                object_len: None,
+                chunks: vec![(*c, 0, 0)],
+            })
+            .collect();
+    }
+    let wanted: Vec<(ChunkId, Location)> = list
+        .iter()
+        .map(|(c, l)| {
+            (
+                *c,
+                Location {
+                    pack: l.object,
+                    pack_len: 0,
+                    offset: l.offset,
+                    len: l.len,
+                    raw_len: l.raw_len,
+                    index: ObjectId::default(),
+                },
+            )
+        })
+        .collect();
+    let c = if urgent {
+        Coalesce::LAZY
+    } else {
+        Coalesce {
+            max_read: 4 << 20,
+            whole_pack: 2.0,
+            ..Coalesce::BULK
+        }
+    };
+    plan_reads(&wanted, c)
+}
+
+impl Source {
+    fn ok(&self) {
+        let mut h = self.health.lock().unwrap();
+        if h.down_since.is_some() {
+            info!(hub = %self.url, "the hub answers again");
+        }
+        h.last_ok = Some(Instant::now());
+        h.down_since = None;
+    }
+
+    fn failed(&self, why: &str) {
+        let mut h = self.health.lock().unwrap();
+        if h.down_since.is_none() {
+            warn!(hub = %self.url, "a request to the hub failed: {why}; retrying");
+        }
+        h.down_since.get_or_insert_with(Instant::now);
+        h.last_error = Some(why.to_string());
+    }
+}
+
+/// Counts what is in flight while it lives.
+struct Gauge<'a>(&'a AtomicUsize);
+
+impl<'a> Gauge<'a> {
+    fn up(n: &'a AtomicUsize) -> Gauge<'a> {
+        n.fetch_add(1, Ordering::Relaxed);
+        Gauge(n)
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The view's fetcher: a weak handle, so the view (held by `Lazy`) does not
+/// keep `Lazy` alive in a cycle.
+struct ViewFetcher(std::sync::Weak<Lazy>);
+
+impl forkd_layers::Fetcher for ViewFetcher {
+    fn fetch(&self, id: &ChunkId, loc: &RemoteChunk) -> forkd_layers::Result<ChunkData> {
+        match self.0.upgrade() {
+            Some(l) => l.fetch_one(id, loc),
+            None => Err(StoreError::RemoteFetch {
+                id: *id,
+                source_url: "its hub".into(),
+                reason: "the mount is shutting down".into(),
+            }),
+        }
+    }
+}

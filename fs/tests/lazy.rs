@@ -1,0 +1,319 @@
+//! Lazy snapshots through a real mount: a store that has a snapshot's
+//! records and manifests but none of its chunks, a layout-2 hub directory
+//! (packs) holding them, and forkd-fs fetching what reads need. Needs
+//! /dev/fuse and root (skipped otherwise).
+
+mod common;
+
+use common::*;
+use forkd_fs::MountConfig;
+use forkd_layers::{
+    synth, ChunkId, IngestOptions, NewSnapshot, RemoteChunk, SnapshotRecord, Store, StoreOptions,
+    StoreReader,
+};
+use forkd_remote::layout::Key;
+use forkd_remote::packs::PackBuilder;
+use forkd_remote::FileHub;
+use std::collections::HashSet;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const MEM: usize = 6 << 20;
+
+/// Host A's store (the source), a hub directory with its chunks packed,
+/// and host B's store holding the snapshot lazily (closed, so forkd-fs
+/// can import into it).
+struct Lazy {
+    dir: tempfile::TempDir,
+    rec: SnapshotRecord,
+    data: Vec<u8>,
+    /// `(chunk, pack file, end of its chunk object in the pack)`.
+    places: Vec<(ChunkId, PathBuf, u64)>,
+}
+
+impl Lazy {
+    fn new(seed: u64) -> Lazy {
+        let dir = tempfile::Builder::new()
+            .prefix("forkd-fs-lazy")
+            .tempdir()
+            .unwrap();
+        let data = synth::mixed_file(seed, MEM, 65536);
+        let a = Store::open(&dir.path().join("a"), StoreOptions::default()).unwrap();
+        let f = a
+            .ingest_reader(&data[..], &IngestOptions::default())
+            .unwrap();
+        let rec = a
+            .commit_snapshot(NewSnapshot {
+                files: [("memory.bin".to_string(), f.file_ref())].into(),
+                config: serde_json::json!({"test": true}),
+                ..Default::default()
+            })
+            .unwrap();
+        let hub = FileHub::open(&dir.path().join("hub")).unwrap();
+        let mut b = PackBuilder::new(1 << 20);
+        let mut packs = Vec::new();
+        for c in a.snapshot_chunks(&rec).unwrap() {
+            packs.extend(b.add(&a.stored_chunk(&c).unwrap()));
+        }
+        packs.extend(b.finish());
+        let b_store = Store::open(&dir.path().join("b"), StoreOptions::default()).unwrap();
+        let src = b_store
+            .add_remote_source(&format!("file://{}", dir.path().join("hub").display()), 2)
+            .unwrap();
+        let mut locs = Vec::new();
+        let mut places = Vec::new();
+        for p in &packs {
+            hub.put(&Key::Pack(p.info.id), &p.bytes).unwrap();
+            for e in &p.info.entries {
+                locs.push((
+                    e.chunk,
+                    RemoteChunk {
+                        source: src.id,
+                        object: p.info.id,
+                        offset: e.offset,
+                        len: e.len,
+                        raw_len: e.raw_len,
+                    },
+                ));
+                places.push((
+                    e.chunk,
+                    hub.path(&Key::Pack(p.info.id)),
+                    e.offset + u64::from(e.len),
+                ));
+            }
+        }
+        let mid = rec.files["memory.bin"].manifest;
+        let mbytes = a.manifest_bytes(&mid).unwrap();
+        b_store.import_remote(&[(mid, &mbytes)], &locs).unwrap();
+        b_store
+            .commit_imported_lazy(&rec, Some("lazy"), false, src.id)
+            .unwrap();
+        Lazy {
+            dir,
+            rec,
+            data,
+            places,
+        }
+    }
+
+    fn config(&self, no_fill: bool) -> MountConfig {
+        MountConfig {
+            mountpoint: self.dir.path().join("mnt"),
+            store_dir: self.dir.path().join("b"),
+            secondary_dir: None,
+            control_socket: None,
+            binary: Some(PathBuf::from(BIN)),
+            gid: None,
+            no_fill,
+            remote_deadline_secs: Some(10),
+        }
+    }
+
+    fn mount(&self, no_fill: bool) -> Mounted {
+        let cfg = self.config(no_fill);
+        let mut m = Mounted {
+            mountpoint: cfg.mountpoint.clone(),
+            control: cfg.control(),
+            pids: Vec::new(),
+        };
+        forkd_fs::ensure_mounted(&cfg).unwrap();
+        m.note_pid();
+        m
+    }
+
+    /// A read-only view of host B's store.
+    fn b(&self) -> StoreReader {
+        let sec = self
+            .dir
+            .path()
+            .join(format!("sec-{}", rand::random::<u32>()));
+        StoreReader::open_secondary(&self.dir.path().join("b"), &sec).unwrap()
+    }
+}
+
+/// Reads all of `path` with O_DIRECT in 64 KiB pieces from `threads`
+/// threads, in an order that differs per thread.
+fn read_all_direct(path: &Path, len: usize, threads: usize) -> Vec<u8> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let out = std::sync::Mutex::new(vec![0u8; len]);
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let out = &out;
+            s.spawn(move || {
+                let f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .custom_flags(libc::O_DIRECT)
+                    .open(path)
+                    .unwrap();
+                let mut buf = AlignedBuf::new(65536);
+                let pieces = len / 65536;
+                for i in 0..pieces {
+                    let p = (i * 7 + t * 13) % pieces;
+                    f.read_exact_at(buf.as_mut(), (p * 65536) as u64).unwrap();
+                    out.lock().unwrap()[p * 65536..(p + 1) * 65536].copy_from_slice(buf.as_mut());
+                }
+            });
+        }
+    });
+    out.into_inner().unwrap()
+}
+
+/// A page-aligned buffer for O_DIRECT.
+struct AlignedBuf {
+    v: Vec<u8>,
+    off: usize,
+    len: usize,
+}
+
+impl AlignedBuf {
+    fn new(len: usize) -> AlignedBuf {
+        let v = vec![0u8; len + 4096];
+        let off = v.as_ptr().align_offset(4096);
+        AlignedBuf { v, off, len }
+    }
+    fn as_mut(&mut self) -> &mut [u8] {
+        &mut self.v[self.off..self.off + self.len]
+    }
+}
+
+#[test]
+fn lazy_reads_are_fetched_once_verified_and_imported() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(21);
+    let m = l.mount(true);
+    let path = m.file(&l.rec.id, "memory.bin");
+    // Eight threads read every piece: each chunk is fetched once (single
+    // flight), and the bytes are the source's.
+    let got = read_all_direct(&path, MEM, 8);
+    assert!(got == l.data, "lazy bytes differ from the source");
+    let distinct: HashSet<ChunkId> = l.places.iter().map(|(c, _, _)| *c).collect();
+    let st = m.client().status().unwrap();
+    assert_eq!(
+        st.lazy.fetched_chunks,
+        distinct.len() as u64,
+        "every chunk exactly once: {:?}",
+        st.lazy
+    );
+    assert!(st.lazy.failures.is_empty(), "{:?}", st.lazy.failures);
+    // The writer imports them: the store has them, the marker goes once
+    // asked (no fill runs here, but every chunk was read).
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let b = l.b();
+            b.has_chunks(&distinct.iter().copied().collect::<Vec<_>>())
+                .unwrap()
+                .iter()
+                .all(|h| *h)
+        }),
+        "fetched chunks were not imported: {:?}",
+        m.client().status().unwrap().lazy
+    );
+    // Read again after the import: from the store, no more fetches.
+    let before = m.client().status().unwrap().lazy.fetched_chunks;
+    let again = read_all_direct(&path, MEM, 2);
+    assert!(again == l.data);
+    assert_eq!(m.client().status().unwrap().lazy.fetched_chunks, before);
+}
+
+#[test]
+fn the_fill_makes_a_lazy_snapshot_local() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(22);
+    let m = l.mount(false);
+    // Nothing reads; the fill (after its grace, there is no working set)
+    // fetches everything and the snapshot stops being lazy.
+    assert!(
+        wait_for(Duration::from_secs(60), || l
+            .b()
+            .lazy_snapshots()
+            .unwrap()
+            .is_empty()),
+        "not filled: {:?}",
+        m.client().status().unwrap().lazy
+    );
+    let b = l.b();
+    let r = b.residency(&l.rec).unwrap();
+    assert!(r.is_local(), "{r:?}");
+    let f = b.open_file(&l.rec.id, "memory.bin").unwrap();
+    let mut out = vec![0u8; MEM];
+    f.read_exact_at(&mut out, 0).unwrap();
+    assert!(out == l.data);
+}
+
+#[test]
+fn a_corrupt_chunk_from_the_hub_is_refused() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(23);
+    // Flip a byte inside the 5th chunk's payload in its pack.
+    let (victim, pack, end) = l.places[4].clone();
+    let mut b = std::fs::read(&pack).unwrap();
+    b[end as usize - 9] ^= 0x20;
+    std::fs::write(&pack, b).unwrap();
+    let m = l.mount(true);
+    let path = m.file(&l.rec.id, "memory.bin");
+    let f = std::fs::File::open(&path).unwrap();
+    // Where the victim is in the file.
+    let b_view = l.b();
+    let man = b_view
+        .manifest(&l.rec.files["memory.bin"].manifest)
+        .unwrap();
+    let slot = (0..man.len())
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(victim))
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let e = f
+        .read_exact_at(&mut buf, slot as u64 * 65536)
+        .expect_err("wrong bytes were served");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let st = m.client().status().unwrap();
+    let fail = st
+        .lazy
+        .failures
+        .iter()
+        .find(|f| f.chunk == victim.to_string())
+        .unwrap_or_else(|| panic!("no failure recorded: {:?}", st.lazy));
+    assert!(fail.error.contains("failed verification"), "{}", fail.error);
+    assert_eq!(st.lazy.retries, 0, "bad bytes are not retried");
+    assert!(m.log().contains(&victim.to_string()));
+    // Other chunks read fine; the bad one is never stored.
+    let other = (0..man.len())
+        .find(|&i| matches!(man.entry(i), forkd_layers::ChunkRef::Chunk(c) if c != victim))
+        .unwrap();
+    f.read_exact_at(&mut buf, other as u64 * 65536).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(l.b().has_chunks(&[victim]).unwrap(), vec![false]);
+}
+
+#[test]
+fn a_worker_killed_mid_fetch_loses_nothing() {
+    if no_fuse() || !forkd_fs::holder::can_hold() {
+        return;
+    }
+    let l = Lazy::new(24);
+    let mut m = l.mount(true);
+    let path = m.file(&l.rec.id, "memory.bin");
+    let worker = m.client().status().unwrap().pid;
+    let reader = {
+        let path = path.clone();
+        std::thread::spawn(move || read_all_direct(&path, MEM, 4))
+    };
+    std::thread::sleep(Duration::from_millis(30));
+    // SAFETY: kill(2) on the worker we started.
+    unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    let got = reader.join().unwrap();
+    assert!(got == l.data, "bytes differ after the worker was killed");
+    m.note_pid();
+    assert!(m.client().status().unwrap().generation >= 2);
+    // Whatever was imported is whole: the store verifies.
+    std::thread::sleep(Duration::from_secs(1));
+    let b = l.b();
+    let r = b.residency(&l.rec).unwrap();
+    assert_eq!(r.local_chunks + r.remote_chunks, r.chunks);
+}
