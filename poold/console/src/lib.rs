@@ -52,7 +52,10 @@ pub const SECURITY_HEADERS: [(&str, &str); 6] = [
 pub fn router<S: Clone + Send + Sync + 'static>() -> Router<S> {
     Router::new()
         .route("/console", get(|| async { Redirect::permanent(PATH) }))
-        .route(PATH, get(|| async { file("text/html; charset=utf-8", INDEX) }))
+        .route(
+            PATH,
+            get(|| async { file("text/html; charset=utf-8", INDEX) }),
+        )
         .route(
             "/console/app.js",
             get(|| async { file("text/javascript; charset=utf-8", APP_JS) }),
@@ -127,7 +130,10 @@ mod tests {
         let scripts: Vec<&str> = lower.split("<script").skip(1).collect();
         assert_eq!(scripts.len(), 1, "one script, app.js");
         assert!(scripts[0].trim_start().starts_with("src=\"app.js\""));
-        assert!(!APP_JS.contains("innerHTML"), "build DOM nodes, never markup strings");
+        assert!(
+            !APP_JS.contains("innerHTML"),
+            "build DOM nodes, never markup strings"
+        );
         assert!(!APP_JS.contains("eval("));
     }
 }
