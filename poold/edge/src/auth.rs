@@ -91,7 +91,7 @@ fn credential(h: &HeaderMap) -> Option<String> {
 
 /// Lower- or upper-case hex to the ASCII string it encodes.
 fn unhex(s: &str) -> Option<String> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     let bytes = (0..s.len())
