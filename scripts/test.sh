@@ -41,6 +41,12 @@ if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
   say "Installing python3-venv (the Python test clients' venv)"
   apt-get install -y -q --no-install-recommends python3-venv >/dev/null
 fi
+# The web console's browser test (tests/tests/console.rs) drives Debian's
+# Chromium with Playwright; Playwright never downloads a browser.
+if ! command -v chromium >/dev/null 2>&1; then
+  say "Installing chromium (the web console's browser test)"
+  apt-get install -y -q --no-install-recommends chromium >/dev/null
+fi
 cd "$REPO_ROOT"
 forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
 forkd_fs="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd-fs"

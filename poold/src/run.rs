@@ -1,7 +1,8 @@
 //! The composition: the node core (`forkd_node`) with its front-ends,
 //! forkd's `/v1` REST API (`forkd_rest`) and the E2B API (`forkd_e2b`),
 //! behind the shared HTTP edge (`forkd_edge`: listeners, TLS, bearer auth,
-//! the Host check, audit, bounded transfers).
+//! the Host check, audit, bounded transfers), plus the web console's static
+//! pages (`forkd_console`), served beside `/v1`.
 
 use crate::config::Config;
 use anyhow::Result;
@@ -74,6 +75,7 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
             hosts: host_policy(&cfg),
             audit,
             transfers,
+            pages: forkd_console::router(),
         },
     );
     let listener = match &cfg.unix {

@@ -12,6 +12,10 @@
 //!   frames are JSON control messages: `{"type":"resize","rows","cols"}`,
 //!   `{"type":"signal","signal"}`, `{"type":"input","data"}`.
 //!
+//! Browsers authenticate with subprotocols (`forkd.pty` and the token's
+//! `forkd.bearer.<hex>`, checked by `forkd_edge::auth`); the answer names
+//! [`PTY_PROTOCOL`] only.
+//!
 //! The process runs until it exits; a client that goes away kills its
 //! process group. Input is forwarded one message at a time (each waits for
 //! the agent's acknowledgement, so a fast typist cannot queue without
@@ -29,6 +33,13 @@ use std::sync::Arc;
 
 /// Largest WebSocket message accepted from a client.
 pub const MAX_MESSAGE: usize = 1 << 20;
+
+/// The subprotocol this route answers with when a client offers it. A
+/// browser that passes its token as a subprotocol
+/// (`forkd_edge::auth::BEARER_PROTOCOL`) offers this one beside it: a
+/// browser fails a connection whose offered protocols get no answer, and
+/// the token must never be the answer.
+pub const PTY_PROTOCOL: &str = "forkd.pty";
 
 /// The session's program and terminal (the query string).
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -82,6 +93,7 @@ pub async fn pty(
         },
     )?;
     Ok(ws
+        .protocols([PTY_PROTOCOL])
         .max_message_size(MAX_MESSAGE)
         .on_upgrade(move |socket| session(pty, socket)))
 }

@@ -25,6 +25,10 @@ pub struct Options {
     pub audit: Arc<Audit>,
     /// The large-request slots (shared with the other listeners).
     pub transfers: Arc<Transfers>,
+    /// Pages served beside the API without a token (the web console,
+    /// `forkd_console::router`): behind the same `Host` check and audit
+    /// log, outside the OpenAPI document (they are not API). Empty: none.
+    pub pages: Router,
 }
 
 /// The whole application: routes, auth, error shaping, host check, audit.
@@ -33,9 +37,10 @@ pub fn app(node: Arc<Node>, o: Options) -> Router {
         Arc::new(o.token),
         forkd_edge::auth::bearer,
     ));
-    // No route of its own: every route is in `table` (documented).
+    // No route of its own: every API route is in `table` (documented).
     Router::new()
         .merge(super::public_routes(node))
+        .merge(o.pages)
         .merge(api)
         .layer(middleware::from_fn(json_errors))
         .layer(middleware::from_fn_with_state(
