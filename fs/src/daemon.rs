@@ -551,6 +551,7 @@ mod tests {
             max_read_kib,
             gid: None,
             handle_signals: false,
+            lazy: Default::default(),
         }
     }
 
