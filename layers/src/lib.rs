@@ -92,3 +92,7 @@ mod tests {
         send_sync::<crate::Error>();
     }
 }
+
+// The RocksDB that the `rocksdb` crate links is built by this crate
+// (layers/rocksdb-unity); naming it keeps it in every link.
+use forkd_rocksdb_unity as _;
