@@ -125,7 +125,12 @@ install_packages() {
 # package where the release has one (Debian 13+; bookworm has none), else the
 # same program built with `cargo install`, pinned (1.11+ is needed: snapshots
 # carry its state). Building it needs libseccomp-dev and libcap-ng-dev.
+# The cargo install runs in the background beside forkd's own build (the
+# build leaves a core idle for long stretches: its last crates compile one
+# at a time), and build_workspace waits for it.
 VIRTIOFSD_VERSION=1.14.0
+VIRTIOFSD_PID=
+VIRTIOFSD_LOG=
 install_virtiofsd() {
   if [ -x /usr/libexec/virtiofsd ] || command -v virtiofsd >/dev/null; then
     note "virtiofsd already installed (volumes)"
@@ -135,8 +140,20 @@ install_virtiofsd() {
     note "installed virtiofsd from apt (volumes)"
     return
   fi
-  say "Building virtiofsd $VIRTIOFSD_VERSION with cargo install (no Debian package in this release)"
-  cargo install --quiet --locked virtiofsd --version "$VIRTIOFSD_VERSION" --root /usr/local
+  VIRTIOFSD_LOG=$(mktemp /tmp/forkd-virtiofsd-build.XXXXXX)
+  note "no virtiofsd package in this release: building virtiofsd $VIRTIOFSD_VERSION with cargo install, beside forkd's build (log: $VIRTIOFSD_LOG)"
+  cargo install --quiet --locked virtiofsd --version "$VIRTIOFSD_VERSION" --root /usr/local \
+    >"$VIRTIOFSD_LOG" 2>&1 &
+  VIRTIOFSD_PID=$!
+}
+
+wait_virtiofsd() {
+  [ -n "$VIRTIOFSD_PID" ] || return 0
+  if ! wait "$VIRTIOFSD_PID"; then
+    cat "$VIRTIOFSD_LOG" >&2
+    die "building virtiofsd with cargo install failed (above); volumes need it. Re-run scripts/setup.sh"
+  fi
+  rm -f "$VIRTIOFSD_LOG"
   note "installed /usr/local/bin/virtiofsd"
 }
 
@@ -147,6 +164,7 @@ build_workspace() {
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
     note "first build: compiles RocksDB and ~400 crates, tens of minutes on a small host; quiet until done"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
+  wait_virtiofsd
   return_target
   [ "$install" = 1 ] || return 0
   local bindir="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release"
