@@ -18,7 +18,8 @@ operator would, by labels and roles (what a screen reader announces):
 6. the pool of `tag` is resized to 2 and its children fill (the pools
    table read while they do).
 
-Prints one JSON object of what it saw; the Rust side checks it and the
+Also records the nodes table and the header line (a gateway lists its
+nodes there). Prints one JSON object of what it saw; the Rust side checks it and the
 node's state.
 """
 
@@ -82,6 +83,9 @@ def main():
         expect(row).to_have_count(1)
         expect(status).to_have_text("")
         out["row_text"] = row.inner_text()
+        expect(page.locator("#nodes-body tr").first).to_contain_text("up")
+        out["nodes_text"] = page.locator("#nodes-body").inner_text()
+        out["node_line"] = page.locator("#node-line").inner_text()
 
         # 3. Its terminal runs echo.
         page.get_by_role("button", name="Open a terminal in " + spec["sandbox"]).click()

@@ -6,6 +6,7 @@
 //! makes one and points `FORKD_HOME` at it.
 
 pub mod daemon;
+pub mod gateway;
 pub mod netns;
 
 use forkd_snapshot::boot::{cold_boot, BootSpec};

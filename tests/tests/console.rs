@@ -8,6 +8,10 @@
 //! another from the form, kills the first and resizes a pool, whose
 //! children fill. The node's own API then confirms each effect.
 //!
+//! The same run through a `forkd-gateway` in front of the node, with its
+//! own token: the gateway serves the console, lists its node, merges the
+//! node's `/metrics` and relays the terminal.
+//!
 //! Also checked without a browser: the console's security headers, and
 //! that the PTY WebSocket takes the token as a subprotocol
 //! (`forkd.bearer.<hex>`, answered with `forkd.pty` only) and refuses a
@@ -16,6 +20,7 @@
 
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
+use forkd_e2e::gateway::Gateway;
 use futures::{SinkExt, StreamExt};
 use serde_json::{json, Value};
 use std::path::PathBuf;
@@ -61,12 +66,13 @@ fn hex(s: &str) -> String {
     s.bytes().map(|b| format!("{b:02x}")).collect()
 }
 
-/// Opens the PTY WebSocket of `id` offering `protocols`; the handshake's
-/// answer, or its refusal's HTTP status.
-async fn pty(p: &Poold, id: &str, protocols: Option<&str>) -> Result<(Ws, Option<String>), u16> {
+/// Opens the PTY WebSocket of `id` at `base` (a poold's or a gateway's
+/// URL) offering `protocols`; the handshake's answer, or its refusal's
+/// HTTP status.
+async fn pty(base: &str, id: &str, protocols: Option<&str>) -> Result<(Ws, Option<String>), u16> {
     let url = format!(
         "{}/v1/sandboxes/{id}/pty",
-        p.url.replacen("http://", "ws://", 1)
+        base.replacen("http://", "ws://", 1)
     );
     let mut req = url.into_client_request().unwrap();
     if let Some(v) = protocols {
@@ -86,8 +92,9 @@ async fn pty(p: &Poold, id: &str, protocols: Option<&str>) -> Result<(Ws, Option
     }
 }
 
-/// The PTY route's browser auth, without a browser.
-async fn websocket_auth(p: &Poold, id: &str, token: &str) {
+/// The PTY route's browser auth at `p` (a poold's or a gateway's URL),
+/// without a browser.
+async fn websocket_auth(p: &str, id: &str, token: &str) {
     assert_eq!(pty(p, id, None).await.err(), Some(401), "no token");
     assert_eq!(
         pty(p, id, Some("forkd.pty")).await.err(),
@@ -135,7 +142,7 @@ async fn websocket_auth(p: &Poold, id: &str, token: &str) {
     // A subprotocol is read only on an upgrade: a plain request with it
     // is refused like one without a token.
     let r = reqwest::Client::new()
-        .get(format!("{}/v1/sandboxes", p.url))
+        .get(format!("{p}/v1/sandboxes"))
         .header("sec-websocket-protocol", good.as_str())
         .send()
         .await
@@ -143,12 +150,12 @@ async fn websocket_auth(p: &Poold, id: &str, token: &str) {
     assert_eq!(r.status().as_u16(), 401);
 }
 
-/// The console's own answers: no token needed, strict headers; the API
-/// beside it still wants the token.
-async fn console_headers(p: &Poold) {
+/// The console's own answers at `base`: no token needed, strict headers;
+/// the API beside it still wants the token.
+async fn console_headers(base: &str) {
     let c = reqwest::Client::new();
     for path in ["/console/", "/console/app.js", "/console/style.css"] {
-        let r = c.get(format!("{}{path}", p.url)).send().await.unwrap();
+        let r = c.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{path}");
         let h = r.headers();
         let csp = h["content-security-policy"].to_str().unwrap();
@@ -158,15 +165,8 @@ async fn console_headers(p: &Poold) {
         assert_eq!(h["x-frame-options"], "DENY");
         assert_eq!(h["x-content-type-options"], "nosniff");
     }
-    let r = c
-        .get(format!("{}/v1/sandboxes", p.url))
-        .send()
-        .await
-        .unwrap();
+    let r = c.get(format!("{base}/v1/sandboxes")).send().await.unwrap();
     assert_eq!(r.status().as_u16(), 401);
-    // The Host check covers the console too (DNS rebinding).
-    let (st, _) = p.raw_get("/console/", Some("evil.example"));
-    assert_eq!(st, 421);
 }
 
 fn path_of(url: &str) -> &str {
@@ -174,31 +174,13 @@ fn path_of(url: &str) -> &str {
     rest.find('/').map_or("/", |i| &rest[i..])
 }
 
-#[test]
-fn the_console_drives_a_real_node_in_a_browser() {
+/// Runs tests/python/console_browser.py against the console at `base`
+/// with `token`, for sandbox `id` of snapshot `m`; what it saw.
+fn browse(base: &str, token: &str, id: &str) -> (Value, String) {
     let (python, chromium) = (python(), chromium());
-    let home = Home::new();
-    let token = format!("tok-{}", forkd_snapshot::random_hex(16));
-    let token_file = home.dir.join("token");
-    std::fs::write(&token_file, &token).unwrap();
-    let p = Poold::start(
-        &home.dir,
-        &["--token-file", token_file.to_str().unwrap()],
-        Some(&token),
-    );
-    let id = block_on(async {
-        p.snapshot("m", "minimal", MINIMAL_MIB).await;
-        let (st, v) = p.post("/v1/sandboxes", json!({"snapshot_tag": "m"})).await;
-        assert_eq!(st, 201, "{v}");
-        let id = ids(&v).remove(0);
-        console_headers(&p).await;
-        websocket_auth(&p, &id, &token).await;
-        id
-    });
-
     let marker = format!("hi-{}", forkd_snapshot::random_hex(4));
     let spec = json!({
-        "url": format!("{}/console/", p.url),
+        "url": format!("{base}/console/"),
         "token": token,
         "sandbox": id,
         "tag": "m",
@@ -217,7 +199,12 @@ fn the_console_drives_a_real_node_in_a_browser() {
     let out: Value = serde_json::from_slice(&run.stdout)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&run.stdout)));
     eprintln!("{}", serde_json::to_string_pretty(&out).unwrap());
+    (out, marker)
+}
 
+/// Checks what the browser saw, and the node `p`'s state after it: the
+/// first sandbox `id` killed, one spawned from the form, pool `m` at 2.
+fn check_run(out: &Value, marker: &str, p: &Poold, id: &str) {
     // 1. Without the token: the page loads, every data call is 401, the
     // page says so and lists nothing; a wrong token likewise.
     assert_eq!(out["page_status"], 200);
@@ -297,22 +284,137 @@ fn the_console_drives_a_real_node_in_a_browser() {
         .collect();
     assert!(ready.windows(2).all(|w| w[0] <= w[1]), "filling: {ready:?}");
 
-    // The plots and the snapshot tree were drawn from real data.
+    // The plots and the snapshot tree were drawn from real data, in
+    // plain words.
+    let latency = out["latency_desc"].as_str().unwrap();
+    assert!(latency.contains("Latest mean spawn latency"), "{latency}");
+    assert!(!latency.contains("none ms"), "{latency}");
+    let fanout = out["fanout_desc"].as_str().unwrap();
     assert!(
-        out["latency_desc"]
-            .as_str()
-            .unwrap()
-            .contains("Latest mean spawn latency"),
-        "{}",
-        out["latency_desc"]
+        fanout.contains("1 sandbox running") || fanout.contains("sandboxes running"),
+        "{fanout}"
     );
-    assert!(out["fanout_desc"]
-        .as_str()
-        .unwrap()
-        .contains("sandboxes running"));
+    assert!(!fanout.contains(" 1 sandboxes"), "{fanout}");
     let tree = out["snapshot_tree"].as_str().unwrap();
     assert!(
         tree.contains("m \u{2014} ready") && tree.contains("stores"),
         "{tree}"
     );
+}
+
+fn token_file(home: &Home, name: &str, prefix: &str) -> (String, PathBuf) {
+    let token = format!("{prefix}-{}", forkd_snapshot::random_hex(16));
+    let file = home.dir.join(name);
+    std::fs::write(&file, &token).unwrap();
+    (token, file)
+}
+
+#[test]
+fn the_console_drives_a_real_node_in_a_browser() {
+    let home = Home::new();
+    let (token, file) = token_file(&home, "token", "tok");
+    let p = Poold::start(
+        &home.dir,
+        &["--token-file", file.to_str().unwrap()],
+        Some(&token),
+    );
+    let id = block_on(async {
+        p.snapshot("m", "minimal", MINIMAL_MIB).await;
+        let (st, v) = p.post("/v1/sandboxes", json!({"snapshot_tag": "m"})).await;
+        assert_eq!(st, 201, "{v}");
+        let id = ids(&v).remove(0);
+        console_headers(&p.url).await;
+        // The Host check covers the console too (DNS rebinding).
+        let (st, _) = p.raw_get("/console/", Some("evil.example"));
+        assert_eq!(st, 421);
+        websocket_auth(&p.url, &id, &token).await;
+        id
+    });
+    let (out, marker) = browse(&p.url, &token, &id);
+    let nodes = out["nodes_text"].as_str().unwrap();
+    assert!(nodes.contains("up"), "{nodes}");
+    check_run(&out, &marker, &p, &id);
+}
+
+#[test]
+fn the_console_drives_a_cluster_through_the_gateway() {
+    let home = Home::new();
+    let (node_token, node_file) = token_file(&home, "node-token", "node");
+    let (token, file) = token_file(&home, "gateway-token", "gw");
+    let p = Poold::start(
+        &home.dir,
+        &["--token-file", node_file.to_str().unwrap()],
+        Some(&node_token),
+    );
+    let gw = Gateway::start_with(
+        &[("alpha", &p.url)],
+        &[
+            "--token-file",
+            file.to_str().unwrap(),
+            "--node-token-file",
+            node_file.to_str().unwrap(),
+        ],
+        Some(&token),
+    );
+    let id = block_on(async {
+        p.snapshot("m", "minimal", MINIMAL_MIB).await;
+        gw.wait_nodes("up", |s| s.get("alpha").is_some_and(|h| h == "up"))
+            .await;
+        let (st, v) = gw
+            .req(
+                forkd_api::Method::POST,
+                "/v1/sandboxes",
+                Some(json!({"snapshot_tag": "m"})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let id = ids(&v).remove(0);
+        console_headers(&gw.url).await;
+        // The node's token is not the gateway's.
+        websocket_auth(&gw.url, &id, &token).await;
+        let theirs = format!("forkd.pty, forkd.bearer.{}", hex(&node_token));
+        assert_eq!(
+            pty(&gw.url, &id, Some(&theirs)).await.err(),
+            Some(401),
+            "the node's token at the gateway"
+        );
+
+        // The gateway's /metrics: the node's families once, labelled.
+        let (st, text) = gw
+            .client
+            .send(forkd_api::Method::GET, "/metrics", None)
+            .await
+            .unwrap();
+        assert_eq!(st.as_u16(), 200);
+        let text = String::from_utf8_lossy(&text);
+        assert_eq!(
+            text.matches("# TYPE forkd_sandboxes_active ").count(),
+            1,
+            "{text}"
+        );
+        assert!(
+            text.contains("forkd_sandboxes_active{node=\"alpha\"} 1"),
+            "{text}"
+        );
+        let (st, v) = gw.req(forkd_api::Method::GET, "/version", None).await;
+        assert_eq!((st, v["role"].as_str()), (200, Some("gateway")), "{v}");
+        id
+    });
+    let (out, marker) = browse(&gw.url, &token, &id);
+    let nodes = out["nodes_text"].as_str().unwrap();
+    assert!(nodes.contains("alpha") && nodes.contains("up"), "{nodes}");
+    assert!(
+        out["node_line"]
+            .as_str()
+            .unwrap()
+            .contains("1 of 1 node up"),
+        "{}",
+        out["node_line"]
+    );
+    assert!(
+        out["row_text"].as_str().unwrap().contains("alpha"),
+        "{}",
+        out["row_text"]
+    );
+    check_run(&out, &marker, &p, &id);
 }

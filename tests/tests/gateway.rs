@@ -7,101 +7,17 @@
 //! forkd-fs mount and port; each makes its own snapshot of the same tag
 //! (snapshots reaching every node through the hub is the lazy-pull work).
 
-use forkd_api::{Client, Method};
+use forkd_api::Method;
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
-use serde_json::{json, Value};
+use forkd_e2e::gateway::Gateway;
+use serde_json::json;
 use std::collections::HashMap;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+use std::time::Duration;
 
 const MINIMAL_MIB: u64 = 128;
 const TAG: &str = "gw";
-
-/// A running `forkd-gateway`.
-struct Gateway {
-    child: Child,
-    url: String,
-    client: Client,
-}
-
-impl Gateway {
-    fn start(nodes: &[(&str, &str)]) -> Gateway {
-        let mut cmd = Command::new(forkd_e2e::bin("forkd-gateway"));
-        cmd.args([
-            "--bind",
-            "127.0.0.1:0",
-            "--poll-ms",
-            "200",
-            "--node-timeout-ms",
-            "2000",
-        ]);
-        for (name, url) in nodes {
-            cmd.args(["--node", &format!("{name}={url}")]);
-        }
-        let mut child = cmd
-            .env("FORKD_GATEWAY_LOG", "warn")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let url = line
-            .trim()
-            .strip_prefix("forkd-gateway listening on ")
-            .unwrap_or_else(|| panic!("gateway did not start: {line:?}"))
-            .to_string();
-        let client = Client::new(&url, None).unwrap();
-        Gateway { child, url, client }
-    }
-
-    async fn req(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
-        let (st, bytes) = self.client.send(method, path, body).await.unwrap();
-        let v = serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into()));
-        (st.as_u16(), v)
-    }
-
-    /// `POST /v1/sandboxes/{id}/exec` of `args`.
-    async fn exec(&self, id: &str, args: &[&str]) -> (u16, Value) {
-        let path = format!("/v1/sandboxes/{id}/exec");
-        self.req(Method::POST, &path, Some(json!({ "args": args })))
-            .await
-    }
-
-    /// Waits until `GET /v1/nodes` satisfies `done`.
-    async fn wait_nodes(&self, what: &str, done: impl Fn(&HashMap<String, String>) -> bool) {
-        let deadline = Instant::now() + Duration::from_secs(120);
-        loop {
-            let (_, v) = self.req(Method::GET, "/v1/nodes", None).await;
-            let states: HashMap<String, String> = v
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|n| {
-                    let s = n["health"]["state"].as_str().unwrap_or("").to_string();
-                    (n["name"].as_str().unwrap().to_string(), s)
-                })
-                .collect();
-            if done(&states) {
-                return;
-            }
-            assert!(Instant::now() < deadline, "nodes never {what}: {v}");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-}
-
-impl Drop for Gateway {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The node each sandbox id lives on, asked of the nodes themselves.
 async fn where_are(names: &[&str], pools: &[Option<Poold>]) -> HashMap<String, String> {

@@ -60,8 +60,8 @@ async function api(method, path, body) {
 function refuse(msg) {
   refused = true;
   $('auth-status').textContent =
-    'Refused: poold answered 401 (' + msg + '). ' +
-    (token ? 'The token is wrong; enter the right one.' : 'Enter the bearer token from poold\u2019s token_file.');
+    'Refused: the server answered 401 (' + msg + '). ' +
+    (token ? 'The token is wrong; enter the right one.' : 'Enter the bearer token from poold\u2019s (or the gateway\u2019s) token file.');
   $('auth').classList.add('refused');
 }
 
@@ -170,11 +170,38 @@ function setOptions(select, values) {
 
 // ---- sections ----------------------------------------------------------
 
+let lastSandboxCount = 0; // a lone poold's Sandboxes cell, from the last list
+
+function plural(n, one, many) {
+  return n + ' ' + (n === 1 ? one : many);
+}
+
+function healthText(h) {
+  if (!h || h.state === 'unknown') return 'not polled yet';
+  if (h.state === 'down') return 'down for ' + age(h.since_unix) + ': ' + h.why;
+  return h.state;
+}
+
+// One row per node: a gateway (`role: gateway` in /version) lists its
+// nodes from /v1/nodes; a poold is the one node.
 async function refreshNode() {
   const v = await api('GET', '/version');
-  const row = [location.host, v.version, v.accelerator || '?', v.jail ? 'yes' : 'no', v.isolation || ''];
-  syncRows($('nodes-body'), [row], (r) => r[0], (r) => r);
-  const line = 'Connected to poold ' + v.version + ' at ' + location.host + ' (' + (v.accelerator || '?') + ').';
+  let rows, line;
+  if (v.role === 'gateway') {
+    const nodes = await api('GET', '/v1/nodes');
+    rows = nodes.map((n) => {
+      const nv = n.version || {};
+      const jail = nv.jail == null ? '?' : nv.jail ? 'yes' : 'no';
+      return [n.name, nv.version || '?', nv.accelerator || '?', jail, nv.isolation || '', healthText(n.health), String(n.sandboxes)];
+    });
+    const up = nodes.filter((n) => n.health && n.health.state === 'up').length;
+    line = 'Connected to the forkd gateway ' + v.version + ' at ' + location.host + ': ' +
+      up + ' of ' + plural(nodes.length, 'node', 'nodes') + ' up.';
+  } else {
+    rows = [[location.host, v.version, v.accelerator || '?', v.jail ? 'yes' : 'no', v.isolation || '', 'up', String(lastSandboxCount)]];
+    line = 'Connected to poold ' + v.version + ' at ' + location.host + ' (' + (v.accelerator || '?') + ').';
+  }
+  syncRows($('nodes-body'), rows, (r) => r[0], (r) => r);
   if ($('node-line').textContent !== line) $('node-line').textContent = line;
 }
 
@@ -198,12 +225,13 @@ function sandboxActions(sb) {
 async function refreshSandboxes() {
   const list = await api('GET', '/v1/sandboxes');
   syncRows($('sandboxes-body'), list, (s) => s.id, (s) => [
-    s.id, s.snapshot_tag, age(s.created_at_unix),
+    s.id, s.node || 'this node', s.snapshot_tag, age(s.created_at_unix),
     (s.pool_hit ? 'pool hit' : 'restored') + (s.spawn_ms != null ? ', ' + s.spawn_ms + ' ms' : ''),
     limits(s), network(s),
   ], sandboxActions);
   const n = list.length;
-  const line = n === 1 ? '1 sandbox running.' : n + ' sandboxes running.';
+  lastSandboxCount = n;
+  const line = plural(n, 'sandbox', 'sandboxes') + ' running.';
   if ($('sandbox-count').textContent !== line) $('sandbox-count').textContent = line;
 }
 
@@ -412,20 +440,28 @@ function termSend(data) {
 
 // ---- plots -------------------------------------------------------------
 
-// Prometheus text: {"name{labels}": value}.
+// Prometheus text: [{name, labels, value}] (a timestamp after the value
+// is ignored).
 function parseMetrics(text) {
-  const m = new Map();
+  const out = [];
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('#')) continue;
-    const i = line.lastIndexOf(' ');
-    m.set(line.slice(0, i), Number(line.slice(i + 1)));
+    const m = /^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)/.exec(line);
+    if (!m) continue;
+    const labels = {};
+    for (const [, k, v] of (m[2] || '').matchAll(/([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"/g)) labels[k] = v;
+    out.push({ name: m[1], labels, value: Number(m[3]) });
   }
-  return m;
+  return out;
 }
 
-function sumOf(m, prefix) {
+// The sum of `name`'s samples whose labels include every one of `want`:
+// through a gateway each node has its own series (label `node`).
+function sumOf(samples, name, want) {
   let s = 0;
-  for (const [k, v] of m) if (k === prefix || k.startsWith(prefix + '{')) s += v;
+  for (const x of samples) {
+    if (x.name === name && Object.entries(want || {}).every(([k, v]) => x.labels[k] === v)) s += x.value;
+  }
   return s;
 }
 
@@ -440,8 +476,8 @@ function push(arr, v) {
 async function refreshMetrics() {
   const m = parseMetrics(await api('GET', '/metrics'));
   for (const src of ['pool', 'restore']) {
-    const sum = m.get('forkd_spawn_latency_seconds_sum{source="' + src + '"}') || 0;
-    const count = m.get('forkd_spawn_latency_seconds_count{source="' + src + '"}') || 0;
+    const sum = sumOf(m, 'forkd_spawn_latency_seconds_sum', { source: src });
+    const count = sumOf(m, 'forkd_spawn_latency_seconds_count', { source: src });
     let mean = null;
     const before = lastMetrics[src];
     if (before && count > before.count) mean = ((sum - before.sum) / (count - before.count)) * 1000;
@@ -453,13 +489,14 @@ async function refreshMetrics() {
   const last = (a) => a.filter((v) => v != null).slice(-1)[0];
   draw($('plot-latency'), [series.pool, series.restore], 'ms',
     (last(series.pool) == null && last(series.restore) == null) ? 'No spawns yet.'
-      : 'Latest mean spawn latency: from a pool ' + fmt(last(series.pool)) + ' ms, restored ' + fmt(last(series.restore)) + ' ms.');
+      : 'Latest mean spawn latency: ' + ms('from a pool', last(series.pool)) + ', ' + ms('restored', last(series.restore)) + '.');
   draw($('plot-fanout'), [series.active, series.ready], '',
-    'Now ' + last(series.active) + ' sandboxes running, ' + last(series.ready) + ' pool children ready.');
+    'Now ' + plural(last(series.active), 'sandbox', 'sandboxes') + ' running, ' +
+      plural(last(series.ready), 'pool child', 'pool children') + ' ready.');
 }
 
-function fmt(v) {
-  return v == null ? 'none' : v.toFixed(0);
+function ms(what, v) {
+  return v == null ? what + ' none yet' : what + ' ' + v.toFixed(0) + ' ms';
 }
 
 const SVG = 'http://www.w3.org/2000/svg';

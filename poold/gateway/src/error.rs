@@ -9,8 +9,6 @@ use axum::response::{IntoResponse, Response};
 pub enum GatewayError {
     #[error("{field}: {why}")]
     BadRequest { field: &'static str, why: String },
-    #[error("missing or wrong bearer token")]
-    Unauthorized,
     #[error("request body over {limit} bytes; the gateway reads at most that much of a spawn or snapshot request")]
     BodyTooLarge { limit: usize },
     #[error("no healthy node holds snapshot {tag:?}{down}; create or pull it on a node, or wait for its node to return")]
@@ -52,7 +50,6 @@ impl GatewayError {
     fn status(&self) -> StatusCode {
         match self {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
-            GatewayError::Unauthorized => StatusCode::UNAUTHORIZED,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             GatewayError::NoNodeHolds { .. } | GatewayError::SandboxNotFound { .. } => {
                 StatusCode::NOT_FOUND

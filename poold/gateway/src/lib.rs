@@ -31,6 +31,7 @@
 
 pub mod config;
 mod error;
+pub mod metrics;
 pub mod nodes;
 pub mod place;
 mod proxy;

@@ -40,6 +40,8 @@ struct Seen {
     ready: HashMap<String, usize>,
     snapshots: HashSet<String>,
     sandboxes: usize,
+    /// The node's `GET /version` (build, accelerator, jail, isolation).
+    version: Option<serde_json::Value>,
 }
 
 /// One poold node.
@@ -80,6 +82,9 @@ pub struct NodeView {
     pub ready: HashMap<String, usize>,
     pub snapshots: Vec<String>,
     pub sandboxes: usize,
+    /// The node's own `GET /version`, as of its last good poll.
+    #[serde(default)]
+    pub version: Option<serde_json::Value>,
 }
 
 impl Node {
@@ -193,6 +198,7 @@ impl Node {
             ready: st.1.ready.clone(),
             snapshots,
             sandboxes: st.1.sandboxes,
+            version: st.1.version.clone(),
         }
     }
 }
@@ -302,15 +308,17 @@ impl Registry {
         struct Snap {
             tag: String,
         }
-        let (pools, snaps, sandboxes) = tokio::try_join!(
+        let (pools, snaps, sandboxes, version) = tokio::try_join!(
             self.get_json::<Vec<Pool>>(n, "/v1/pools"),
             self.get_json::<Vec<Snap>>(n, "/v1/snapshots"),
             self.get_json::<Vec<serde_json::Value>>(n, "/v1/sandboxes"),
+            self.get_json::<serde_json::Value>(n, "/version"),
         )?;
         Ok(Seen {
             ready: pools.into_iter().map(|p| (p.tag, p.ready)).collect(),
             snapshots: snaps.into_iter().map(|s| s.tag).collect(),
             sandboxes: sandboxes.len(),
+            version: Some(version),
         })
     }
 

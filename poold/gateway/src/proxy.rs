@@ -8,6 +8,10 @@
 //!   merged; a header `forkd-unreachable-nodes` names the ones left out.
 //! - Snapshot deletes and pool settings: every healthy node.
 //! - `GET /v1/nodes`: the gateway's own view of its nodes.
+//! - `GET /metrics`: every healthy node's, merged ([`crate::metrics`]);
+//!   `GET /version`: the gateway's own, with `"role": "gateway"`.
+//! - `/console/`: the web console (forkd-console), as poold serves it; its
+//!   calls come back here, so it shows the whole cluster.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -32,20 +36,26 @@ const MAX_JSON_BODY: usize = 1 << 20;
 /// Names the nodes a merged list or a fan-out could not reach.
 const UNREACHABLE_HEADER: &str = "forkd-unreachable-nodes";
 
+/// The most of a node's whole reply (a list, `/metrics`) the gateway
+/// reads; a node that sends more is treated as unreachable.
+const MAX_NODE_REPLY: usize = 64 << 20;
+/// The PTY's WebSocket app protocol, answered to a browser that offers it
+/// (docs/console.md, "Auth"; poold answers the same).
+const PTY_PROTOCOL: &str = "forkd.pty";
+
 #[derive(Clone)]
 struct App {
     reg: Arc<Registry>,
-    token: Option<Arc<str>>,
 }
 
 type Reply = Result<Response, GatewayError>;
 
-/// The gateway's routes; every one but `/healthz` behind `token`.
+/// The gateway's routes; every one but `/healthz` and the console's
+/// static files behind `token`, checked as poold checks it (the header, or
+/// on a WebSocket upgrade the `forkd.bearer.<hex>` subprotocol a browser
+/// sends: `forkd_edge::auth`).
 pub fn router(reg: Arc<Registry>, token: Option<String>) -> Router {
-    let app = App {
-        reg,
-        token: token.map(Arc::from),
-    };
+    let app = App { reg };
     let not_routed = || {
         GatewayError::NotRouted {
         what: "this path",
@@ -71,6 +81,8 @@ pub fn router(reg: Arc<Registry>, token: Option<String>) -> Router {
             get(one_pool).put(on_every_holder).delete(on_every_holder),
         )
         .route("/openapi.json", get(any_node))
+        .route("/version", get(version))
+        .route("/metrics", get(metrics))
         .route(
             "/v1/workspaces",
             any(|| async {
@@ -81,22 +93,44 @@ pub fn router(reg: Arc<Registry>, token: Option<String>) -> Router {
             }),
         )
         .fallback(move || async move { not_routed() })
-        .layer(middleware::from_fn_with_state(app.clone(), auth))
+        .layer(middleware::from_fn_with_state(
+            Arc::new(token),
+            forkd_edge::auth::bearer,
+        ))
         .route("/healthz", get(|| async { "ok\n" }))
+        .merge(forkd_console::router())
         .with_state(app)
 }
 
-async fn auth(State(app): State<App>, req: Request, next: middleware::Next) -> Response {
-    if let Some(want) = &app.token {
-        let got = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok());
-        if !forkd_hub::auth::bearer_matches(got, want) {
-            return GatewayError::Unauthorized.into_response();
+/// `GET /version`: the gateway's build and how many nodes it sees; the
+/// console tells a gateway from a poold by `role`.
+async fn version(State(app): State<App>) -> Json<Value> {
+    Json(serde_json::json!({
+        "version": env!("CARGO_PKG_VERSION"),
+        "role": "gateway",
+        "nodes": app.reg.nodes().len(),
+        "nodes_up": app.reg.up_nodes().len(),
+    }))
+}
+
+/// `GET /metrics`: the healthy nodes' metrics, one family each, every
+/// sample labelled with its node.
+async fn metrics(State(app): State<App>) -> Response {
+    let nodes = app.reg.up_nodes();
+    let (replies, mut missing) = gather(&app.reg, &nodes, "/metrics").await;
+    let mut merged = crate::metrics::Merged::default();
+    for (i, r) in replies {
+        match std::str::from_utf8(&r.body) {
+            Ok(text) if r.status.is_success() => merged.add(&nodes[i].name, text),
+            _ => missing.push(nodes[i].name.clone()),
         }
     }
-    next.run(req).await
+    let mut r = merged.render().into_response();
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+    );
+    with_unreachable(r, &missing)
 }
 
 async fn nodes(State(app): State<App>) -> Json<Vec<crate::NodeView>> {
@@ -414,7 +448,9 @@ async fn pty(
         }
         Err(e) => return Err(unreachable_ws(&node, &e)),
     };
-    Ok(ws.on_upgrade(move |client| relay(client, upstream)))
+    Ok(ws
+        .protocols([PTY_PROTOCOL])
+        .on_upgrade(move |client| relay(client, upstream)))
 }
 
 fn unreachable_ws(node: &Node, e: &dyn std::error::Error) -> GatewayError {
@@ -502,10 +538,20 @@ async fn read_reply(
     node: &Node,
     sent: Result<reqwest::Response, reqwest::Error>,
 ) -> Result<NodeReply, GatewayError> {
-    let r = sent.map_err(|e| unreachable(node, &e))?;
+    let mut r = sent.map_err(|e| unreachable(node, &e))?;
     let status = r.status();
     let headers = r.headers().clone();
-    let body = r.bytes().await.map_err(|e| unreachable(node, &e))?;
+    let mut body = Vec::new();
+    while let Some(chunk) = r.chunk().await.map_err(|e| unreachable(node, &e))? {
+        if body.len() + chunk.len() > MAX_NODE_REPLY {
+            return Err(GatewayError::NodeUnreachable {
+                node: node.name.clone(),
+                why: format!("its reply is over {MAX_NODE_REPLY} bytes"),
+            });
+        }
+        body.extend_from_slice(&chunk);
+    }
+    let body = Bytes::from(body);
     Ok(NodeReply {
         status,
         headers,
@@ -540,9 +586,14 @@ async fn list_sandboxes(State(app): State<App>, OriginalUri(uri): OriginalUri) -
         .unwrap_or("/v1/sandboxes");
     let (replies, missing) = gather(&app.reg, &nodes, pq).await;
     let mut all = items(replies);
-    for (i, s) in &all {
+    for (i, s) in &mut all {
         if let Some(id) = s.get("id").and_then(Value::as_str) {
             app.reg.remember(id, &nodes[*i].name);
+        }
+        // Which node holds it, for operators (the console's Node column).
+        if let Some(o) = s.as_object_mut() {
+            o.entry("node")
+                .or_insert_with(|| Value::String(nodes[*i].name.clone()));
         }
     }
     all.sort_by_key(|(_, s)| {
