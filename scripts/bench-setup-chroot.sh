@@ -46,6 +46,12 @@ t0=$SECONDS
 debootstrap --variant=minbase --include=ca-certificates,git,procps,kmod,iproute2 \
   bookworm "$root" "$mirror" >/dev/null
 cp /etc/resolv.conf "$root/etc/resolv.conf"
+# The CAs this host added (a TLS-inspecting proxy's, say): a fresh host on
+# the same network would have them too, or reach no registry.
+if compgen -G '/usr/local/share/ca-certificates/*' >/dev/null; then
+  cp -r /usr/local/share/ca-certificates/. "$root/usr/local/share/ca-certificates/"
+  chroot "$root" update-ca-certificates >/dev/null
+fi
 rm -f "$root/etc/apt/sources.list"
 for f in /etc/apt/sources.list.d/*.sources; do
   # Only Debian's own sources, not what setup.sh added to this host.
