@@ -39,14 +39,27 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
     let sources = sources(&src);
     let mut build = config(&src, &target);
+    let mut texts = Vec::new();
     for (i, chunk) in chunks(&sources).iter().enumerate() {
         let file = out.join(format!("rocksdb-unity-{i}.cc"));
-        write_if_changed(&file, &unity(chunk));
+        let text = unity(chunk);
+        write_if_changed(&file, &text);
         build.file(file);
+        texts.push(text);
     }
-    build.cargo_metadata(false).compile("rocksdb");
+    let cached = cache_dir(&out).map(|d| d.join(key(&build, &texts)));
+    let lib_dir = match cached {
+        Some(dir) if dir.join("librocksdb.a").is_file() => dir,
+        cached => {
+            build.cargo_metadata(false).compile("rocksdb");
+            if let Some(dir) = cached {
+                keep(&out.join("librocksdb.a"), &dir);
+            }
+            out
+        }
+    };
     // librocksdb-sys asks for `-lrocksdb`; the linker finds it here.
-    println!("cargo:rustc-link-search=native={}", out.display());
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
     println!(
         "cargo:rerun-if-changed={}",
         src.join("rocksdb_lib_sources.txt").display()
@@ -99,6 +112,61 @@ fn unity(files: &[PathBuf]) -> String {
         writeln!(s, "#include \"{}\"", f.display()).unwrap();
     }
     s
+}
+
+/// Where built libraries are kept across checkouts sharing a target dir
+/// (CI clones to a new path each run, which gives this crate a new build
+/// directory): `<target>/forkd-rocksdb-unity/`, from OUT_DIR =
+/// `<target>/[<triple>/]<profile>/build/<crate>-<hash>/out`.
+fn cache_dir(out: &Path) -> Option<PathBuf> {
+    let profile_dir = out.ancestors().nth(3)?;
+    let target = profile_dir
+        .ancestors()
+        .skip(1)
+        .find(|d| d.join("CACHEDIR.TAG").is_file())?;
+    Some(target.join("forkd-rocksdb-unity"))
+}
+
+/// Everything that decides the library's bytes: the unity files' text
+/// (their include paths name librocksdb-sys's version), the compiler, its
+/// version and every flag. A changed input is a new key, never a stale hit.
+fn key(build: &cc::Build, texts: &[String]) -> String {
+    use std::hash::{Hash, Hasher};
+    let tool = build.get_compiler();
+    let version = std::process::Command::new(tool.path())
+        .arg("--version")
+        .output()
+        .map(|o| o.stdout)
+        .unwrap_or_default();
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (
+        texts,
+        tool.path(),
+        tool.args(),
+        version,
+        env::var("TARGET").ok(),
+    )
+        .hash(&mut h);
+    for t in texts {
+        for line in t.lines().filter_map(|l| l.strip_prefix("#include \"")) {
+            std::fs::read(line.trim_end_matches('"'))
+                .unwrap_or_default()
+                .hash(&mut h);
+        }
+    }
+    format!("{:016x}", h.finish())
+}
+
+/// Copies `lib` into `dir` (a temporary name, then a rename: a reader
+/// sees a whole file or none). Failing to keep it only costs a rebuild.
+fn keep(lib: &Path, dir: &Path) {
+    let tmp = dir.with_extension(format!("tmp-{}", std::process::id()));
+    let ok = std::fs::create_dir_all(&tmp)
+        .and_then(|()| std::fs::copy(lib, tmp.join("librocksdb.a")))
+        .and_then(|_| std::fs::rename(&tmp, dir));
+    if ok.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
 }
 
 fn on_path(program: &str) -> bool {

@@ -69,6 +69,10 @@ pub use secondary::{StoreReader, DEFAULT_READER_CACHE_BYTES};
 pub use snapshot::{FileRef, NewSnapshot, SnapshotRecord};
 pub use stats::{DiffReport, FileDiff, FileStatus, Stats};
 pub use store::{db_dir, packs_dir, DeleteReport, Store, StoreOptions};
+// The RocksDB that the `rocksdb` crate links is built by this crate
+// (layers/rocksdb-unity); naming it keeps it in every link.
+use forkd_rocksdb_unity as _;
+
 pub use tag::{is_valid_file_name, validate_tag, TagError, MAX_TAG_LEN};
 pub use transfer::{
     decode_manifest, decode_record, ChunkImport, StoredChunk, VerifiedChunk, MAX_MANIFEST_BYTES,
@@ -92,7 +96,3 @@ mod tests {
         send_sync::<crate::Error>();
     }
 }
-
-// The RocksDB that the `rocksdb` crate links is built by this crate
-// (layers/rocksdb-unity); naming it keeps it in every link.
-use forkd_rocksdb_unity as _;

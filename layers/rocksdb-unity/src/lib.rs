@@ -21,6 +21,11 @@
 //! does nothing); so does pointing `ROCKSDB_LIB_DIR` at a RocksDB of the
 //! exact bundled version with `FORKD_ROCKSDB_UNITY=0`.
 //!
+//! A built library is kept in `<target dir>/forkd-rocksdb-unity/<key>/`,
+//! the key hashing the unity files, every source they include, the
+//! compiler, its version and its flags: a checkout at a new path (CI
+//! clones afresh each run) reuses it, and any change of input misses.
+//!
 //! Invariants:
 //! - The sources, their order and the defines are librocksdb-sys's for the
 //!   target (read from its directory, not copied); only the grouping into
