@@ -130,3 +130,56 @@ fn poold_refuses_to_start_with_a_key_that_is_not_the_certificates() {
         .expect("poold started with a certificate and no key");
     assert!(e.contains("go together"), "{e}");
 }
+
+/// The gateway on HTTPS (`--tls-cert`/`--tls-key`, poold's listener code)
+/// in front of a plain-HTTP poold: a client trusting the certificate gets
+/// answers, including the node's merged list; one that does not gets no
+/// answer. Boots no guest.
+#[test]
+fn the_gateway_serves_https_in_front_of_a_node() {
+    let home = Home::new();
+    let (cert, key) = self_signed(&home.dir);
+    let p = Poold::start(&home.dir, &[], None);
+    let gw = forkd_e2e::gateway::Gateway::start_with(
+        &[("alpha", &p.url)],
+        &[
+            "--tls-cert",
+            cert.to_str().unwrap(),
+            "--tls-key",
+            key.to_str().unwrap(),
+        ],
+        None,
+    );
+    assert!(gw.url.starts_with("https://127.0.0.1:"), "{}", gw.url);
+    forkd_e2e::block_on(async {
+        let c = Client::with_ca(&gw.url, None, Some(&cert)).unwrap();
+        let (s, body) = c.send(Method::GET, "/version", None).await.unwrap();
+        assert_eq!(s.as_u16(), 200, "{}", String::from_utf8_lossy(&body));
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["role"], "gateway", "{v}");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let (s, body) = c.send(Method::GET, "/v1/nodes", None).await.unwrap();
+            assert_eq!(s.as_u16(), 200);
+            let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            if v[0]["health"]["state"] == "up" {
+                assert_eq!(v[0]["version"]["api"], "v1", "{v}");
+                break;
+            }
+            assert!(std::time::Instant::now() < deadline, "node never up: {v}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (s, body) = c.send(Method::GET, "/v1/sandboxes", None).await.unwrap();
+        assert_eq!(s.as_u16(), 200, "{}", String::from_utf8_lossy(&body));
+        assert_eq!(&body[..], b"[]");
+        let untrusting = Client::new(&gw.url, None).unwrap();
+        let e = untrusting
+            .send(Method::GET, "/version", None)
+            .await
+            .expect_err("an untrusted certificate was accepted");
+        assert!(
+            format!("{e:#}").to_lowercase().contains("certificate"),
+            "{e:#}"
+        );
+    });
+}

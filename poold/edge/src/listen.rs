@@ -35,9 +35,9 @@ impl Listener {
         addr: SocketAddr,
         tls: Option<Arc<rustls::ServerConfig>>,
     ) -> Result<Listener> {
-        let l = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding {addr} (is another poold running?)"))?;
+        let l = tokio::net::TcpListener::bind(addr).await.with_context(|| {
+            format!("binding {addr} (is another poold or gateway listening there?)")
+        })?;
         Ok(Listener::Tcp(l, tls))
     }
 

@@ -43,13 +43,13 @@ pub use proxy::router;
 
 use std::sync::Arc;
 
-/// Runs the gateway on `listener` until the process ends: the health poll
-/// in the background, the router in the foreground.
-pub async fn serve(config: Config, listener: tokio::net::TcpListener) -> anyhow::Result<()> {
+/// Runs the gateway on `listener` (TCP, HTTPS when it has a TLS config:
+/// poold's listener code, `forkd_edge::listen`) until SIGINT/SIGTERM: the
+/// health poll in the background, the router in the foreground.
+pub async fn serve(config: Config, listener: forkd_edge::listen::Listener) -> anyhow::Result<()> {
     let registry = Arc::new(Registry::new(&config)?);
     tokio::spawn(nodes::poll_forever(registry.clone()));
     registry.poll_once().await;
     let app = router(registry, config.token.clone());
-    axum::serve(listener, app).await?;
-    Ok(())
+    listener.serve(app).await
 }

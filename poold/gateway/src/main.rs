@@ -30,6 +30,12 @@ struct Args {
     /// required unless the bind address is loopback.
     #[arg(long, env = "FORKD_GATEWAY_TOKEN_FILE")]
     token_file: Option<std::path::PathBuf>,
+    /// PEM certificate (chain) to serve HTTPS with; needs --tls-key.
+    #[arg(long, env = "FORKD_GATEWAY_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key of --tls-cert.
+    #[arg(long, env = "FORKD_GATEWAY_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// File whose first line is the bearer token of the nodes' poold.
     #[arg(long, env = "FORKD_NODE_TOKEN_FILE")]
     node_token_file: Option<std::path::PathBuf>,
@@ -92,13 +98,18 @@ async fn main() -> anyhow::Result<()> {
         poll_interval: Duration::from_millis(a.poll_ms.max(100)),
         node_timeout: Duration::from_millis(a.node_timeout_ms.max(100)),
     };
-    let listener = tokio::net::TcpListener::bind(a.bind)
-        .await
-        .with_context(|| format!("binding {}", a.bind))?;
+    let tls = match (&a.tls_cert, &a.tls_key) {
+        (Some(cert), Some(key)) => Some(forkd_edge::tls::server_config(cert, key)?),
+        _ => None,
+    };
+    if tls.is_none() && !a.bind.ip().is_loopback() {
+        tracing::warn!(
+            bind = %a.bind,
+            "serving plain HTTP on a non-loopback address: the bearer token crosses the network in clear; give --tls-cert/--tls-key or terminate TLS in front"
+        );
+    }
+    let listener = forkd_edge::listen::Listener::bind_tcp(a.bind, tls).await?;
     // The line tests and scripts wait for, as poold prints its own.
-    println!(
-        "forkd-gateway listening on http://{}",
-        listener.local_addr()?
-    );
+    println!("forkd-gateway listening on {}", listener.url());
     forkd_gateway::serve(config, listener).await
 }
