@@ -625,30 +625,3 @@ mod sync_tests {
         assert!(format!("{e:#}").contains("format version 99"), "{e:#}");
     }
 }
-
-impl From<SandboxRecord> for forkd_api::SandboxInfo {
-    fn from(r: SandboxRecord) -> forkd_api::SandboxInfo {
-        let egress = r.effective_egress();
-        forkd_api::SandboxInfo {
-            id: r.id,
-            snapshot_tag: r.snapshot_tag,
-            netns: r.net.as_ref().map(|n| n.netns.clone()),
-            guest_addr: r.net.as_ref().map(|n| n.guest_addr.to_string()),
-            created_at_unix: r.created_at_unix,
-            pid: Some(r.pid),
-            memory_limit_mib: r.memory_limit_mib,
-            has_branched: r.branch_count > 0,
-            last_branch_memory_path: None,
-            branch_count: r.branch_count,
-            snapshot_id: r.snapshot_id,
-            hostname: r.hostname,
-            expires_at_unix: r.expires_at_unix,
-            pool_hit: r.pool_hit,
-            spawn_ms: r.spawn_ms,
-            cpus: r.cpus,
-            pids_max: r.pids_max,
-            ports: r.ports,
-            egress,
-        }
-    }
-}
