@@ -59,6 +59,8 @@ for f in /etc/apt/sources.list.d/*.sources; do
 done
 note "[root: $(( SECONDS - t0 ))s, not counted]"
 
+# The VM jail pivots into its own root, which needs / to be a mount point.
+mount --bind "$root" "$root"
 for d in dev dev/pts proc sys sys/fs/cgroup; do
   mkdir -p "$root/$d"
   mount --rbind "/$d" "$root/$d"

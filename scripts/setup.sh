@@ -162,7 +162,7 @@ build_workspace() {
   # cargo --quiet prints nothing until it is done; say what to expect so a
   # first build (RocksDB's C++ and ~400 crates) does not look hung.
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
-    note "first build: compiles RocksDB and ~400 crates, tens of minutes on a small host; quiet until done"
+    note "first build: ~400 crates and RocksDB, about 18 minutes on a 2-core host with Debian's Rust; quiet until done"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
   wait_virtiofsd
   return_target
