@@ -8,7 +8,7 @@ use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{alive, no_fuse, wait_for, TestStore};
+use common::{alive, no_fuse, stop, wait_for, TestStore};
 use forkd_fs::{mount, ControlError};
 use forkd_layers::synth;
 use rand::{Rng, SeedableRng};
@@ -512,8 +512,7 @@ fn a_hung_daemon_is_aborted_and_replaced() {
     m.note_pid();
     // The process that serves requests hangs (behind a holder: the worker).
     let pid = m.client().status().unwrap().pid as i32;
-    let stop = nix::sys::signal::Signal::SIGSTOP;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), stop).unwrap();
+    stop(pid);
     assert_eq!(
         mount::probe(&m.mountpoint, Duration::from_millis(300)),
         mount::Probe::Hung
@@ -553,7 +552,7 @@ fn a_killed_worker_is_replaced_and_its_unanswered_requests_replayed() {
 
     let f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
     let map = Map::private(&f, d.len(), libc::PROT_READ);
-    kill(worker, Signal::SIGSTOP).unwrap();
+    stop(worker.as_raw());
     let path = m.path("by-id");
     let pending = std::thread::spawn(move || std::fs::read_dir(path).unwrap().count());
     std::thread::sleep(Duration::from_millis(300));

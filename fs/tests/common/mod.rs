@@ -180,6 +180,31 @@ pub fn alive(pid: i32) -> bool {
     }
 }
 
+/// SIGSTOPs `pid` and waits until every one of its threads shows as
+/// stopped: `kill` only queues the stop, and a thread that is running (or
+/// just woke in `read(/dev/fuse)`) may still answer a request issued in
+/// the meantime.
+pub fn stop(pid: i32) {
+    use nix::sys::signal::{kill, Signal};
+    kill(nix::unistd::Pid::from_raw(pid), Signal::SIGSTOP).unwrap();
+    let all_stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            std::fs::read_to_string(t.path().join("stat")).is_ok_and(|s| {
+                s.rsplit(')')
+                    .next()
+                    .is_some_and(|r| r.trim_start().starts_with(['T', 't']))
+            })
+        })
+    };
+    assert!(
+        wait_for(Duration::from_secs(10), all_stopped),
+        "{pid} did not stop"
+    );
+}
+
 /// Waits until `f` holds or `timeout` passes; returns whether it held.
 pub fn wait_for(timeout: Duration, mut f: impl FnMut() -> bool) -> bool {
     let end = Instant::now() + timeout;
