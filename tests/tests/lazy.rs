@@ -8,9 +8,11 @@
 //!   needs a chunk waits for it and carries on once the hub is back; a new
 //!   spawn meanwhile gets a clear error;
 //! - a chunk corrupted on the hub is refused: the read fails, nothing wrong
-//!   is served or stored.
+//!   is served or stored;
+//! - a pool of a lazy snapshot parks no child until the snapshot's working
+//!   set is local, and says why meanwhile.
 
-use forkd_e2e::daemon::Home;
+use forkd_e2e::daemon::{Home, Poold};
 use forkd_e2e::{bin, block_on, create_snapshot, fork, paths};
 use forkd_layers::{ChunkRef, StoreReader};
 use forkd_remote::layout::Key;
@@ -409,4 +411,63 @@ fn a_chunk_corrupted_on_the_hub_is_refused() {
     let bs = StoreReader::open_secondary(&Paths::new(&b.dir).store_dir(), &sec).unwrap();
     assert_eq!(bs.has_chunks(&[victim]).unwrap(), vec![false]);
     ok(&b.dir, &["store", "verify"], &[]);
+}
+
+/// Pools refill only from snapshots whose working set is local. The hub's
+/// packs are moved away before a lazy pull (which needs only records,
+/// indexes and the working set), so no chunk can arrive: the pool parks
+/// nothing and says why. Once the packs are back it fills, and its child
+/// answers.
+#[test]
+fn a_pool_of_a_lazy_snapshot_waits_until_its_working_set_is_local() {
+    let tag = recorded_snapshot();
+    let s3 = S3::start();
+    let url = s3.url("four");
+    ok(&paths().home, &["push", &tag, &url, "-q"], &s3.env());
+    let packs = s3.root.join(BUCKET).join("four").join("packs");
+    let away = s3.root.join("packs-away");
+    std::fs::rename(&packs, &away).unwrap();
+
+    let b = Home::new();
+    ok(&b.dir, &["pull", &url, &tag, "--lazy", "-q"], &s3.env());
+    let p = Poold::start(&b.dir, &["--pool", &format!("{tag}=1")], None);
+    block_on(async {
+        // Held back, with the reason, for as long as the chunks are away
+        // (several refill rounds).
+        let waiting = p.wait_pool_until(&tag, |v| v["waiting"].is_string()).await;
+        assert!(
+            waiting["waiting"]
+                .as_str()
+                .unwrap()
+                .contains("working set is still being fetched"),
+            "{waiting}"
+        );
+        let until = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < until {
+            let (_, v) = p.get(&format!("/v1/pools/{tag}")).await;
+            assert_eq!(v["ready"], 0, "a child parked without its working set: {v}");
+            assert_eq!(
+                v["in_flight"], 0,
+                "a restore started without its working set: {v}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(lazy_status(&b.dir).fetched_chunks, 0);
+
+        // The chunks can be fetched again: the pool fills, and says nothing.
+        std::fs::rename(&away, &packs).unwrap();
+        let v = p
+            .wait_pool_until(&tag, |v| v["ready"] == 1 && v["in_flight"] == 0)
+            .await;
+        assert!(v["waiting"].is_null(), "{v}");
+        assert!(lazy_status(&b.dir).fetched_chunks > 0);
+        let (st, v) = p
+            .post("/v1/sandboxes", serde_json::json!({"snapshot_tag": tag}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        assert_eq!(v[0]["pool_hit"], true, "{v}");
+        let id = v[0]["id"].as_str().unwrap().to_string();
+        let (st, _) = p.delete(&format!("/v1/sandboxes/{id}")).await;
+        assert!(st == 204 || st == 200, "{st}");
+    });
 }

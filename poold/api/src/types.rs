@@ -475,6 +475,11 @@ pub struct PoolStatus {
     pub hits: u64,
     /// Spawns that found the pool empty and restored on demand.
     pub misses: u64,
+    /// Why the pool is not refilling now: its snapshot is lazy and the
+    /// working set its children read first is still being fetched (absent
+    /// when it refills).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// The OpenAPI shape of a published port (`forkd_net::proxy::PortSpec`

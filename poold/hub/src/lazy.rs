@@ -7,8 +7,8 @@
 //! - [`start_filling`]: after a lazy pull, make sure forkd-fs runs on the
 //!   data dir (it fetches what reads need and fills the rest);
 //! - the read side (how much is local, whether a pool may refill) is the
-//!   layer store's: `StoreView::residency` and
-//!   `StoreView::working_set_local`.
+//!   layer store's (`StoreView::residency`, `StoreView::working_set_local`)
+//!   and forkd-fs's, which poold's refills ask (`Source::working_set_local`).
 
 use crate::transfer::{pull, PullOptions, TransferReport};
 use anyhow::{Context, Result};

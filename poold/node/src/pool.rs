@@ -19,7 +19,11 @@
 //!   child is paged back in, one per pool at a time ([`Residency`] has the
 //!   states): reading a child back from swap costs a fraction of the CPU a
 //!   refill's restore does, so spawns faster than refills still find a
-//!   resident child.
+//!   resident child;
+//! - a pool whose refill was held back ([`Pools::hold_back`]: its lazy
+//!   snapshot's working set is not local yet, so a parked child would fault
+//!   it over the network) says why in its status and is not planned again
+//!   for [`HOLD_BACK_RECHECK`]; the next refill that ends clears the reason.
 //!
 //! The pool bookkeeping is generic over what it parks ([`Parked`]) so its
 //! rules are unit-tested without a VM; the daemon parks [`PooledVm`]s.
@@ -30,6 +34,10 @@ pub use forkd_api::PoolStatus;
 use forkd_vmm::Vm;
 use std::collections::{BTreeMap, VecDeque};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// How long a held-back pool waits before a refill asks again.
+pub const HOLD_BACK_RECHECK: Duration = Duration::from_secs(1);
 
 /// A paused child waiting in a pool.
 pub struct PooledVm {
@@ -87,6 +95,8 @@ struct Pool<V> {
     generation: u64,
     hits: u64,
     misses: u64,
+    /// Why its last refill was held back, and when.
+    waiting: Option<(String, Instant)>,
 }
 
 impl<V> Default for Pool<V> {
@@ -98,6 +108,7 @@ impl<V> Default for Pool<V> {
             generation: 0,
             hits: 0,
             misses: 0,
+            waiting: None,
         }
     }
 }
@@ -340,7 +351,11 @@ impl<V: Parked> Pools<V> {
             .filter_map(|(t, p)| {
                 let s = p.spec.as_ref()?;
                 let have = p.ready.len() + p.in_flight;
-                (have < s.min_ready.min(s.max())).then(|| (have, t.clone()))
+                let held = p
+                    .waiting
+                    .as_ref()
+                    .is_some_and(|(_, at)| at.elapsed() < HOLD_BACK_RECHECK);
+                (have < s.min_ready.min(s.max()) && !held).then(|| (have, t.clone()))
             })
             .collect();
         tags.sort();
@@ -377,6 +392,7 @@ impl<V: Parked> Pools<V> {
         let mut g = self.inner.lock().unwrap();
         let p = g.entry(t.tag.clone()).or_default();
         p.in_flight = p.in_flight.saturating_sub(1);
+        p.waiting = None;
         self.refill_done.notify_waiters();
         let vm = vm?;
         let room = p.spec.as_ref().is_some_and(|s| p.ready.len() < s.max());
@@ -386,6 +402,17 @@ impl<V: Parked> Pools<V> {
         } else {
             Some(vm)
         }
+    }
+
+    /// Ends an in-flight refill that did not start because the pool must
+    /// wait (`why`, shown in its status); it is planned again after
+    /// [`HOLD_BACK_RECHECK`].
+    pub fn hold_back(&self, t: &RefillTicket, why: String) {
+        let mut g = self.inner.lock().unwrap();
+        let p = g.entry(t.tag.clone()).or_default();
+        p.in_flight = p.in_flight.saturating_sub(1);
+        p.waiting = Some((why, Instant::now()));
+        self.refill_done.notify_waiters();
     }
 
     /// Puts back an adopted child after a restart, unless its pool has no
@@ -447,6 +474,7 @@ fn status_of<V: Parked>(tag: &str, p: &Pool<V>) -> PoolStatus {
         in_flight: p.in_flight,
         hits: p.hits,
         misses: p.misses,
+        waiting: p.waiting.as_ref().map(|(why, _)| why.clone()),
     }
 }
 
@@ -534,6 +562,39 @@ mod tests {
             (3, 0, 3, 5)
         );
         assert!(p.plan_refills(10).is_empty(), "full at min_ready");
+    }
+
+    #[test]
+    fn a_held_back_pool_says_why_and_is_asked_again_later() {
+        let p = Pools::<Fake>::default();
+        p.set("lazy", spec(2, None));
+        p.set("local", spec(1, None));
+        let t = p.plan_refills(10);
+        assert_eq!(t.len(), 3);
+        for t in t.iter().filter(|t| t.tag == "lazy") {
+            p.hold_back(t, "working set not local".into());
+        }
+        let s = p.status_of("lazy");
+        assert_eq!((s.ready, s.in_flight), (0, 0));
+        assert_eq!(s.waiting.as_deref(), Some("working set not local"));
+        // Not planned again at once (the loop wakes for other pools too);
+        // other pools are not held up.
+        assert!(p.plan_refills(10).is_empty());
+        let local = t.iter().find(|t| t.tag == "local").unwrap();
+        assert!(p
+            .finish_refill(local, Some(fake("local", "s2", 9)))
+            .is_none());
+        assert_eq!(p.status_of("local").waiting, None);
+        std::thread::sleep(HOLD_BACK_RECHECK + Duration::from_millis(50));
+        let again = p.plan_refills(10);
+        assert_eq!(again.len(), 2, "asked again after the recheck delay");
+        assert!(again.iter().all(|t| t.tag == "lazy"));
+        // A refill that goes through clears the reason.
+        assert!(p
+            .finish_refill(&again[0], Some(fake("lazy", "s1", 0)))
+            .is_none());
+        let s = p.status_of("lazy");
+        assert_eq!((s.ready, s.in_flight, s.waiting), (1, 1, None));
     }
 
     #[tokio::test]

@@ -11,7 +11,7 @@ use crate::pool::{PoolStatus, PooledVm, RefillTicket, Residency};
 use crate::spawn::{child_volumes, confine, new_id, source};
 use crate::state::PooledRecord;
 use crate::teardown::{discard, discard_pooled};
-use forkd_snapshot::restore::{restore_paused_with, ChildTimings};
+use forkd_snapshot::restore::{restore_paused_with, ChildTimings, Source};
 use forkd_snapshot::unix_now;
 use forkd_vmm::{Lifetime, Vm};
 use std::sync::Arc;
@@ -104,7 +104,18 @@ pub(crate) async fn refill_loop(n: Arc<Node>) {
             };
             let n = n.clone();
             tokio::spawn(async move {
-                let vm = match refill_one(&n, &ticket).await {
+                let res = match refill_source(&n, &ticket.tag).await {
+                    Ok(Ok(src)) => refill_one(&n, &ticket, src).await,
+                    Ok(Err(why)) => {
+                        drop(permit);
+                        tracing::debug!("pool {} waits: {why}", ticket.tag);
+                        n.pools.hold_back(&ticket, why);
+                        n.update_pool_gauges();
+                        return;
+                    }
+                    Err(e) => Err(e),
+                };
+                let vm = match res {
                     Ok(v) => Some(v),
                     Err(e) => {
                         tracing::warn!("refilling pool {}: {e:#}", ticket.tag);
@@ -129,10 +140,34 @@ pub(crate) async fn refill_loop(n: Arc<Node>) {
     }
 }
 
-/// Restores one paused child for a pool, warms it once, records it.
-async fn refill_one(n: &Arc<Node>, t: &RefillTicket) -> anyhow::Result<PooledVm> {
+/// What a refill of pool `tag` restores from, or (inner `Err`) why the
+/// pool must wait: a child of a lazy snapshot parked before the snapshot's
+/// working set is here would fault that set over the network when handed
+/// out, so a pool refills only from snapshots whose working set is local
+/// (docs/hub.md, "Lazy pulls"). Asking forkd-fs also starts the prefetch.
+async fn refill_source(
+    n: &Arc<Node>,
+    tag: &str,
+) -> anyhow::Result<std::result::Result<Source, String>> {
+    let src = source(n, tag).await?;
+    let (mount, s2) = (n.mount.clone(), src.clone());
+    let local = tokio::task::spawn_blocking(move || s2.working_set_local(&mount))
+        .await?
+        .map_err(|e| e.context("asking forkd-fs whether the working set is local"))?;
+    Ok(if local {
+        Ok(src)
+    } else {
+        Err(format!(
+            "snapshot {} is lazy and its working set is still being fetched from its hub",
+            src.id
+        ))
+    })
+}
+
+/// Restores one paused child of `src` for a pool, warms it once, records
+/// it.
+async fn refill_one(n: &Arc<Node>, t: &RefillTicket, src: Source) -> anyhow::Result<PooledVm> {
     n.check_headroom(&format!("refilling pool {}", t.tag))?;
-    let src = source(n, &t.tag).await?;
     let volumes = child_volumes(n, &src, &[])?;
     let id = new_id();
     let mut timings = ChildTimings::default();

@@ -91,11 +91,22 @@ impl Source {
     /// that is not lazy): what a pool waits for before it refills from a
     /// lazy snapshot, so parked children never wait on a hub. Asks
     /// forkd-fs, which also counts the chunks it fetched but has not
-    /// imported yet.
+    /// imported yet, and starts fetching the set. As in `check_remote`, a
+    /// forkd-fs without lazy snapshots serves none: local.
     pub fn working_set_local(&self, mount: &std::path::Path) -> Result<bool> {
-        let mut c = forkd_fs::Client::connect(&forkd_fs::default_control_socket(mount))?;
-        Ok(c.remote_ready(&self.id, std::time::Duration::ZERO)?
-            .working_set_local)
+        let sock = forkd_fs::default_control_socket(mount);
+        let Ok(mut c) = forkd_fs::Client::connect(&sock) else {
+            return Ok(true);
+        };
+        match c.remote_ready(&self.id, std::time::Duration::ZERO) {
+            Ok(r) => Ok(r.working_set_local),
+            Err(e) => match e.downcast_ref::<forkd_fs::ControlError>() {
+                Some(forkd_fs::ControlError::Refused(msg)) if msg.starts_with("bad request") => {
+                    Ok(true)
+                }
+                _ => Err(e),
+            },
+        }
     }
 
     /// `memory.bin`, mapped privately by each child.
