@@ -273,3 +273,110 @@ fn e2b_state_survives_kill_9_of_poold() {
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "the SDK's kill left the sandbox behind");
 }
+
+/// `forkd store stats --json` of data dir `home`.
+fn store_stats(home: &std::path::Path) -> serde_json::Value {
+    let out = Command::new(forkd_e2e::bin("forkd"))
+        .args(["store", "stats", "--json"])
+        .env("FORKD_HOME", home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "forkd store stats: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The `e2b-fork-*` tags among the node's snapshots.
+async fn fork_tags(p: &Poold) -> Vec<String> {
+    let (st, v) = p.get("/v1/snapshots").await;
+    assert_eq!(st, 200, "{v}");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["tags"].as_array().cloned().unwrap_or_default())
+        .filter_map(|t| t.as_str().map(str::to_string))
+        .filter(|t| t.starts_with("e2b-fork-"))
+        .collect()
+}
+
+/// Forking per request leaves nothing behind (#30): five E2B forks of a
+/// live sandbox; each fork's snapshot lives as long as its child, and once
+/// the children are killed every `e2b-fork-*` snapshot is deleted and the
+/// store's GC gives its space back.
+#[test]
+fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
+    let home = Home::new();
+    let key = forkd_snapshot::random_hex(16);
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let args = e2b_args(&key_file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = Poold::start(&home.dir, &args, None);
+    let (api, _) = p.e2b.clone().expect("poold printed its E2B listeners");
+    block_on(p.snapshot("fork-src", "minimal", 128));
+    let before = store_stats(&home.dir);
+
+    let call = |head: &str, body: &str| {
+        let (st, body) = raw_answer(&api, &format!("{head} HTTP/1.1\r\nX-API-KEY: {key}"), body);
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap_or(json!(body));
+        (st, v)
+    };
+    let (st, v) = call(
+        "POST /sandboxes",
+        r#"{"templateID":"fork-src","timeout":600}"#,
+    );
+    assert_eq!(st, 201, "{v}");
+    let parent = v["sandboxID"].as_str().unwrap().to_string();
+    let mut children = Vec::new();
+    for _ in 0..5 {
+        let (st, v) = call(
+            &format!("POST /sandboxes/{parent}/fork"),
+            r#"{"count":1,"timeout":600}"#,
+        );
+        assert_eq!(st, 201, "{v}");
+        let child = v[0]["sandbox"]["sandboxID"].as_str();
+        children.push(child.unwrap_or_else(|| panic!("{v}")).to_string());
+    }
+    block_on(async {
+        // Their snapshots stay while their children live (the reclaim loop
+        // looks every 2 s).
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert_eq!(fork_tags(&p).await.len(), 5, "a live child's snapshot went");
+    });
+    for child in &children {
+        let (st, v) = call(&format!("DELETE /sandboxes/{child}"), "");
+        assert_eq!(st, 204, "{v}");
+    }
+    let (st, v) = call(&format!("DELETE /sandboxes/{parent}"), "");
+    assert_eq!(st, 204, "{v}");
+
+    block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let left = fork_tags(&p).await;
+            if left.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "fork snapshots left: {left:?}");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    });
+    // The GC runs a moment after the deletes.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = store_stats(&home.dir);
+        let stored = |v: &serde_json::Value| v["stored_bytes"].as_u64().expect("stored_bytes");
+        if stored(&now) <= stored(&before) {
+            assert_eq!(now["snapshots"], before["snapshots"], "{now} vs {before}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the store did not return to its size before the forks: {now} vs {before}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

@@ -87,8 +87,10 @@ fn forkd_fs(home: &Path, args: &[&str]) -> Result<serde_json::Value, String> {
 }
 
 struct Soak {
-    home: Home,
+    /// Before `home`: fields drop in order, and a poold still running when
+    /// its data dir is removed writes `poold/` back into it (left behind).
     p: Option<Poold>,
+    home: Home,
     rng: StdRng,
     t: Tally,
     branches: Vec<String>,

@@ -375,8 +375,10 @@ struct ForkBody {
 /// running, its TTL untouched), then `count` children are spawned from it,
 /// each with the parent's template, metadata and env. 201 with one
 /// `{"sandbox"}` per child, or one `{"error"}` per child when the spawn
-/// failed (a spawn is all or nothing). The snapshot stays, like any
-/// branch: delete it (`forkd snapshot rm`) when its children are done.
+/// failed (a spawn is all or nothing). The snapshot exists only to spawn
+/// from: the node deletes it once none of its children is left (E2B's
+/// own fork checkpoint lives seconds), so forking per request does not
+/// grow the store.
 async fn fork(
     State(e): E,
     Path(id): Path<String>,
@@ -408,7 +410,11 @@ async fn fork(
         alias: Some(parent.template().to_string()),
         ..Default::default()
     };
-    let out = match e.node.spawn(req).await {
+    let spawned = e.node.spawn(req).await;
+    if let Err(err) = e.node.reclaim_when_unused(&tag).await {
+        tracing::warn!("fork snapshot {tag} will not be reclaimed: {err}");
+    }
+    let out = match spawned {
         Ok(recs) => recs
             .iter()
             .map(|r| json!({"sandbox": sandbox_json(r)}))

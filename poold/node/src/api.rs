@@ -93,6 +93,7 @@ impl Node {
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(refill::refill_loop(self.clone()));
         tokio::spawn(reaper::reaper_loop(self.clone()));
+        tokio::spawn(reaper::reclaim_loop(self.clone()));
         if self.cfg.auto_gc {
             tokio::spawn(reaper::gc_loop(self.clone()));
         }
@@ -316,6 +317,14 @@ impl Node {
     ) -> Result<()> {
         let (n, tag) = (self.clone(), tag.to_string());
         detached(async move { snapshots::delete(&n, &tag, cascade, force).await }).await
+    }
+
+    /// Marks snapshot `tag` to be deleted (with the store's GC after it)
+    /// once no sandbox spawned from it lives and no pool is set for it:
+    /// branches made only to spawn from, like the E2B fork's. Durable
+    /// before it returns; the reaper acts on it within seconds.
+    pub async fn reclaim_when_unused(&self, tag: &str) -> Result<()> {
+        reaper::mark_reclaimable(self, tag).await
     }
 
     /// A parentless copy `to` of snapshot `tag`.

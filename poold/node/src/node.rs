@@ -43,6 +43,8 @@ pub struct Node {
     pub(crate) refill_wake: Notify,
     /// Wakes the store GC loop (after a snapshot delete).
     pub(crate) gc_wake: Notify,
+    /// Wakes `reaper::reclaim_loop` when a snapshot is marked.
+    pub(crate) reclaim_wake: Notify,
     pub(crate) refill_slots: Arc<Semaphore>,
     pub(crate) branch_slots: Arc<Semaphore>,
     /// One permit per snapshot creation in flight (`snapshot_concurrency`).
@@ -292,6 +294,7 @@ async fn assemble(
         reader: Mutex::new(reader),
         refill_wake: Notify::new(),
         gc_wake: Notify::new(),
+        reclaim_wake: Notify::new(),
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         accel,

@@ -1,8 +1,10 @@
 //! What the node does by itself: TTLs (set through [`set_ttl`], acted on
 //! by the reaper), dead QEMUs and pooled children dropped, consoles kept
-//! bounded, and the store's GC after snapshot deletes.
+//! bounded, snapshots marked reclaimable deleted once unused
+//! ([`mark_reclaimable`], [`reclaim_loop`]), and the store's GC after
+//! snapshot deletes.
 
-use crate::error::{Error, Result};
+use crate::error::{check_tag, Error, Result};
 use crate::limits::MAX_TTL_SECS;
 use crate::node::Node;
 use crate::state::SandboxRecord;
@@ -37,6 +39,78 @@ pub(crate) async fn set_ttl(n: &Node, id: &str, ttl_secs: u64) -> Result<Sandbox
         })
         .await?;
     Ok(rec)
+}
+
+/// Marks snapshot `tag` for [`reclaim_loop`]; durable before it returns.
+pub(crate) async fn mark_reclaimable(n: &Node, tag: &str) -> Result<()> {
+    check_tag(tag)?;
+    let (t, now) = (tag.to_string(), unix_now());
+    n.state
+        .commit(move |s| {
+            s.reclaim.insert(t, now);
+        })
+        .await?;
+    n.reclaim_wake.notify_one();
+    Ok(())
+}
+
+/// How often marked snapshots are looked at without a wake-up (a sandbox
+/// that ends does not wake the loop: its teardown knows nothing of this).
+const RECLAIM_EVERY: Duration = Duration::from_secs(2);
+
+/// Deletes the snapshots marked reclaimable once unused: no live sandbox
+/// was spawned from the tag and no pool is set for it. A delete refused
+/// (a snapshot branched from one of its children depends on it; a child
+/// still maps it) is tried again later; a tag already gone is forgotten.
+/// The delete wakes the store's GC, so the disk comes back too.
+pub(crate) async fn reclaim_loop(n: Arc<Node>) {
+    loop {
+        reclaim_unused(&n).await;
+        tokio::select! {
+            _ = n.reclaim_wake.notified() => {}
+            _ = tokio::time::sleep(RECLAIM_EVERY) => {}
+        }
+    }
+}
+
+async fn reclaim_unused(n: &Arc<Node>) {
+    let marked: Vec<String> = n.state.read(|s| s.reclaim.keys().cloned().collect());
+    if marked.is_empty() {
+        return;
+    }
+    let in_use: std::collections::HashSet<String> = n
+        .sandboxes
+        .all()
+        .iter()
+        .map(|sb| sb.record().snapshot_tag)
+        .collect();
+    for tag in marked {
+        if in_use.contains(&tag) || n.pools.spec(&tag).is_some() {
+            continue;
+        }
+        match crate::snapshots::delete(n, &tag, false, false).await {
+            Ok(()) => tracing::info!("snapshot {tag}: reclaimed (no sandbox of it is left)"),
+            Err(Error::NotFound { .. }) => {}
+            Err(e @ Error::Conflict(_)) => {
+                tracing::debug!("snapshot {tag}: not reclaimed yet: {e}");
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!("snapshot {tag}: reclaiming it: {e}");
+                continue;
+            }
+        }
+        let t = tag.clone();
+        if let Err(e) = n
+            .state
+            .commit(move |s| {
+                s.reclaim.remove(&t);
+            })
+            .await
+        {
+            tracing::warn!("snapshot {tag}: forgetting its reclaim mark: {e}");
+        }
+    }
 }
 
 /// Deletes coming in together are reclaimed by one GC this long after the

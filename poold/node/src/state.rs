@@ -170,6 +170,11 @@ pub struct State {
     /// Workspaces by name (`workspace`).
     #[serde(default)]
     pub workspaces: BTreeMap<String, crate::workspace::record::WorkspaceRecord>,
+    /// Snapshot tags deleted once no sandbox of theirs lives (the E2B
+    /// fork's branch snapshots; `reaper::reclaim_unused`), with when each
+    /// was marked (unix seconds). Durable: a restart keeps reclaiming.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub reclaim: BTreeMap<String, u64>,
 }
 
 impl State {
