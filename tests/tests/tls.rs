@@ -21,6 +21,30 @@ fn self_signed(dir: &Path) -> (PathBuf, PathBuf) {
     (cert, key)
 }
 
+/// `--tls-cert CERT --tls-key KEY`, for poold and the gateway alike.
+fn tls_args<'a>(cert: &'a Path, key: &'a Path) -> [&'a str; 4] {
+    [
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+    ]
+}
+
+/// A client that does not trust the self-signed certificate gets no
+/// answer from `url`, and an error that names the certificate.
+async fn untrusting_client_is_refused(url: &str) {
+    let untrusting = Client::new(url, None).unwrap();
+    let e = untrusting
+        .send(Method::GET, "/version", None)
+        .await
+        .expect_err("an untrusted certificate was accepted");
+    assert!(
+        format!("{e:#}").to_lowercase().contains("certificate"),
+        "{e:#}"
+    );
+}
+
 fn addr_of(url: &str) -> String {
     url.trim_start_matches("https://").to_string()
 }
@@ -29,16 +53,7 @@ fn addr_of(url: &str) -> String {
 fn poold_serves_https_with_a_self_signed_certificate() {
     let home = Home::new();
     let (cert, key) = self_signed(&home.dir);
-    let p = Poold::start(
-        &home.dir,
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-        None,
-    );
+    let p = Poold::start(&home.dir, &tls_args(&cert, &key), None);
     assert!(p.url.starts_with("https://127.0.0.1:"), "{}", p.url);
     forkd_e2e::block_on(async {
         // Trusting the certificate: the API answers.
@@ -48,15 +63,7 @@ fn poold_serves_https_with_a_self_signed_certificate() {
         let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(v["api"], "v1");
         // Not trusting it: the handshake fails, no answer.
-        let untrusting = Client::new(&p.url, None).unwrap();
-        let e = untrusting
-            .send(Method::GET, "/version", None)
-            .await
-            .expect_err("an untrusted certificate was accepted");
-        assert!(
-            format!("{e:#}").to_lowercase().contains("certificate"),
-            "{e:#}"
-        );
+        untrusting_client_is_refused(&p.url).await;
         // Plain HTTP to the TLS port gets no HTTP answer.
         let plain = Client::new(&p.url.replacen("https://", "http://", 1), None).unwrap();
         let r = plain.send(Method::GET, "/healthz", None).await;
@@ -140,16 +147,8 @@ fn the_gateway_serves_https_in_front_of_a_node() {
     let home = Home::new();
     let (cert, key) = self_signed(&home.dir);
     let p = Poold::start(&home.dir, &[], None);
-    let gw = forkd_e2e::gateway::Gateway::start_with(
-        &[("alpha", &p.url)],
-        &[
-            "--tls-cert",
-            cert.to_str().unwrap(),
-            "--tls-key",
-            key.to_str().unwrap(),
-        ],
-        None,
-    );
+    let gw =
+        forkd_e2e::gateway::Gateway::start_with(&[("alpha", &p.url)], &tls_args(&cert, &key), None);
     assert!(gw.url.starts_with("https://127.0.0.1:"), "{}", gw.url);
     forkd_e2e::block_on(async {
         let c = Client::with_ca(&gw.url, None, Some(&cert)).unwrap();
@@ -172,14 +171,6 @@ fn the_gateway_serves_https_in_front_of_a_node() {
         let (s, body) = c.send(Method::GET, "/v1/sandboxes", None).await.unwrap();
         assert_eq!(s.as_u16(), 200, "{}", String::from_utf8_lossy(&body));
         assert_eq!(&body[..], b"[]");
-        let untrusting = Client::new(&gw.url, None).unwrap();
-        let e = untrusting
-            .send(Method::GET, "/version", None)
-            .await
-            .expect_err("an untrusted certificate was accepted");
-        assert!(
-            format!("{e:#}").to_lowercase().contains("certificate"),
-            "{e:#}"
-        );
+        untrusting_client_is_refused(&gw.url).await;
     });
 }
