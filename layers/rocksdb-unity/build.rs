@@ -31,7 +31,8 @@ fn main() {
     let target = env::var("TARGET").unwrap();
     assert!(
         target.contains("linux"),
-        "FORKD_ROCKSDB_UNITY=1 knows Linux targets only (this is {target}); set FORKD_ROCKSDB_UNITY=0"
+        "FORKD_ROCKSDB_UNITY=1 knows Linux targets only (this is {target}); \
+         run cargo with ROCKSDB_COMPILE=1 to build RocksDB librocksdb-sys's way"
     );
     let src = PathBuf::from(env::var("DEP_ROCKSDB_CARGO_MANIFEST_DIR").expect(
         "librocksdb-sys did not say where its sources are (DEP_ROCKSDB_CARGO_MANIFEST_DIR)",
