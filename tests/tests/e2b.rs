@@ -296,9 +296,9 @@ async fn fork_tags(p: &Poold) -> Vec<String> {
     v.as_array()
         .unwrap()
         .iter()
-        .flat_map(|s| s["tags"].as_array().cloned().unwrap_or_default())
-        .filter_map(|t| t.as_str().map(str::to_string))
+        .filter_map(|s| s["tag"].as_str())
         .filter(|t| t.starts_with("e2b-fork-"))
+        .map(str::to_string)
         .collect()
 }
 
