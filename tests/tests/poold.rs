@@ -1068,6 +1068,15 @@ fn branch_endpoint_follows_forkd_rules() {
             assert_eq!(st, code, "{body}: {v}");
             assert!(v["error"].as_str().unwrap().contains(why), "{body}: {v}");
         }
+        // A parent_tag mismatch names both snapshots.
+        let (_, v) = p
+            .post(
+                &br,
+                json!({"tag": "b", "mode": "diff", "parent_tag": "other"}),
+            )
+            .await;
+        let e = v["error"].as_str().unwrap();
+        assert!(e.contains("\"other\"") && e.contains("\"base\""), "{v}");
         assert_eq!(
             p.post("/v1/sandboxes/sb-nope/branch", json!({"tag": "b"}))
                 .await
@@ -1083,7 +1092,9 @@ fn branch_endpoint_follows_forkd_rules() {
             });
         assert_eq!(first.0, 201, "{}", first.1);
         assert_eq!(first.1["branched_from"], id.as_str());
-        assert!(first.1["pause_ms"].as_f64().unwrap() > 0.0);
+        // An integer, as forkd answers (its SDK and recipes parse one).
+        let pause = first.1["pause_ms"].as_u64();
+        assert!(pause.is_some_and(|ms| ms > 0), "{}", first.1);
         assert_eq!(first.1["status"], "ready");
         assert_eq!(second.0, 503, "{}", second.1);
 
@@ -1114,6 +1125,20 @@ fn branch_endpoint_follows_forkd_rules() {
         assert_eq!(info["chain_depth"], 1);
         assert_eq!(info["parent_tag"], "base");
         assert_eq!(info["ancestors"], json!(["base"]));
+        // forkd's v0.5 carve-out: live_fork on a chained snapshot is a 400
+        // (before the sandbox cap's 503), naming both snapshots.
+        let (st, v) = p
+            .post(
+                "/v1/sandboxes",
+                json!({"snapshot_tag": "b1", "live_fork": true}),
+            )
+            .await;
+        assert_eq!(st, 400, "{v}");
+        let e = v["error"].as_str().unwrap();
+        assert!(
+            e.contains("live_fork") && e.contains("b1") && e.contains("base"),
+            "{v}"
+        );
 
         // wait:false answers 202 "writing", then the snapshot turns ready;
         // the default tag follows forkd's pattern.

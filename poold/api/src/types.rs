@@ -24,12 +24,14 @@ pub struct SnapshotInfo {
     /// Id of the sandbox it was branched from (`compact:<tag>` for a compaction); absent for a created snapshot.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub branched_from: Option<String>,
-    /// QEMU's STOP → RESUME time on the branched sandbox, ms.
+    /// QEMU's STOP → RESUME time on the branched sandbox, whole ms rounded
+    /// up (an integer, as forkd answers; the snapshot's lineage keeps the
+    /// exact figure).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pause_ms: Option<f64>,
-    /// Time to store the branch in the layer store, ms.
+    pub pause_ms: Option<u64>,
+    /// Time to store the branch in the layer store, whole ms rounded up.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub diff_ms: Option<f64>,
+    pub diff_ms: Option<u64>,
     /// Bytes the branch added to the store beyond what its parent already holds.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub diff_physical_bytes: Option<u64>,

@@ -296,14 +296,14 @@ pub async fn branch(a: BranchArgs) -> Result<i32> {
         .post(&format!("/v1/sandboxes/{}/branch", path_part(&a.id)?), body)
         .await?;
     println!(
-        "{} {} (paused {:.1} ms{})",
+        "{} {} (paused {} ms{})",
         if info.status == "writing" {
             "writing"
         } else {
             "snapshot"
         },
         info.tag,
-        info.pause_ms.unwrap_or(0.0),
+        info.pause_ms.unwrap_or(0),
         info.diff_physical_bytes
             .map(|b| format!(", {} new in the store", forkd_snapshot::mib(b)))
             .unwrap_or_default()

@@ -115,13 +115,19 @@ pub(crate) async fn branch(
     // 8. parent_tag names the source's snapshot, in diff mode.
     if let Some(pt) = &b.parent_tag {
         check_tag(pt)?;
-        if *pt != rec.snapshot_tag || mode != Mode::Diff {
+        if *pt != rec.snapshot_tag {
             return Err(Error::invalid(
                 "parent_tag",
                 format!(
-                    "parent_tag must be the sandbox's snapshot ({}) and needs mode diff",
-                    rec.snapshot_tag
+                    "parent_tag {pt:?} is not the snapshot sandbox {id} was spawned from ({:?}); pass parent_tag {:?} or leave it out",
+                    rec.snapshot_tag, rec.snapshot_tag
                 ),
+            ));
+        }
+        if mode != Mode::Diff {
+            return Err(Error::invalid(
+                "parent_tag",
+                format!("parent_tag {pt:?} needs mode diff (a diff branch records its parent); add \"mode\": \"diff\""),
             ));
         }
     }
@@ -178,7 +184,7 @@ pub(crate) async fn branch(
         });
         let info = SnapshotInfo {
             branched_from: Some(id.to_string()),
-            pause_ms: Some(pause_ms),
+            pause_ms: Some(crate::snapshots::whole_ms(pause_ms)),
             status: "writing".into(),
             bootable: false,
             ..empty_info(&tag)
@@ -192,7 +198,7 @@ pub(crate) async fn branch(
         .await
         .map_err(|e| Error::from(e.context("storing the branch")))?;
     let mut info = info_of_async(n, &tag, &made.record).await?;
-    info.diff_ms = Some(diff_ms);
+    info.diff_ms = Some(crate::snapshots::whole_ms(diff_ms));
     info.diff_physical_bytes = Some(made.new_stored_bytes);
     Ok(Branched {
         info,

@@ -52,8 +52,8 @@ pub(crate) fn info_of(
         branched_from: lin("branched_from")
             .and_then(Value::as_str)
             .map(String::from),
-        pause_ms: lin("pause_ms").and_then(Value::as_f64),
-        diff_ms: lin("diff_ms").and_then(Value::as_f64),
+        pause_ms: lin("pause_ms").and_then(Value::as_f64).map(whole_ms),
+        diff_ms: lin("diff_ms").and_then(Value::as_f64).map(whole_ms),
         diff_physical_bytes: lin("diff_physical_bytes").and_then(Value::as_u64),
         diff_logical_bytes: lin("diff_logical_bytes").and_then(Value::as_u64),
         warning: (!missing.is_empty())
@@ -73,6 +73,12 @@ pub(crate) fn info_of(
             .and_then(Value::as_str)
             .map(String::from),
     }
+}
+
+/// A duration in ms as the API reports it: whole ms, rounded up, so a
+/// pause that happened never reads 0 (forkd's fields are integers).
+pub(crate) fn whole_ms(ms: f64) -> u64 {
+    ms.max(0.0).ceil() as u64
 }
 
 /// Every tagged snapshot, plus `status: writing` entries for creates and

@@ -247,6 +247,26 @@ pub(crate) async fn source(n: &Node, tag: &str) -> Result<Source> {
 /// `workspace` when one spawns its sandbox: ready pool children are resumed
 /// first, the rest restored on demand; returns once every child's agent
 /// answered. On any failure every child of this request is destroyed.
+/// forkd refuses `live_fork` on a chained snapshot (one with a parent) with
+/// a 400, and its clients test for that: so do we, although every child
+/// here is a copy-on-write mapping and `live_fork` changes nothing else.
+async fn refuse_live_fork_of_chain(n: &Arc<Node>, tag: &str) -> Result<()> {
+    let rec = crate::snapshots::resolve(n, tag).await?;
+    let Some(parent) = rec.parent else {
+        return Ok(());
+    };
+    let (t, parent_label) = (tag.to_string(), parent);
+    let parent_label = n
+        .read(move |v| Ok(forkd_snapshot::info::label(v, &parent_label)))
+        .await?;
+    Err(Error::invalid(
+        "live_fork",
+        format!(
+            "live_fork is not supported on a chained snapshot: {t} is a branch of {parent_label}; spawn without live_fork (children are copy-on-write either way) or spawn from a compacted copy (POST /v1/snapshots/{t}/compact)"
+        ),
+    ))
+}
+
 pub(crate) async fn spawn(
     n: &Arc<Node>,
     req: SpawnRequest,
@@ -256,6 +276,9 @@ pub(crate) async fn spawn(
     let limits = req.validate(n.cgroups.as_ref(), n.default_limits())?;
     let ca = req.ca()?;
     let rebind = crate::volumes::accept(&n.cfg.volume_roots, &req.volumes)?;
+    if req.live_fork {
+        refuse_live_fork_of_chain(n, &req.tag).await?;
+    }
     let src = source(n, &req.tag).await?;
     let source_ms = t0.elapsed().as_secs_f64() * 1e3;
     let volumes = child_volumes(n, &src, &rebind)?;
