@@ -162,8 +162,9 @@ pub struct SpawnBody {
     /// children instead.
     #[serde(default)]
     pub prewarm: bool,
-    /// forkd: memfd-backed children. Accepted; every child here is a
-    /// copy-on-write mapping already.
+    /// forkd: memfd-backed children. Accepted (every child here is a
+    /// copy-on-write mapping already); refused on a chained snapshot, as
+    /// forkd does.
     #[serde(default)]
     pub live_fork: bool,
     /// forkd: hugepage-backed guest RAM. Accepted; changes nothing here.

@@ -53,6 +53,10 @@ pub struct SpawnRequest {
     /// snapshot has one; asking for it from a snapshot without a NIC is
     /// refused.
     pub per_child_netns: bool,
+    /// forkd's memfd-backed children: every child here is copy-on-write
+    /// already, so it changes nothing, except that (as in forkd) it is
+    /// refused on a chained snapshot.
+    pub live_fork: bool,
     /// false: no way out (deny-all); true: must be a networked snapshot.
     pub net: Option<bool>,
     /// The egress policy (None: the config's default).

@@ -65,6 +65,7 @@ pub async fn spawn(
         pids_max: b.pids_max,
         ttl_secs: b.ttl_secs,
         per_child_netns: b.per_child_netns,
+        live_fork: b.live_fork,
         net: b.net,
         network: b.network,
         ports: b.ports,
