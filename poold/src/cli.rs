@@ -38,6 +38,10 @@ pub struct Args {
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "PEM")]
     pub tls_key: Option<PathBuf>,
+    /// This node's name in a cluster (a DNS name, e.g. the Kubernetes node name): its
+    /// token starts every sandbox id (docs/cluster.md).
+    #[arg(long, env = "FORKD_NODE_NAME", value_name = "NAME")]
+    pub node_name: Option<String>,
     #[arg(long)]
     pub max_sandboxes: Option<usize>,
     /// Pool children restored at once in the background.
@@ -101,6 +105,9 @@ impl Args {
         }
         if let Some(v) = &self.tls_key {
             c.tls_key = Some(v.clone());
+        }
+        if let Some(v) = &self.node_name {
+            c.node_name = Some(v.clone());
         }
         if let Some(v) = self.max_sandboxes {
             c.max_sandboxes = v;

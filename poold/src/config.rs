@@ -19,6 +19,7 @@
 //! default_pids_max = 1024          # tasks per sandbox VM process (cgroup pids)
 //! default_memory_limit_mib = 2048  # unset: the guest's RAM is its only bound
 //! ca_certs_file = "/etc/forkd/proxy-ca.pem" # CAs every sandbox trusts (docs/network.md)
+//! node_name = "poold-0"            # this node's name in a cluster; its token starts every sandbox id (docs/cluster.md)
 //!
 //! [net]                            # docs/network.md
 //! egress = { allow_out = ["10.0.5.20"] }  # default: public internet only
@@ -110,6 +111,9 @@ pub struct Config {
     /// hand-out on (a TLS-inspecting proxy's CA; docs/network.md). Read at
     /// start.
     pub ca_certs_file: Option<PathBuf>,
+    /// This node's name in a cluster (a DNS name): its token starts every
+    /// sandbox id, so a gateway routes ids without asking (docs/cluster.md).
+    pub node_name: Option<String>,
 }
 
 impl Default for Config {
@@ -142,6 +146,7 @@ impl Default for Config {
             net: node.net,
             e2b: Default::default(),
             ca_certs_file: node.ca_certs_file,
+            node_name: node.node_name,
         }
     }
 }
@@ -179,6 +184,7 @@ impl Config {
             default_memory_limit_mib: self.default_memory_limit_mib,
             net: self.net.clone(),
             ca_certs_file: self.ca_certs_file.clone(),
+            node_name: self.node_name.clone(),
         }
     }
 
@@ -289,6 +295,11 @@ mod tests {
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("domain name"));
         let c: Config = toml::from_str("ca_certs_file = \"/nonexistent/ca.pem\"\n").unwrap();
         assert!(format!("{:#}", c.validate().unwrap_err()).contains("ca_certs_file"));
+        let c: Config = toml::from_str("node_name = \"poold-0\"\n").unwrap();
+        c.validate().unwrap();
+        assert_eq!(c.node().node_name.as_deref(), Some("poold-0"));
+        let c: Config = toml::from_str("node_name = \"Poold_0\"\n").unwrap();
+        assert!(format!("{:#}", c.validate().unwrap_err()).contains("node_name"));
         for bad in [
             "range = \"10.77.0.1/20\"",
             "range = \"10.42.0.0/16\"",

@@ -1,7 +1,8 @@
 //! The cluster gateway in front of three real poold nodes (docs/cluster.md):
 //! placement over warm pools, per-sandbox routing with streamed bodies, the
 //! `forkd` CLI through it, a node killed mid-run and rejoining, and a
-//! gateway restart that loses nothing.
+//! gateway restart that loses nothing (ids carry their node's token, so a
+//! new replica routes them, and names a dead node, without asking).
 //!
 //! The nodes are three poolds on this host, each with its own data dir,
 //! forkd-fs mount and port; each makes its own snapshot of the same tag
@@ -50,15 +51,18 @@ fn forkd_cli(gw: &Gateway, args: &[&str]) -> String {
 #[test]
 fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_restart() {
     let homes = [Home::new(), Home::new(), Home::new()];
+    let names = ["a", "b", "c"];
+    // Each node is named as the gateway lists it: its token starts every
+    // id it mints, so any gateway replica routes an id without asking.
     let mut pools: Vec<Option<Poold>> = homes
         .iter()
-        .map(|h| Some(Poold::start(&h.dir, &[], None)))
+        .zip(names)
+        .map(|(h, name)| Some(Poold::start(&h.dir, &["--node-name", name], None)))
         .collect();
     let urls: Vec<String> = pools
         .iter()
         .map(|p| p.as_ref().unwrap().url.clone())
         .collect();
-    let names = ["a", "b", "c"];
     let node_list: Vec<(&str, &str)> = names
         .iter()
         .copied()
@@ -162,6 +166,10 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
             let k = spawned.iter().filter(|id| placed[*id] == name).count();
             assert_eq!(k, 3, "node {name} got {k} of 9: {placed:?}");
         }
+        for id in &spawned {
+            let token = forkd_api::ids::node_token(&placed[id]);
+            assert_eq!(forkd_api::ids::id_token(id), Some(token.as_str()), "{id}");
+        }
 
         // Per-sandbox calls reach each sandbox's node: exec, a streamed
         // exec, files, through the gateway.
@@ -252,18 +260,22 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         let a_or_c: Vec<&String> = spawned.iter().filter(|id| !b_ids.contains(id)).collect();
         let (st, v) = gw.exec(a_or_c[0], &["true"]).await;
         assert_eq!(st, 200, "{v}");
+        // The new replica never saw b's ids, nor b up: the id's token
+        // names its node, so the answer is the clear 410, not a 404.
         let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
-        assert_eq!(st, 404, "{v}");
-        assert!(
-            v["error"].as_str().unwrap().contains("unreachable now: b"),
-            "{v}"
-        );
+        assert_eq!(st, 410, "{v}");
+        assert!(v["error"].as_str().unwrap().contains("node b"), "{v}");
     });
 
     // Node b returns on its data dir, adopts its children, and rejoins.
     pools[1] = Some(Poold::start(
         &homes[1].dir,
-        &["--bind", urls[1].trim_start_matches("http://")],
+        &[
+            "--bind",
+            urls[1].trim_start_matches("http://"),
+            "--node-name",
+            "b",
+        ],
         None,
     ));
     block_on(async {

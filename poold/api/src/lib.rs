@@ -12,6 +12,7 @@
 
 #[cfg(feature = "client")]
 mod client;
+pub mod ids;
 mod types;
 mod workspaces;
 

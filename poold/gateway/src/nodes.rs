@@ -147,6 +147,23 @@ impl Node {
         self.state.read().unwrap().0.clone()
     }
 
+    /// The token this node mints into sandbox ids
+    /// ([`forkd_api::ids::node_token`]): of the name its `/version` gave, or
+    /// before it answered one, of the name it is listed under (when that is
+    /// a node name, not a discovered address).
+    pub fn id_token(&self) -> Option<String> {
+        let st = self.state.read().unwrap();
+        let told = st.1.version.as_ref().map(|v| v["node"].as_str());
+        match told {
+            Some(Some(name)) => Some(forkd_api::ids::node_token(name)),
+            // It answered, without a name: its ids carry no token.
+            Some(None) => None,
+            None => forkd_api::ids::validate_node_name(&self.name)
+                .ok()
+                .map(|()| forkd_api::ids::node_token(&self.name)),
+        }
+    }
+
     pub fn is_up(&self) -> bool {
         self.health() == Health::Up
     }
@@ -361,6 +378,18 @@ impl Registry {
         self.nodes().into_iter().find(|n| n.name == name)
     }
 
+    /// The node that minted `id`, read from its token, when exactly one
+    /// node has that token (two names may share one: then nodes are asked).
+    fn owner_by_token(&self, id: &str) -> Option<Arc<Node>> {
+        let token = forkd_api::ids::id_token(id)?;
+        let mut owners = self
+            .nodes()
+            .into_iter()
+            .filter(|n| n.id_token().as_deref() == Some(token));
+        let first = owners.next()?;
+        owners.next().is_none().then_some(first)
+    }
+
     pub fn remember(&self, id: &str, node: &str) {
         let mut ids = self.ids.lock().unwrap();
         if ids.len() >= ID_CACHE_MAX {
@@ -373,18 +402,25 @@ impl Registry {
         self.ids.lock().unwrap().remove(id);
     }
 
-    /// The node holding sandbox `id`: the cache's answer if its node is up
-    /// (410 if it is down), else whichever healthy node knows the id.
+    /// The node holding sandbox `id`: the cache's answer, else the one node
+    /// whose token the id carries (410 if that node is down), else whichever
+    /// healthy node knows the id.
     pub async fn locate(&self, id: &str) -> Result<Arc<Node>, GatewayError> {
         let cached = self.ids.lock().unwrap().get(id).cloned();
-        if let Some(node) = cached.and_then(|name| self.node(&name)) {
+        let known = cached
+            .and_then(|name| self.node(&name))
+            .or_else(|| self.owner_by_token(id));
+        if let Some(node) = known {
             return match node.health() {
                 Health::Down { why, .. } => Err(GatewayError::SandboxNodeDown {
                     id: id.to_string(),
                     node: node.name.clone(),
                     why,
                 }),
-                _ => Ok(node),
+                _ => {
+                    self.remember(id, &node.name);
+                    Ok(node)
+                }
             };
         }
         let path = format!("/v1/sandboxes/{id}");

@@ -99,6 +99,11 @@ impl Node {
         }
     }
 
+    /// This node's name in a cluster (`node_name`), if it has one.
+    pub fn name(&self) -> Option<&str> {
+        self.cfg.node_name.as_deref()
+    }
+
     /// The version, and what isolates sandboxes on this host: the
     /// accelerator resolved at start and whether QEMUs are jailed, so a
     /// client can tell a KVM host from a weaker TCG one.

@@ -53,6 +53,10 @@ pub struct Config {
     /// hand-out on (a TLS-inspecting proxy's CA; docs/network.md). Read
     /// when the node opens.
     pub ca_certs_file: Option<PathBuf>,
+    /// This node's name in a cluster (a DNS name; docs/cluster.md): its
+    /// token is minted into every sandbox id, so a gateway routes an id to
+    /// its node without asking ([`forkd_api::ids`]).
+    pub node_name: Option<String>,
 }
 
 /// `[net]`: the range host-side child addresses come from, the egress
@@ -92,6 +96,7 @@ impl Default for Config {
             default_memory_limit_mib: None,
             net: NetConfig::default(),
             ca_certs_file: None,
+            node_name: None,
         }
     }
 }
@@ -126,6 +131,10 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         if self.max_sandboxes == 0 {
             bail!("max_sandboxes must be at least 1");
+        }
+        if let Some(name) = &self.node_name {
+            forkd_api::ids::validate_node_name(name)
+                .map_err(|e| anyhow::anyhow!("node_name: {e}"))?;
         }
         if self.refill_concurrency == 0 || self.spawn_parallel == 0 {
             bail!("refill_concurrency and spawn_parallel must be at least 1");

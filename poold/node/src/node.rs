@@ -58,10 +58,22 @@ pub struct Node {
     pub(crate) accel: forkd_vmm::Accel,
     /// Sandboxes being spawned (counted against `max_sandboxes`).
     reserved: AtomicUsize,
+    /// `node_name`'s token, minted into every id ([`Node::new_id`]).
+    id_token: Option<String>,
     _lock: InstanceLock,
 }
 
 impl Node {
+    /// A new sandbox or VM id: `sb-` + 24 hex digits, unguessable, with
+    /// this node's token in front when it has a name
+    /// ([`forkd_api::ids::mint_id`]).
+    pub(crate) fn new_id(&self) -> String {
+        forkd_api::ids::mint_id(
+            self.id_token.as_deref(),
+            &forkd_snapshot::random_hex(forkd_api::ids::ID_HEX_DIGITS / 2),
+        )
+    }
+
     /// The configured default limits this host can enforce (a default the
     /// host lacks a controller for is dropped, with a warning at start).
     pub(crate) fn default_limits(&self) -> forkd_vmm::Limits {
@@ -297,6 +309,7 @@ async fn assemble(
         reclaim_wake: Notify::new(),
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
+        id_token: cfg.node_name.as_deref().map(forkd_api::ids::node_token),
         accel,
         cfg,
         _lock: lock,

@@ -8,7 +8,7 @@ use crate::error::{check_tag, Error, Result};
 use crate::node::Node;
 use crate::parking::{page_out_parked, start_page_ins};
 use crate::pool::{PoolStatus, PooledVm, RefillTicket, Residency};
-use crate::spawn::{child_volumes, confine, new_id, source};
+use crate::spawn::{child_volumes, confine, source};
 use crate::state::PooledRecord;
 use crate::teardown::{discard, discard_pooled};
 use forkd_snapshot::restore::{restore_paused_with, ChildTimings, Source};
@@ -169,7 +169,7 @@ async fn refill_source(
 async fn refill_one(n: &Arc<Node>, t: &RefillTicket, src: Source) -> anyhow::Result<PooledVm> {
     n.check_headroom(&format!("refilling pool {}", t.tag))?;
     let volumes = child_volumes(n, &src, &[])?;
-    let id = new_id();
+    let id = n.new_id();
     let mut timings = ChildTimings::default();
     let mut vm = restore_paused_with(
         &n.paths,

@@ -29,11 +29,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A new sandbox or VM id: `sb-` + 24 random hex digits (unguessable).
-pub fn new_id() -> String {
-    format!("sb-{}", forkd_snapshot::random_hex(12))
-}
-
 /// What a spawn asks for.
 #[derive(Debug, Clone, Default)]
 pub struct SpawnRequest {
@@ -549,7 +544,7 @@ pub(crate) fn child_volumes(
 /// Restores one child of the plan's snapshot on demand, confines it and
 /// hands it out.
 async fn restore_one(n: &Arc<Node>, plan: &Plan<'_>) -> anyhow::Result<(Vm, ChildTimings)> {
-    let id = new_id();
+    let id = n.new_id();
     let mut t = ChildTimings::default();
     let mut vm = restore_paused_with(
         &n.paths,

@@ -215,10 +215,11 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 /// accelerator poold resolved at start and whether QEMUs are jailed, so a
 /// client can tell a KVM host from a weaker TCG one (docs/security.md).
 #[utoipa::path(get, path = "/version", tag = "status",
-    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation}`", body = Object)))]
+    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation, node}` (`node`: the node's name, null without one)", body = Object)))]
 async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
     let h = d.health();
     Json(serde_json::json!({
+        "node": d.name(),
         "version": h.version,
         "api": "v1",
         "compat": "forkd 0.5.3",
