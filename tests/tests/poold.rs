@@ -612,6 +612,18 @@ fn pool_hits_refill_and_misses() {
             if String::from_utf8_lossy(&cmd).contains("\0tcg") {
                 let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
                 assert!(st.contains("THP_enabled:\t0"), "{name}: THP still on");
+                // Nor does guest RAM carry QEMU's huge-page advice, which
+                // made each fault on memory.bin read a 2 MiB block.
+                let smaps = std::fs::read_to_string(format!("/proc/{pid}/smaps")).unwrap();
+                let mem = smaps
+                    .split_once("/memory.bin")
+                    .unwrap_or_else(|| panic!("{name}: no memory.bin mapping"))
+                    .1;
+                let flags = mem.lines().find(|l| l.starts_with("VmFlags")).unwrap();
+                assert!(
+                    !flags.contains(" hg"),
+                    "{name}: guest RAM advised huge: {flags}"
+                );
             }
         }
         // (Where the host has a pids controller: poold's default pids_max

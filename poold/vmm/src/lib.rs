@@ -386,8 +386,10 @@ impl Vm {
         // Under TCG, QEMU's anonymous memory (translated code, heap, thread
         // arenas) gains nothing from transparent huge pages but rounds what
         // each paused child holds up to 2 MiB pieces: 2.4 MiB per pooled
-        // child measured (docs/BENCHMARKS.md). KVM keeps them (guest RAM
-        // backed by huge pages is faster there).
+        // child measured (docs/BENCHMARKS.md). Nor does QEMU's huge-page
+        // advice on guest RAM, which only makes each fault on memory.bin
+        // read a 2 MiB block (`process::refuse_hugepage_advice`). KVM keeps
+        // both (guest RAM backed by huge pages is faster there).
         let no_thp = launch.machine.accel == Accel::Tcg;
         let mut backends = match start_backends(&dir, launch, volumes, &claim, ephemeral) {
             Ok(b) => b,
@@ -415,8 +417,11 @@ impl Vm {
                 if ephemeral && libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                if no_thp && libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0 {
-                    return Err(std::io::Error::last_os_error());
+                if no_thp {
+                    if libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    process::refuse_hugepage_advice()?;
                 }
                 process::cloexec_range(3, qemu::TAP_FD as u32 - 1);
                 process::cloexec_range(qemu::TAP_FD as u32 + 1, u32::MAX);

@@ -150,9 +150,142 @@ pub(crate) fn cloexec_range(first: u32, last: u32) {
     }
 }
 
+/// `AUDIT_ARCH_*` of the target, as seccomp reports it.
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH: u32 = 0xc000_003e;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH: u32 = 0xc000_00b7;
+
+/// Offsets in `struct seccomp_data`: `nr`, `arch`, and `args[2]`'s low
+/// 32 bits (little-endian).
+const SECCOMP_NR: u32 = 0;
+const SECCOMP_ARCH: u32 = 4;
+const SECCOMP_ARG2: u32 = 16 + 2 * 8;
+
+/// A seccomp filter that answers `madvise(_, _, MADV_HUGEPAGE)` with
+/// success and does nothing; every other call passes.
+const NO_HUGEPAGE_ADVICE: [libc::sock_filter; 8] = {
+    const fn stmt(code: u32, k: u32) -> libc::sock_filter {
+        libc::sock_filter {
+            code: code as u16,
+            jt: 0,
+            jf: 0,
+            k,
+        }
+    }
+    const fn jeq(k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+        libc::sock_filter {
+            code: (libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K) as u16,
+            jt,
+            jf,
+            k,
+        }
+    }
+    let load = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    let ret = libc::BPF_RET | libc::BPF_K;
+    [
+        stmt(load, SECCOMP_ARCH),
+        jeq(AUDIT_ARCH, 0, 5),
+        stmt(load, SECCOMP_NR),
+        jeq(libc::SYS_madvise as u32, 0, 3),
+        stmt(load, SECCOMP_ARG2),
+        jeq(libc::MADV_HUGEPAGE as u32, 0, 1),
+        stmt(ret, libc::SECCOMP_RET_ERRNO), // errno 0: "done"
+        stmt(ret, libc::SECCOMP_RET_ALLOW),
+    ]
+};
+
+/// Makes `madvise(MADV_HUGEPAGE)` a no-op for this process and what it
+/// execs, between fork and exec (one prctl on a constant program; the
+/// caller has no_new_privs set, or is root).
+///
+/// Why (docs/BENCHMARKS.md, "Lazy snapshots"): QEMU advises huge pages on
+/// all guest RAM, and a page fault in a file mapping so advised reads the
+/// 2 MiB-aligned block around it, whatever the file's readahead: a
+/// restored child's first touches of `memory.bin` read (and, from a lazy
+/// snapshot, fetch from the hub) more than twice what the guest uses.
+/// Under TCG the process has THP disabled anyway (`PR_SET_THP_DISABLE`),
+/// so the advice buys nothing there.
+pub(crate) fn refuse_hugepage_advice() -> std::io::Result<()> {
+    let prog = libc::sock_fprog {
+        len: NO_HUGEPAGE_ADVICE.len() as u16,
+        filter: NO_HUGEPAGE_ADVICE.as_ptr() as *mut libc::sock_filter,
+    };
+    // SAFETY: installs a filter from a valid, constant program; the kernel
+    // copies it.
+    let rc = unsafe {
+        libc::prctl(
+            libc::PR_SET_SECCOMP,
+            libc::SECCOMP_MODE_FILTER,
+            &prog as *const libc::sock_fprog,
+            0,
+            0,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Advises huge pages on a 4 MiB anonymous mapping and prints its
+    /// `VmFlags` line from /proc/self/smaps.
+    const ADVISE_AND_SHOW_FLAGS: &str = r#"
+import ctypes, mmap
+m = mmap.mmap(-1, 4 << 20)
+m.madvise(mmap.MADV_HUGEPAGE)
+addr = ctypes.addressof(ctypes.c_char.from_buffer(m))
+inside = False
+for line in open("/proc/self/smaps").read().splitlines():
+    head = line.split()[0]
+    if "-" in head and not head.endswith(":"):
+        lo, hi = (int(x, 16) for x in head.split("-"))
+        inside = lo <= addr < hi
+    elif inside and line.startswith("VmFlags"):
+        print(line)
+"#;
+
+    /// The `VmFlags` of that mapping, in a process started with or without
+    /// the filter.
+    fn advised_flags(filtered: bool) -> String {
+        use std::os::unix::process::CommandExt;
+        let mut cmd = std::process::Command::new("python3");
+        cmd.args(["-c", ADVISE_AND_SHOW_FLAGS]);
+        if filtered {
+            // SAFETY: prctl calls only, between fork and exec.
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    refuse_hugepage_advice()
+                });
+            }
+        }
+        let out = cmd.output().expect("python3");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    #[test]
+    fn hugepage_advice_is_a_no_op_under_the_filter() {
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if thp.is_err() {
+            return; // no THP in this kernel: the advice means nothing anyway
+        }
+        assert!(advised_flags(false).contains(" hg"), "control: advice took");
+        let flags = advised_flags(true);
+        assert!(flags.starts_with("VmFlags"), "{flags}");
+        assert!(!flags.contains(" hg"), "{flags}");
+    }
 
     #[test]
     fn current_is_alive_and_stale_is_not() {
