@@ -24,8 +24,8 @@
 use crate::config::{Config, PoolSpec};
 use crate::error::{check_tag, Error, Result};
 use crate::guest::{
-    EvalResult, ExecOutput, ExecSpec, FileRead, FileStat, ListResult, PendingPty, PingResult,
-    Process, PtyRequest,
+    EntryInfo, EvalResult, ExecOutput, ExecSpec, FileRead, FileStat, ListResult, PendingPty,
+    PingResult, Process, PtyRequest,
 };
 use crate::node::Node;
 use crate::pool::PoolStatus;
@@ -208,6 +208,12 @@ impl Node {
         guest::exec_stream(self, id, spec, stdin)
     }
 
+    /// [`Self::exec_stream`] as `spec.user` (a name or uid from the guest's
+    /// /etc/passwd; `None`: root), refused by an agent without users.
+    pub async fn exec_stream_as(&self, id: &str, spec: ExecSpec, stdin: &[u8]) -> Result<Process> {
+        guest::exec_stream_as(self, id, spec, stdin).await
+    }
+
     /// Checks a terminal session for sandbox `id`; it starts when the
     /// caller is ready for its events.
     pub fn pty(&self, id: &str, req: PtyRequest) -> Result<PendingPty> {
@@ -233,7 +239,20 @@ impl Node {
         offset: u64,
         len: Option<u64>,
     ) -> Result<FileRead> {
-        guest::read_file(self, id, path, offset, len).await
+        guest::read_file(self, id, path, offset, len, None).await
+    }
+
+    /// [`Self::read_file`] where a relative path is under `user`'s home
+    /// (a name or uid from the guest's /etc/passwd; `None`: root).
+    pub async fn read_file_as(
+        &self,
+        id: &str,
+        path: &str,
+        offset: u64,
+        len: Option<u64>,
+        user: Option<&str>,
+    ) -> Result<FileRead> {
+        guest::read_file(self, id, path, offset, len, user).await
     }
 
     /// Writes a guest file (atomically unless `append`), making its parents.
@@ -245,7 +264,21 @@ impl Node {
         mode: Option<u32>,
         append: bool,
     ) -> Result<FileStat> {
-        guest::write_file(self, id, path, data, mode, append).await
+        guest::write_file(self, id, path, data, mode, append, None).await
+    }
+
+    /// [`Self::write_file`] as `user`: the file and the parents the write
+    /// makes belong to it (E2B's rule), a relative path is under its home.
+    pub async fn write_file_as(
+        &self,
+        id: &str,
+        path: &str,
+        data: &[u8],
+        mode: Option<u32>,
+        append: bool,
+        user: Option<&str>,
+    ) -> Result<FileStat> {
+        guest::write_file(self, id, path, data, mode, append, user).await
     }
 
     /// Lists a guest directory.
@@ -260,12 +293,51 @@ impl Node {
 
     /// Makes a guest directory (with its parents when `parents`).
     pub async fn mkdir(&self, id: &str, path: &str, parents: bool) -> Result<FileStat> {
-        guest::mkdir(self, id, path, parents).await
+        guest::mkdir(self, id, path, parents, None).await
+    }
+
+    /// [`Self::mkdir`] as `user`: the directories it makes are its own.
+    pub async fn mkdir_as(
+        &self,
+        id: &str,
+        path: &str,
+        parents: bool,
+        user: Option<&str>,
+    ) -> Result<FileStat> {
+        guest::mkdir(self, id, path, parents, user).await
+    }
+
+    /// Everything about a guest path: owner and group names, mode, mtime,
+    /// a symlink's resolved target. A relative path is under `user`'s home.
+    pub async fn entry(&self, id: &str, path: &str, user: Option<&str>) -> Result<EntryInfo> {
+        guest::entry(self, id, path, user).await
+    }
+
+    /// [`Self::entry`] of everything under a directory, `depth` levels down.
+    pub async fn list_entries(
+        &self,
+        id: &str,
+        path: &str,
+        depth: u32,
+        user: Option<&str>,
+    ) -> Result<Vec<EntryInfo>> {
+        guest::list_entries(self, id, path, depth, user).await
     }
 
     /// Removes a guest file or empty directory (a tree when `recursive`).
     pub async fn remove(&self, id: &str, path: &str, recursive: bool) -> Result<()> {
-        guest::remove(self, id, path, recursive).await
+        guest::remove(self, id, path, recursive, None).await
+    }
+
+    /// [`Self::remove`] where a relative path is under `user`'s home.
+    pub async fn remove_as(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> Result<()> {
+        guest::remove(self, id, path, recursive, user).await
     }
 
     /// Branches sandbox `id` into a new snapshot, with forkd's request

@@ -19,6 +19,7 @@ use crate::node::Node;
 use crate::sandbox::Sandbox;
 use bytes::Bytes;
 use forkd_vmm::AgentClient;
+pub use rootfs_init::protocol::EntryInfo;
 use rootfs_init::protocol::Reply;
 pub use rootfs_init::protocol::{
     EvalResult, ExecResult, ExecSpec, FileStat, ListResult, PingResult, PtySize,
@@ -87,6 +88,24 @@ pub(crate) fn exec_stream(n: &Node, id: &str, spec: ExecSpec, stdin: &[u8]) -> R
     Process::start(sb.agent().clone(), with_envs(&sb, spec), stdin)
 }
 
+/// [`exec_stream`] as `spec.user` (when set), after checking the agent
+/// supports users: an older agent would run the command as root.
+pub(crate) async fn exec_stream_as(
+    n: &Node,
+    id: &str,
+    spec: ExecSpec,
+    stdin: &[u8],
+) -> Result<Process> {
+    let sb = n.sandbox(id)?;
+    let spec = with_envs(&sb, spec);
+    let agent = sb.agent().clone();
+    let (target, events) = agent.exec_stream_as(spec, stdin).await?;
+    Ok(Process {
+        control: ProcessControl { agent, target },
+        events,
+    })
+}
+
 /// Evaluates `code` in the warm interpreter (`timeout_ms`: the agent's
 /// deadline; 5 minutes when `None`).
 pub(crate) async fn eval(
@@ -107,13 +126,14 @@ pub(crate) async fn read_file(
     path: &str,
     offset: u64,
     len: Option<u64>,
+    user: Option<&str>,
 ) -> Result<FileRead> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
     let max = MAX_FILE_BYTES as u64;
     let (r, bytes) = sb
         .agent()
-        .read_file(path, offset, Some(len.unwrap_or(max).min(max)))
+        .read_file_as(path, offset, Some(len.unwrap_or(max).min(max)), user)
         .await?;
     if len.is_none() && r.size > offset + r.len {
         return Err(Error::TooLarge {
@@ -137,17 +157,27 @@ pub(crate) async fn write_file(
     data: &[u8],
     mode: Option<u32>,
     append: bool,
+    user: Option<&str>,
 ) -> Result<FileStat> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
-    Ok(sb.agent().write_file(path, data, mode, append).await?)
+    Ok(sb
+        .agent()
+        .write_file_as(path, data, mode, append, user)
+        .await?)
 }
 
 /// Removes a file or an empty directory; a whole tree when `recursive`.
-pub(crate) async fn remove(n: &Node, id: &str, path: &str, recursive: bool) -> Result<()> {
+pub(crate) async fn remove(
+    n: &Node,
+    id: &str,
+    path: &str,
+    recursive: bool,
+    user: Option<&str>,
+) -> Result<()> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
-    Ok(sb.agent().remove(path, recursive).await?)
+    Ok(sb.agent().remove_as(path, recursive, user).await?)
 }
 
 /// The entries of a directory.
@@ -165,10 +195,37 @@ pub(crate) async fn stat(n: &Node, id: &str, path: &str) -> Result<FileStat> {
 }
 
 /// Makes a directory (and its missing parents when `parents`); its stat.
-pub(crate) async fn mkdir(n: &Node, id: &str, path: &str, parents: bool) -> Result<FileStat> {
+pub(crate) async fn mkdir(
+    n: &Node,
+    id: &str,
+    path: &str,
+    parents: bool,
+    user: Option<&str>,
+) -> Result<FileStat> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
-    Ok(sb.agent().mkdir(path, parents).await?)
+    Ok(sb.agent().mkdir_as(path, parents, user).await?)
+}
+
+/// Everything about a path (owner names, symlink target), as `user` sees
+/// relative paths.
+pub(crate) async fn entry(n: &Node, id: &str, path: &str, user: Option<&str>) -> Result<EntryInfo> {
+    check_path(path)?;
+    let sb = n.sandbox(id)?;
+    Ok(sb.agent().entry(path, user).await?)
+}
+
+/// [`entry`] of everything under a directory, `depth` levels down.
+pub(crate) async fn list_entries(
+    n: &Node,
+    id: &str,
+    path: &str,
+    depth: u32,
+    user: Option<&str>,
+) -> Result<Vec<EntryInfo>> {
+    check_path(path)?;
+    let sb = n.sandbox(id)?;
+    Ok(sb.agent().list_entries(path, depth, user).await?)
 }
 
 /// The guest console since the sandbox started: its last [`LOG_TAIL_BYTES`].

@@ -51,8 +51,8 @@ pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};
 pub use forkd_vmm::Machine;
 pub use guest::{
-    check_path, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead, FileStat,
-    ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
+    check_path, EntryInfo, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead,
+    FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
 };
 pub use node::Node;
 pub use pool::PoolStatus;
