@@ -101,21 +101,7 @@ fn unmodified_e2b_sdk_against_poold() {
     let new_py = python("FORKD_TEST_PYTHON");
     let old_py = python("FORKD_TEST_PYTHON_E2B_OLDEST");
     let home = Home::new();
-    let key = forkd_snapshot::random_hex(16);
-    let key_file = home.dir.join("e2b.key");
-    std::fs::write(&key_file, format!("{key}\n")).unwrap();
-    let p = Poold::start(
-        &home.dir,
-        &[
-            "--e2b-bind",
-            "127.0.0.1:0",
-            "--e2b-sandbox-bind",
-            "127.0.0.1:0",
-            "--e2b-api-key-file",
-            key_file.to_str().unwrap(),
-        ],
-        None,
-    );
+    let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
 
     block_on(async {
@@ -180,6 +166,17 @@ fn unmodified_e2b_sdk_against_poold() {
     assert_eq!(v, json!([]), "sandboxes left behind");
 }
 
+/// A poold in `home` serving the E2B endpoints, and the API key it takes
+/// (in `home`/e2b.key, so a restart with [`e2b_args`] keeps it).
+fn e2b_poold(home: &Home) -> (Poold, String) {
+    let key = forkd_snapshot::random_hex(16);
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let args = e2b_args(&key_file);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    (Poold::start(&home.dir, &args, None), key)
+}
+
 /// The E2B listener flags, with the API key in `key_file`.
 fn e2b_args(key_file: &std::path::Path) -> Vec<String> {
     [
@@ -205,15 +202,12 @@ fn e2b_args(key_file: &std::path::Path) -> Vec<String> {
 fn e2b_state_survives_kill_9_of_poold() {
     let py = python("FORKD_TEST_PYTHON");
     let home = Home::new();
-    let key = forkd_snapshot::random_hex(16);
-    let key_file = home.dir.join("e2b.key");
-    std::fs::write(&key_file, format!("{key}\n")).unwrap();
-    let args = e2b_args(&key_file);
+    let (p, key) = e2b_poold(&home);
+    let args = e2b_args(&home.dir.join("e2b.key"));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let template = "restart-t";
     let run_id = forkd_snapshot::random_hex(8);
 
-    let p = Poold::start(&home.dir, &args, None);
     let (api, _) = p.e2b.clone().expect("poold printed its E2B listeners");
     block_on(p.snapshot(template, "python-numpy", 512));
     let create = json!({
@@ -309,12 +303,7 @@ async fn fork_tags(p: &Poold) -> Vec<String> {
 #[test]
 fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
     let home = Home::new();
-    let key = forkd_snapshot::random_hex(16);
-    let key_file = home.dir.join("e2b.key");
-    std::fs::write(&key_file, format!("{key}\n")).unwrap();
-    let args = e2b_args(&key_file);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let p = Poold::start(&home.dir, &args, None);
+    let (p, key) = e2b_poold(&home);
     let (api, _) = p.e2b.clone().expect("poold printed its E2B listeners");
     block_on(p.snapshot("fork-src", "minimal", 128));
     let before = store_stats(&home.dir);
@@ -379,4 +368,41 @@ fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
         );
         std::thread::sleep(Duration::from_millis(500));
     }
+}
+
+/// E2B's sandboxes run as `user` (home `/home/user`, passwordless sudo):
+/// against a snapshot of the `e2b-base` image (which has that account) the
+/// unmodified SDK (tests/python/e2b_users.py) runs commands as `user` in
+/// its home by default and as root when asked, gets files it writes (and
+/// the directories made for them) owned by `user`, sees owners, groups and
+/// a symlink's absolute target in `get_info`, and an account the guest
+/// lacks is refused, never run as root. Then snapshots: `create_snapshot`
+/// leaves the sandbox running, `Sandbox.create(snapshot_id)` has the state
+/// of that moment, a taken name and a filesystem-only snapshot are
+/// refused, `list_snapshots` pages, `delete_snapshot` deletes.
+#[test]
+fn e2b_users_files_and_snapshots() {
+    let py = python("FORKD_TEST_PYTHON");
+    let home = Home::new();
+    let (p, key) = e2b_poold(&home);
+    let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+    block_on(p.snapshot("e2b-users", "e2b-base", 512));
+    let out = Command::new(&py)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_users.py"))
+        .arg("e2b-users")
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &sbx)
+        .env("E2B_API_KEY", &key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .expect("running tests/python/e2b_users.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("E2B USERS OK"),
+        "e2b_users.py failed:\n{stdout}\n{stderr}"
+    );
+    let (_, v) = block_on(p.get("/v1/sandboxes"));
+    assert_eq!(v, json!([]), "sandboxes left behind");
 }

@@ -13,14 +13,16 @@
 //! | `POST [/v2]/sandboxes/{id}/connect` | connect (extends the TTL, never shortens it) |
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
 //! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
+//! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
 
 use crate::error::{E2bError, E2bResult};
+use crate::snapshots;
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use forkd_api::BranchBody;
 use forkd_node::limits::{check_env, check_metadata, MAX_TTL_SECS};
@@ -50,6 +52,9 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/snapshots", get(snapshots::list))
+        .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/pause", post(pause))
         .route("/sandboxes/{id}/resume", post(resume))
         .fallback(not_served)
@@ -171,7 +176,7 @@ fn egress_of(
     Ok((None, Some(policy)))
 }
 
-fn bad(m: impl Into<String>) -> E2bError {
+pub(crate) fn bad(m: impl Into<String>) -> E2bError {
     E2bError::bad_request(m)
 }
 
@@ -288,7 +293,7 @@ async fn shape(e: &E2b, rec: &SandboxRecord) -> (u64, u64) {
     (cpus, mem)
 }
 
-fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
+pub(crate) fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
     e.sandbox(id).ok_or_else(|| {
         E2bError::not_found(format!(
             "sandbox {id:?} not found (killed, expired, or never created)"

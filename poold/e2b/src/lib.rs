@@ -36,6 +36,7 @@ pub mod guest;
 pub mod interpreter;
 pub mod process;
 pub mod sandbox;
+pub mod snapshots;
 pub mod state;
 
 pub use config::E2bConfig;

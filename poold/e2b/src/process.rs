@@ -218,7 +218,7 @@ impl Table {
                 ),
             ));
         }
-        let mut events = node.exec_stream(id, spec, &[])?;
+        let mut events = node.exec_stream_as(id, spec, &[]).await?;
         let first = tokio::time::timeout(Duration::from_secs(30), events.next()).await;
         let pid = match first {
             Ok(Some(ExecEvent::Started { pid })) => pid,

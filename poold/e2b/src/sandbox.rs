@@ -6,12 +6,14 @@
 //!
 //! envd here: `GET /health`, `GET`/`POST /files`, and the Connect services
 //! `process.Process/*` ([`super::process`]) and `filesystem.Filesystem/*`
-//! (stat, list, make dir, remove, move). Processes run as root in `/root`
-//! (the guest agent's user); asking for another user is refused.
+//! (stat, list, make dir, remove, move). Each request acts as a guest
+//! account, E2B's `user` by default when the guest has it
+//! ([`crate::guest`]): its commands run as it, in its home; the files and
+//! directories it makes are its own; relative paths are under its home.
 
 use crate::connect;
 use crate::error::{Code, E2bError, E2bResult, RpcError, RpcResult};
-use crate::guest::{resolve_path, HOME, USER};
+use crate::guest::{self as accounts, Account, ROOT};
 use crate::process::{self, StartRequest};
 use crate::state::{E2b, E2bSandbox, Guest, ENVD_PORT, INTERPRETER_PORT};
 use axum::body::Body;
@@ -21,9 +23,10 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use base64::Engine;
 use forkd_edge::transfers::Transfers;
+use forkd_node::error::GuestErrorKind;
 use forkd_node::limits::MAX_FILE_BYTES;
-use forkd_node::{ExecSpec, FileStat};
-use rootfs_init::protocol::{DirEntry, FileKind};
+use forkd_node::{EntryInfo, ExecSpec};
+use rootfs_init::protocol::{FileKind, MAX_LIST_DEPTH};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -131,11 +134,11 @@ async fn envd(g: Guest<'_>, req: Request) -> Response {
     }
 }
 
-/// The user a request asks for (`Authorization: Basic base64(user:)`):
-/// none or root; poold's agent runs everything as root.
-fn check_user(h: &HeaderMap) -> RpcResult<()> {
+/// The user a request names (`Authorization: Basic base64("user:")`),
+/// if any.
+fn asked_user(h: &HeaderMap) -> RpcResult<Option<String>> {
     let Some(v) = h.get(header::AUTHORIZATION) else {
-        return Ok(());
+        return Ok(None);
     };
     let user = v
         .to_str()
@@ -149,18 +152,25 @@ fn check_user(h: &HeaderMap) -> RpcResult<()> {
         .and_then(|b| String::from_utf8(b).ok())
         .map(|s| s.split(':').next().unwrap_or("").to_string())
         .ok_or_else(|| RpcError::invalid("Authorization must be Basic base64(\"user:\")"))?;
-    check_username(&user)
+    Ok(Some(user).filter(|u| !u.is_empty()))
 }
 
-fn check_username(user: &str) -> RpcResult<()> {
-    if user.is_empty() || user == USER {
-        Ok(())
-    } else {
-        Err(RpcError::new(
-            Code::PermissionDenied,
-            format!("user {user:?}: poold's sandboxes run commands as {USER:?} only; leave user unset or pass user=\"root\""),
-        ))
+/// The account a request acts as: the one it names, else the sandbox's
+/// default (see [`crate::guest`]). Reads the guest's `/etc/passwd` the
+/// first time, and again for a name not seen yet.
+async fn account(g: Guest<'_>, asked: Option<&str>) -> RpcResult<Account> {
+    if asked == Some(ROOT) {
+        return Ok(Account::root());
     }
+    let cached = g.sb.session.accounts.lock().unwrap().clone();
+    if let Some(a) = cached.as_ref().and_then(|c| accounts::pick(c, asked)) {
+        return Ok(a);
+    }
+    let passwd = g.node.read_file(g.id(), "/etc/passwd", 0, None).await?;
+    let found = accounts::parse_passwd(&String::from_utf8_lossy(&passwd.bytes));
+    let picked = accounts::pick(&found, asked);
+    *g.sb.session.accounts.lock().unwrap() = Some(found);
+    picked.ok_or_else(|| accounts::no_such_user(asked.unwrap_or_default()))
 }
 
 /// One Connect call: reads the body (one envelope for streams), dispatches.
@@ -176,9 +186,10 @@ async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Respons
             e.into_response()
         }
     };
-    if let Err(e) = check_user(req.headers()) {
-        return fail(e);
-    }
+    let who = match asked_user(req.headers()) {
+        Ok(w) => w,
+        Err(e) => return fail(e),
+    };
     // The call's deadline (Connect-Timeout-Ms; none: unlimited). When it
     // passes, the stream ends with `deadline_exceeded` (what the SDK turns
     // into its TimeoutException; e2b 2.7.0 relies on it). A process `Start`
@@ -217,10 +228,13 @@ async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Respons
     } else {
         &body
     };
+    let who = who.as_deref();
     let out = if process {
-        process_rpc(g, method, msg, timeout, keepalive).await
+        process_rpc(g, who, method, msg, timeout, keepalive).await
     } else {
-        fs_rpc(g, method, msg).await.map(|v| connect::unary_ok(&v))
+        fs_rpc(g, who, method, msg)
+            .await
+            .map(|v| connect::unary_ok(&v))
     };
     out.unwrap_or_else(fail)
 }
@@ -244,6 +258,7 @@ struct Selector {
 
 async fn process_rpc(
     g: Guest<'_>,
+    who: Option<&str>,
     method: &str,
     msg: &[u8],
     timeout: Option<Duration>,
@@ -254,7 +269,9 @@ async fn process_rpc(
         "Start" => {
             let req: StartRequest = connect::parse(msg)?;
             let kill_after = timeout.map(|t| t + Duration::from_millis(DEADLINE_GRACE_MS));
-            let spec = process::exec_spec(&req, HOME, kill_after)?;
+            let acct = account(g, who).await?;
+            let mut spec = process::exec_spec(&req, &acct.home, kill_after)?;
+            spec.user = acct.agent_user().map(String::from);
             let (p, rx) =
                 g.sb.session
                     .processes
@@ -320,23 +337,6 @@ async fn process_rpc(
     }
 }
 
-/// Go's `fs.FileMode` string (`-rw-r--r--`, `drwxr-xr-x`).
-fn permissions(kind: FileKind, mode: u32) -> String {
-    let mut s = String::with_capacity(10);
-    s.push(match kind {
-        FileKind::Dir => 'd',
-        FileKind::Symlink => 'L',
-        _ => '-',
-    });
-    for shift in [6, 3, 0] {
-        let bits = (mode >> shift) & 7;
-        s.push(if bits & 4 != 0 { 'r' } else { '-' });
-        s.push(if bits & 2 != 0 { 'w' } else { '-' });
-        s.push(if bits & 1 != 0 { 'x' } else { '-' });
-    }
-    s
-}
-
 fn file_type(kind: FileKind) -> &'static str {
     match kind {
         FileKind::File => "FILE_TYPE_FILE",
@@ -346,51 +346,34 @@ fn file_type(kind: FileKind) -> &'static str {
     }
 }
 
-fn mtime(unix: i64) -> String {
-    let t = UNIX_EPOCH + Duration::from_secs(unix.max(0) as u64);
-    humantime::format_rfc3339_seconds(t).to_string()
+/// RFC 3339 with nanoseconds, as envd's `modifiedTime`.
+fn mtime(unix: i64, nsec: u32) -> String {
+    let t = UNIX_EPOCH + Duration::new(unix.max(0) as u64, nsec.min(999_999_999));
+    humantime::format_rfc3339_nanos(t).to_string()
 }
 
-fn owner(id: u32) -> String {
-    if id == 0 {
-        "root".into()
-    } else {
-        id.to_string()
-    }
-}
-
-/// `EntryInfo` of a stat.
-fn stat_entry(st: &FileStat) -> Value {
-    let name = st.path.rsplit('/').next().unwrap_or("").to_string();
+/// envd's `EntryInfo` of the agent's entry. A symlink is flagged
+/// (`isSymlink`, E2B SDK 2.63's field) and carries its target as an
+/// absolute path with every link followed, as envd reports it.
+fn entry_json(e: &EntryInfo) -> Value {
     let mut v = json!({
-        "name": if name.is_empty() { "/".to_string() } else { name },
-        "type": file_type(st.kind),
-        "path": st.path,
-        "size": st.size.to_string(),
-        "mode": st.mode,
-        "permissions": permissions(st.kind, st.mode),
-        "owner": owner(st.uid),
-        "group": owner(st.gid),
-        "modifiedTime": mtime(st.mtime_unix),
+        "name": if e.name.is_empty() { "/".to_string() } else { e.name.clone() },
+        "type": file_type(e.kind),
+        "path": e.path,
+        "size": e.size.to_string(),
+        "mode": e.st_mode & 0o7777,
+        "permissions": e.permissions(),
+        "owner": e.owner,
+        "group": e.group,
+        "modifiedTime": mtime(e.mtime_unix, e.mtime_nsec),
     });
-    if let Some(t) = &st.symlink_target {
-        v["symlinkTarget"] = json!(t);
+    if e.kind == FileKind::Symlink {
+        v["isSymlink"] = json!(true);
+        if let Some(t) = e.symlink_resolved.as_ref().or(e.symlink_target.as_ref()) {
+            v["symlinkTarget"] = json!(t);
+        }
     }
     v
-}
-
-/// `EntryInfo` of a listing entry (listings carry no owner).
-fn dir_entry(dir: &str, e: &DirEntry) -> Value {
-    let path = format!("{}/{}", dir.trim_end_matches('/'), e.name);
-    json!({
-        "name": e.name,
-        "type": file_type(e.kind),
-        "path": path,
-        "size": e.size.to_string(),
-        "mode": e.mode,
-        "permissions": permissions(e.kind, e.mode),
-        "modifiedTime": mtime(e.mtime_unix),
-    })
 }
 
 #[derive(Deserialize)]
@@ -401,34 +384,40 @@ struct PathReq {
     depth: Option<u32>,
 }
 
-async fn fs_rpc(g: Guest<'_>, method: &str, msg: &[u8]) -> RpcResult<Value> {
+async fn fs_rpc(g: Guest<'_>, who: Option<&str>, method: &str, msg: &[u8]) -> RpcResult<Value> {
     let (node, id) = (g.node, g.id());
+    let acct = account(g, who).await?;
+    let user = acct.agent_user();
     match method {
         "Stat" => {
             let r: PathReq = connect::parse(msg)?;
-            let p = resolve_path(&r.path, HOME)?;
-            let st = node.stat(id, &p).await?;
-            Ok(json!({"entry": stat_entry(&st)}))
+            let p = acct.resolve(&r.path)?;
+            Ok(json!({"entry": entry_json(&node.entry(id, &p, user).await?)}))
         }
         "ListDir" => {
             let r: PathReq = connect::parse(msg)?;
-            let p = resolve_path(&r.path, HOME)?;
-            let depth = r.depth.unwrap_or(1).clamp(1, 64);
-            Ok(json!({"entries": list_dir(g, &p, depth).await?}))
+            let p = acct.resolve(&r.path)?;
+            let depth = r.depth.unwrap_or(1).clamp(1, MAX_LIST_DEPTH);
+            let entries = node.list_entries(id, &p, depth, user).await?;
+            Ok(json!({"entries": entries.iter().map(entry_json).collect::<Vec<_>>()}))
         }
         "MakeDir" => {
             let r: PathReq = connect::parse(msg)?;
-            let p = resolve_path(&r.path, HOME)?;
+            let p = acct.resolve(&r.path)?;
             if node.stat(id, &p).await.is_ok() {
                 return Err(RpcError::new(Code::AlreadyExists, format!("{p} exists")));
             }
-            let st = node.mkdir(id, &p, true).await?;
-            Ok(json!({"entry": stat_entry(&st)}))
+            node.mkdir_as(id, &p, true, user).await?;
+            Ok(json!({"entry": entry_json(&node.entry(id, &p, user).await?)}))
         }
         "Remove" => {
             let r: PathReq = connect::parse(msg)?;
-            let p = resolve_path(&r.path, HOME)?;
-            node.remove(id, &p, true).await?;
+            let p = acct.resolve(&r.path)?;
+            // envd removes with Go's os.RemoveAll: a missing path is done.
+            match node.remove_as(id, &p, true, user).await {
+                Err(forkd_node::Error::Guest(a)) if a.kind == GuestErrorKind::NotFound => {}
+                r => r?,
+            }
             Ok(json!({}))
         }
         "Move" => {
@@ -438,13 +427,9 @@ async fn fs_rpc(g: Guest<'_>, method: &str, msg: &[u8]) -> RpcResult<Value> {
                 destination: String,
             }
             let r: Req = connect::parse(msg)?;
-            let (src, dst) = (
-                resolve_path(&r.source, HOME)?,
-                resolve_path(&r.destination, HOME)?,
-            );
-            rename(g, &src, &dst).await?;
-            let st = node.stat(id, &dst).await?;
-            Ok(json!({"entry": stat_entry(&st)}))
+            let (src, dst) = (acct.resolve(&r.source)?, acct.resolve(&r.destination)?);
+            rename(g, &acct, &src, &dst).await?;
+            Ok(json!({"entry": entry_json(&node.entry(id, &dst, user).await?)}))
         }
         other => Err(RpcError::unimplemented(&format!(
             "filesystem.Filesystem/{other}"
@@ -452,36 +437,10 @@ async fn fs_rpc(g: Guest<'_>, method: &str, msg: &[u8]) -> RpcResult<Value> {
     }
 }
 
-/// Lists `dir` down to `depth` levels, at most [`MAX_LIST_ENTRIES`].
-async fn list_dir(g: Guest<'_>, dir: &str, depth: u32) -> RpcResult<Vec<Value>> {
-    let mut out = Vec::new();
-    let mut level = vec![dir.to_string()];
-    for _ in 0..depth {
-        let mut next = Vec::new();
-        for d in &level {
-            let l = g.node.list_dir(g.id(), d).await?;
-            for e in &l.entries {
-                if out.len() == MAX_LIST_ENTRIES {
-                    return Err(RpcError::new(
-                        Code::ResourceExhausted,
-                        format!("{dir} has over {MAX_LIST_ENTRIES} entries at depth {depth}; list with a smaller depth"),
-                    ));
-                }
-                let v = dir_entry(d, e);
-                if e.kind == FileKind::Dir {
-                    next.push(v["path"].as_str().unwrap_or_default().to_string());
-                }
-                out.push(v);
-            }
-        }
-        level = next;
-    }
-    Ok(out)
-}
-
-/// Renames `src` to `dst` with the guest's `mv -T` (rename(2), or a copy
-/// across filesystems; never moves into `dst` when it is a directory).
-async fn rename(g: Guest<'_>, src: &str, dst: &str) -> RpcResult<()> {
+/// Renames `src` to `dst` with the guest's `mv -T` as the request's
+/// account (rename(2), or a copy across filesystems; never moves into
+/// `dst` when it is a directory).
+async fn rename(g: Guest<'_>, acct: &Account, src: &str, dst: &str) -> RpcResult<()> {
     g.node.stat(g.id(), src).await?;
     let spec = ExecSpec {
         argv: Some(vec![
@@ -491,6 +450,7 @@ async fn rename(g: Guest<'_>, src: &str, dst: &str) -> RpcResult<()> {
             src.into(),
             dst.into(),
         ]),
+        user: acct.agent_user().map(String::from),
         timeout_ms: Some(120_000),
         ..Default::default()
     };
@@ -511,13 +471,24 @@ struct FileQuery {
     username: Option<String>,
 }
 
-fn file_query(req: &Request) -> E2bResult<FileQuery> {
-    let q = req.uri().query().unwrap_or("");
-    let fq = parse_file_query(q);
-    let user_err = |e: RpcError| E2bError::unauthorized(e.message);
-    check_username(fq.username.as_deref().unwrap_or("")).map_err(user_err)?;
-    check_user(req.headers()).map_err(user_err)?;
-    Ok(fq)
+/// The query of a `/files` call and the account it acts as (`username`,
+/// else the Basic user, else the default); an unknown account is a 401.
+async fn file_account(
+    g: Guest<'_>,
+    query: &str,
+    headers: &HeaderMap,
+) -> E2bResult<(FileQuery, Account)> {
+    let fq = parse_file_query(query);
+    let header_user = asked_user(headers).map_err(|e| E2bError::unauthorized(e.message))?;
+    let asked = fq
+        .username
+        .clone()
+        .filter(|u| !u.is_empty())
+        .or(header_user);
+    let acct = account(g, asked.as_deref())
+        .await
+        .map_err(|e| E2bError::new(e.code.http_status(), e.message))?;
+    Ok((fq, acct))
 }
 
 fn parse_file_query(q: &str) -> FileQuery {
@@ -532,22 +503,84 @@ fn parse_file_query(q: &str) -> FileQuery {
     fq
 }
 
-/// A guest path of `/files`, resolved and validated (400 when it is not
-/// one the agent would accept).
-fn file_path(p: &str) -> E2bResult<String> {
-    resolve_path(p, HOME).map_err(|e| E2bError::bad_request(e.message))
+/// A guest path of `/files`, resolved against the account's home and
+/// validated (400 when it is not one the agent would accept).
+fn file_path(acct: &Account, p: &str) -> E2bResult<String> {
+    acct.resolve(p)
+        .map_err(|e| E2bError::bad_request(e.message))
 }
 
 /// `GET /files?path=`: the file's bytes.
 async fn read_file(g: Guest<'_>, req: Request) -> E2bResult<Response> {
-    let q = file_query(&req)?;
-    let path = file_path(q.path.as_deref().unwrap_or(""))?;
-    let r = g.node.read_file(g.id(), &path, 0, None).await?;
+    let (q, acct) = file_account(g, req.uri().query().unwrap_or(""), req.headers()).await?;
+    let path = file_path(&acct, q.path.as_deref().unwrap_or(""))?;
+    let r = g
+        .node
+        .read_file_as(g.id(), &path, 0, None, acct.agent_user())
+        .await?;
     Ok((
         [(header::CONTENT_TYPE, "application/octet-stream")],
         r.bytes,
     )
         .into_response())
+}
+
+/// An upload with its `Content-Encoding` undone: gzip (the SDK's
+/// `gzip=True`) is inflated, at most [`MAX_FILE_BYTES`] in and out (a
+/// bomb is a 413, not memory); any other coding is a 415. The body is
+/// read before an error is answered, so the client sees the answer, not a
+/// connection closed under its upload.
+async fn decoded(req: Request) -> E2bResult<Request> {
+    let coding = req
+        .headers()
+        .get(header::CONTENT_ENCODING)
+        .map(|v| v.to_str().unwrap_or("?").trim().to_ascii_lowercase());
+    let Some(coding) = coding.filter(|c| !c.is_empty() && c != "identity") else {
+        return Ok(req);
+    };
+    let (mut parts, body) = req.into_parts();
+    let too_large = || {
+        E2bError::new(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("one upload is at most {MAX_FILE_BYTES} bytes, compressed or not"),
+        )
+    };
+    let raw = axum::body::to_bytes(body, MAX_FILE_BYTES)
+        .await
+        .map_err(|_| too_large())?;
+    if coding != "gzip" {
+        return Err(E2bError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            format!(
+                "Content-Encoding {coding:?} is not accepted; send gzip or the file uncompressed"
+            ),
+        ));
+    }
+    let inflated = tokio::task::spawn_blocking(move || gunzip(&raw, MAX_FILE_BYTES))
+        .await
+        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+    let inflated = match inflated {
+        Ok(Some(b)) => b,
+        Ok(None) => return Err(too_large()),
+        Err(e) => {
+            return Err(E2bError::bad_request(format!(
+                "the body is not valid gzip ({e}); send it uncompressed or gzip it whole"
+            )))
+        }
+    };
+    parts.headers.remove(header::CONTENT_ENCODING);
+    parts.headers.remove(header::CONTENT_LENGTH);
+    Ok(Request::from_parts(parts, Body::from(inflated)))
+}
+
+/// Inflates `gz`; `None` when it holds more than `limit` bytes.
+fn gunzip(gz: &[u8], limit: usize) -> std::io::Result<Option<Vec<u8>>> {
+    use std::io::Read;
+    let mut out = Vec::new();
+    flate2::read::MultiGzDecoder::new(gz)
+        .take(limit as u64 + 1)
+        .read_to_end(&mut out)?;
+    Ok((out.len() <= limit).then_some(out))
 }
 
 /// Most files in one multipart upload.
@@ -557,21 +590,12 @@ pub const MAX_UPLOAD_FILES: usize = 1000;
 /// no `path` is given) or a raw body to `path`. The whole body is bounded
 /// by the route's body limit.
 async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
-    let q = file_query(&req)?;
+    let (q, acct) = file_account(g, req.uri().query().unwrap_or(""), req.headers()).await?;
+    let req = decoded(req).await?;
     let multipart = req
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"multipart/form-data"));
-    if req
-        .headers()
-        .get(header::CONTENT_ENCODING)
-        .is_some_and(|v| v.as_bytes() != b"identity")
-    {
-        return Err(E2bError::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "compressed uploads are not accepted; send the file uncompressed",
-        ));
-    }
     let mut files: Vec<(String, bytes::Bytes)> = Vec::new();
     if multipart {
         let bad =
@@ -596,14 +620,14 @@ async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
                     "at most {MAX_UPLOAD_FILES} files per upload"
                 )));
             }
-            files.push((file_path(&dest)?, data));
+            files.push((file_path(&acct, &dest)?, data));
         }
     } else {
         let p = q
             .path
             .as_deref()
             .ok_or_else(|| E2bError::bad_request("path query required for a raw upload"))?;
-        let p = file_path(p)?;
+        let p = file_path(&acct, p)?;
         let b = axum::body::to_bytes(req.into_body(), MAX_FILE_BYTES)
             .await
             .map_err(|_| {
@@ -619,7 +643,9 @@ async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     }
     let mut out = Vec::new();
     for (path, data) in files {
-        g.node.write_file(g.id(), &path, &data, None, false).await?;
+        g.node
+            .write_file_as(g.id(), &path, &data, None, false, acct.agent_user())
+            .await?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         out.push(json!({"name": name, "type": "file", "path": path}));
     }
@@ -631,48 +657,72 @@ mod tests {
     use super::*;
 
     #[test]
-    fn paths_resolve_like_envd() {
-        assert_eq!(resolve_path("", HOME).unwrap(), "/root");
-        assert_eq!(resolve_path("a.txt", HOME).unwrap(), "/root/a.txt");
-        assert_eq!(resolve_path("~/x", HOME).unwrap(), "/root/x");
-        assert_eq!(resolve_path("/tmp/x", HOME).unwrap(), "/tmp/x");
-        assert!(resolve_path("/a\0b", HOME).is_err());
+    fn gzip_is_inflated_within_a_bound() {
+        use std::io::Write;
+        let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        e.write_all(&vec![b'a'; 10_000]).unwrap();
+        let gz = e.finish().unwrap();
+        assert_eq!(gunzip(&gz, 10_000).unwrap(), Some(vec![b'a'; 10_000]));
+        assert_eq!(gunzip(&gz, 9_999).unwrap(), None);
+        assert!(gunzip(b"not gzip", 100).is_err());
     }
 
     #[test]
-    fn permissions_like_go() {
-        assert_eq!(permissions(FileKind::File, 0o644), "-rw-r--r--");
-        assert_eq!(permissions(FileKind::Dir, 0o755), "drwxr-xr-x");
-    }
-
-    #[test]
-    fn users() {
+    fn the_user_a_request_names() {
         let mut h = HeaderMap::new();
-        assert!(check_user(&h).is_ok());
+        assert_eq!(asked_user(&h).unwrap(), None);
         let b = base64::engine::general_purpose::STANDARD.encode("root:");
         h.insert(header::AUTHORIZATION, format!("Basic {b}").parse().unwrap());
-        assert!(check_user(&h).is_ok());
+        assert_eq!(asked_user(&h).unwrap().as_deref(), Some("root"));
         let b = base64::engine::general_purpose::STANDARD.encode("user:");
         h.insert(header::AUTHORIZATION, format!("Basic {b}").parse().unwrap());
-        assert_eq!(check_user(&h).unwrap_err().code, Code::PermissionDenied);
+        assert_eq!(asked_user(&h).unwrap().as_deref(), Some("user"));
+        let b = base64::engine::general_purpose::STANDARD.encode(":");
+        h.insert(header::AUTHORIZATION, format!("Basic {b}").parse().unwrap());
+        assert_eq!(asked_user(&h).unwrap(), None);
+        h.insert(header::AUTHORIZATION, "Bearer x".parse().unwrap());
+        assert_eq!(asked_user(&h).unwrap_err().code, Code::InvalidArgument);
+    }
+
+    fn entry(kind: FileKind, st_mode: u32) -> EntryInfo {
+        EntryInfo {
+            name: "a.txt".into(),
+            path: "/home/user/a.txt".into(),
+            kind,
+            target_kind: Some(kind),
+            size: 256,
+            st_mode,
+            target_mode: st_mode & 0o7777,
+            uid: 1000,
+            gid: 1000,
+            owner: "user".into(),
+            group: "user".into(),
+            mtime_unix: 1,
+            mtime_nsec: 5,
+            symlink_target: None,
+            symlink_resolved: None,
+        }
     }
 
     #[test]
-    fn entries() {
-        let st = FileStat {
-            path: "/root/a.txt".into(),
-            kind: FileKind::File,
-            size: 256,
-            mode: 0o644,
-            uid: 0,
-            gid: 0,
-            mtime_unix: 0,
-            symlink_target: None,
-        };
-        let v = stat_entry(&st);
+    fn entries_as_envd_reports_them() {
+        let v = entry_json(&entry(FileKind::File, 0o100644));
         assert_eq!(v["name"], "a.txt");
         assert_eq!(v["size"], "256");
         assert_eq!(v["type"], "FILE_TYPE_FILE");
-        assert_eq!(v["modifiedTime"], "1970-01-01T00:00:00Z");
+        assert_eq!(v["mode"], 0o644);
+        assert_eq!(v["permissions"], "-rw-r--r--");
+        assert_eq!(v["owner"], "user");
+        assert_eq!(v["group"], "user");
+        assert_eq!(v["modifiedTime"], "1970-01-01T00:00:01.000000005Z");
+        assert!(v.get("isSymlink").is_none());
+
+        let mut l = entry(FileKind::Symlink, 0o120777);
+        l.symlink_target = Some("../x".into());
+        l.symlink_resolved = Some("/home/x".into());
+        let v = entry_json(&l);
+        assert_eq!(v["isSymlink"], true);
+        assert_eq!(v["symlinkTarget"], "/home/x");
+        assert_eq!(v["permissions"], "Lrwxrwxrwx");
     }
 }

@@ -9,7 +9,7 @@ use forkd_edge::transfers::Transfers;
 use forkd_node::{Node, SandboxRecord};
 use std::collections::HashMap;
 use std::sync::atomic::AtomicU64;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use subtle::ConstantTimeEq;
 
 /// The envd version poold's sandbox plane claims: it gates SDK features,
@@ -30,6 +30,8 @@ pub struct Session {
     pub processes: process::Table,
     /// Code interpreter executions so far (`execution_count`).
     pub executions: AtomicU64,
+    /// The guest's accounts, once read (`crate::guest`).
+    pub accounts: Mutex<Option<crate::guest::Accounts>>,
 }
 
 /// A live sandbox as the E2B endpoints see it: the node's record and this

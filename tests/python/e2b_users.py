@@ -1,0 +1,152 @@
+"""E2B's `user` account and snapshots through the unmodified E2B SDK
+(docs/e2b.md, "Users" and "Snapshots").
+
+Run by tests/tests/e2b.rs with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
+pointing at a real poold, and the template (a snapshot of the `e2b-base`
+image, which has E2B's `user` account) as the first argument. Every check
+raises on failure; the last line printed is `E2B USERS OK` when all passed.
+"""
+
+import sys
+
+from e2b import Sandbox
+
+
+def check(cond, what):
+    if not cond:
+        raise AssertionError(what)
+
+
+def step(name):
+    print(f"--- {name}", flush=True)
+
+
+def commands(sbx):
+    step("commands run as user, in its home, unless root is asked for")
+    r = sbx.commands.run("whoami; pwd; echo $HOME; id -gn")
+    check(r.stdout == "user\n/home/user\n/home/user\nuser\n", f"default user: {r.stdout!r}")
+    r = sbx.commands.run("whoami; pwd; echo $HOME", user="root")
+    check(r.stdout == "root\n/root\n/root\n", f"user=root: {r.stdout!r}")
+    r = sbx.commands.run("sudo -n whoami")
+    check(r.stdout == "root\n", f"user's passwordless sudo: {r.stdout!r}")
+
+    step("an account the guest lacks is refused, not run as root")
+    try:
+        r = sbx.commands.run("whoami", user="nobody-such")
+        raise AssertionError(f"user=nobody-such ran: {r.stdout!r}")
+    except AssertionError:
+        raise
+    except Exception as e:  # the SDK's AuthenticationException
+        check("nobody-such" in str(e), f"the refusal names the user: {e}")
+
+
+def files(sbx):
+    step("files written without a user are user's, relative to its home")
+    w = sbx.files.write("notes/a.txt", "hello")
+    check(w.path == "/home/user/notes/a.txt", f"write path {w.path!r}")
+    check(sbx.files.read("/home/user/notes/a.txt") == "hello", "read back")
+    check(sbx.files.read("notes/a.txt") == "hello", "read back, relative")
+    st = sbx.commands.run("stat -c '%U:%G %a' /home/user/notes /home/user/notes/a.txt").stdout
+    check(st == "user:user 755\nuser:user 644\n", f"owners in the guest: {st!r}")
+    info = sbx.files.get_info("notes/a.txt")
+    check((info.owner, info.group) == ("user", "user"), f"get_info owner {info.owner}:{info.group}")
+    check(info.path == "/home/user/notes/a.txt", f"get_info path {info.path}")
+    check(info.permissions == "-rw-r--r--", f"permissions {info.permissions}")
+    check(info.size == 5, f"size {info.size}")
+
+    step("make_dir, rename, list as user")
+    check(sbx.files.make_dir("made/deep") is True, "make_dir")
+    check(sbx.files.get_info("made").owner == "user", "made/ belongs to user")
+    check(sbx.files.get_info("made/deep").owner == "user", "made/deep belongs to user")
+    moved = sbx.files.rename("notes/a.txt", "notes/b.txt")
+    check(moved.path == "/home/user/notes/b.txt", f"rename {moved.path}")
+    names = [(e.name, e.owner) for e in sbx.files.list("notes")]
+    check(names == [("b.txt", "user")], f"list {names}")
+
+    step("a symlink's get_info gives its absolute target")
+    sbx.commands.run("ln -s notes/b.txt link")
+    link = sbx.files.get_info("link")
+    check(link.symlink_target == "/home/user/notes/b.txt", f"symlink target {link.symlink_target!r}")
+
+    step("root's files stay root's")
+    w = sbx.files.write("/root/secret.txt", "s", user="root")
+    check(w.path == "/root/secret.txt", f"root write {w.path}")
+    info = sbx.files.get_info("secret.txt", user="root")
+    check(info.owner == "root", f"root's file owner {info.owner}")
+    r = sbx.commands.run("cat /root/secret.txt 2>&1 || echo denied")
+    check(r.stdout.endswith("denied\n"), f"user reads root's home: {r.stdout!r}")
+
+    step("remove as user; a missing path is done, as envd's os.RemoveAll")
+    sbx.files.remove("made")
+    check(not sbx.files.exists("made"), "made/ removed")
+    sbx.files.remove("made")
+    sbx.files.remove("/tmp/never/was")
+
+    step("a gzip upload is inflated")
+    text = "zipped " * 5000
+    w = sbx.files.write("z.txt", text, gzip=True)
+    check(w.path == "/home/user/z.txt", f"gzip write {w.path}")
+    check(sbx.files.read("z.txt") == text, "gzip upload read back")
+    check(sbx.files.get_info("z.txt").owner == "user", "gzip upload owner")
+
+
+def snapshots(sbx):
+    step("create_snapshot: the sandbox runs on; a create from the snapshot id has its state")
+    sbx.files.write("state.txt", "before the snapshot")
+    snap = sbx.create_snapshot()
+    check(snap.snapshot_id.startswith("e2b-snap-"), f"snapshot id {snap.snapshot_id}")
+    check(snap.names == [snap.snapshot_id], f"names {snap.names}")
+    check(sbx.commands.run("echo alive").stdout == "alive\n", "the source runs on")
+    sbx.files.write("state.txt", "after the snapshot")
+    child = Sandbox.create(snap.snapshot_id, timeout=120)
+    try:
+        got = child.files.read("state.txt")
+        check(got == "before the snapshot", f"the child's state {got!r}")
+        check(child.commands.run("whoami").stdout == "user\n", "the child's default user")
+    finally:
+        child.kill()
+
+    step("a named snapshot; a taken name and filesystem-only mode are refused")
+    named = sbx.create_snapshot(name="users-named")
+    check(named.snapshot_id == "users-named", f"named id {named.snapshot_id}")
+    for kwargs, what in (({"name": "users-named"}, "a taken name"), ({"mode": "filesystem"}, "filesystem-only")):
+        try:
+            sbx.create_snapshot(**kwargs)
+            raise AssertionError(f"{what} was accepted")
+        except AssertionError:
+            raise
+        except Exception as e:
+            print(f"    refused as it should be: {e}", flush=True)
+
+    step("list_snapshots by sandbox, paged; delete_snapshot")
+    mine = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id)
+    ids = {s.snapshot_id for s in mine.next_items()}
+    check(ids == {snap.snapshot_id, "users-named"}, f"listed {ids}")
+    page = Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id, limit=1)
+    first = page.next_items()
+    check(len(first) == 1 and page.has_next, f"page of 1: {first}, has_next {page.has_next}")
+    second = page.next_items()
+    check(len(second) == 1 and second[0].snapshot_id != first[0].snapshot_id, f"second page {second}")
+    check(Sandbox.delete_snapshot(snap.snapshot_id) is True, "delete")
+    check(Sandbox.delete_snapshot(snap.snapshot_id) is False, "delete of a deleted snapshot")
+    check(Sandbox.delete_snapshot("users-named") is True, "delete the named one")
+    left = {s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()}
+    check(left == set(), f"left after deletes: {left}")
+
+
+def main():
+    template = sys.argv[1]
+    step("create")
+    sbx = Sandbox.create(template=template, timeout=300)
+    try:
+        commands(sbx)
+        files(sbx)
+        snapshots(sbx)
+    finally:
+        step("kill")
+        sbx.kill()
+    print("E2B USERS OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
