@@ -7,6 +7,7 @@ image, which has E2B's `user` account) as the first argument. Every check
 raises on failure; the last line printed is `E2B USERS OK` when all passed.
 """
 
+import re
 import sys
 
 from e2b import Sandbox
@@ -90,6 +91,53 @@ def files(sbx):
     check(sbx.files.get_info("z.txt").owner == "user", "gzip upload owner")
 
 
+def terminal(sbx):
+    from e2b import PtySize
+
+    step("a PTY runs an interactive program as user; resize reaches it")
+    out = bytearray()
+    h = sbx.pty.create(PtySize(rows=24, cols=80), timeout=120)
+    events = iter(h)
+
+    def until(text):
+        while text not in out.decode(errors="replace"):
+            _, _, chunk = next(events)
+            if chunk:
+                out.extend(chunk)
+
+    sbx.pty.send_stdin(h.pid, b"stty size; tty; whoami\n")
+    until("24 80")
+    until("/dev/pts/")
+    sbx.pty.resize(h.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(h.pid, b"stty size\n")
+    until("30 100")
+    sbx.pty.send_stdin(h.pid, b"python3 -c \"print(input('name? ').upper())\"\n")
+    until("name? ")
+    sbx.pty.send_stdin(h.pid, b"forkd\n")
+    until("FORKD")
+    sbx.pty.send_stdin(h.pid, b"exit\n")
+    r = h.wait(on_pty=lambda d: out.extend(d))
+    check(r.exit_code == 0, f"the shell's exit {r.exit_code}")
+    text = out.decode(errors="replace")
+    # Typed-ahead lines echo between outputs: look for whoami's line after tty's.
+    check(re.search(r"/dev/pts/\d+.*?\r\nuser\r\n", text, re.S), f"tty and whoami on the terminal: {text!r}")
+
+
+def metrics(sbx):
+    step("get_metrics: the guest's CPUs, memory and disk; a busy loop shows")
+    m = sbx.get_metrics()
+    check(len(m) >= 1, f"metrics {m}")
+    last = m[-1]
+    check(last.cpu_count >= 1, f"cpu_count {last.cpu_count}")
+    check(0 < last.mem_used < last.mem_total, f"memory {last.mem_used}/{last.mem_total}")
+    check(0 < last.disk_used < last.disk_total, f"disk {last.disk_used}/{last.disk_total}")
+    busy = sbx.commands.run("timeout 20 sh -c 'while :; do :; done'", background=True)
+    m = sbx.get_metrics()
+    check(len(m) >= 2, f"samples kept: {len(m)}")
+    check(m[-1].cpu_used_pct > 20, f"cpu_used_pct under a busy loop: {m[-1].cpu_used_pct}")
+    sbx.commands.kill(busy.pid)
+
+
 def snapshots(sbx):
     step("create_snapshot: the sandbox runs on; a create from the snapshot id has its state")
     sbx.files.write("state.txt", "before the snapshot")
@@ -141,6 +189,8 @@ def main():
     try:
         commands(sbx)
         files(sbx)
+        terminal(sbx)
+        metrics(sbx)
         snapshots(sbx)
     finally:
         step("kill")

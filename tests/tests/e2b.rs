@@ -376,12 +376,14 @@ fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
 /// its home by default and as root when asked, gets files it writes (and
 /// the directories made for them) owned by `user`, sees owners, groups and
 /// a symlink's absolute target in `get_info`, and an account the guest
-/// lacks is refused, never run as root. Then snapshots: `create_snapshot`
+/// lacks is refused, never run as root. A PTY (`sbx.pty`) runs an
+/// interactive shell and program, and a resize reaches it. `get_metrics`
+/// reports the guest's CPUs, memory and disk, and a busy loop. Then snapshots: `create_snapshot`
 /// leaves the sandbox running, `Sandbox.create(snapshot_id)` has the state
 /// of that moment, a taken name and a filesystem-only snapshot are
 /// refused, `list_snapshots` pages, `delete_snapshot` deletes.
 #[test]
-fn e2b_users_files_and_snapshots() {
+fn e2b_users_files_terminals_and_snapshots() {
     let py = python("FORKD_TEST_PYTHON");
     let home = Home::new();
     let (p, key) = e2b_poold(&home);

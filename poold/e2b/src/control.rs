@@ -14,6 +14,7 @@
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
 //! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
+//! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
 
 use crate::error::{E2bError, E2bResult};
 use crate::snapshots;
@@ -53,6 +54,7 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
+        .route("/sandboxes/{id}/metrics", get(crate::metrics::get))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/pause", post(pause))

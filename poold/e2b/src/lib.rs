@@ -34,6 +34,7 @@ pub mod control;
 pub mod error;
 pub mod guest;
 pub mod interpreter;
+pub mod metrics;
 pub mod process;
 pub mod sandbox;
 pub mod snapshots;

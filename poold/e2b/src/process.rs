@@ -20,7 +20,7 @@ use crate::connect;
 use crate::error::{Code, RpcError, RpcResult};
 use base64::Engine;
 use bytes::Bytes;
-use forkd_node::{ExecEvent, ExecResult, ExecSpec, Node, ProcessControl};
+use forkd_node::{ExecEvent, ExecResult, ExecSpec, Node, ProcessControl, PtySize};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, HashMap};
@@ -133,6 +133,8 @@ pub struct Proc {
     pub tag: Option<String>,
     /// What was started.
     pub config: ProcessConfig,
+    /// It runs on a terminal: its output is envd's `pty` data.
+    pub pty: bool,
     /// Its stdin and signals.
     control: Option<ProcessControl>,
     state: Mutex<ProcState>,
@@ -218,6 +220,7 @@ impl Table {
                 ),
             ));
         }
+        let pty = spec.pty.is_some();
         let mut events = node.exec_stream_as(id, spec, &[]).await?;
         let first = tokio::time::timeout(Duration::from_secs(30), events.next()).await;
         let pid = match first {
@@ -246,6 +249,7 @@ impl Table {
             pid,
             tag,
             config,
+            pty,
             control: Some(events.control()),
             state: Mutex::new(ProcState::default()),
         });
@@ -314,6 +318,7 @@ impl Table {
 /// call's `Connect-Timeout-Ms`) it ends with `deadline_exceeded` instead.
 pub fn event_stream(
     pid: u32,
+    pty: bool,
     rx: mpsc::Receiver<Ev>,
     keepalive: Duration,
     deadline: Option<Instant>,
@@ -348,9 +353,7 @@ pub fn event_stream(
                 };
                 Some(match item {
                     Some(Ev::Stdout(b)) => (
-                        Ok(connect::message(
-                            &json!({"event": {"data": {"stdout": b64(&b)}}}),
-                        )),
+                        Ok(connect::message(&data_event(pty, &b64(&b)))),
                         S::Events(rx),
                     ),
                     Some(Ev::Stderr(b)) => (
@@ -379,6 +382,14 @@ pub fn event_stream(
             S::Done => None,
         }
     })
+}
+
+/// envd's data event of output: `pty` on a terminal, else `stdout`.
+fn data_event(pty: bool, b64: &str) -> Value {
+    let key = if pty { "pty" } else { "stdout" };
+    let mut data = serde_json::Map::new();
+    data.insert(key.to_string(), json!(b64));
+    json!({"event": {"data": data}})
 }
 
 fn deadline_passed(pid: u32) -> RpcError {
@@ -410,9 +421,7 @@ pub struct StartRequest {
 /// sandbox's create-time envs under it), `cwd` resolved against `home`,
 /// the deadline as the exec timeout.
 pub fn exec_spec(req: &StartRequest, home: &str, timeout: Option<Duration>) -> RpcResult<ExecSpec> {
-    if req.pty.is_some() {
-        return Err(RpcError::unimplemented("a pty (terminal)"));
-    }
+    let pty = req.pty.as_ref().map(pty_size).transpose()?;
     if req.process.cmd.is_empty() || req.process.cmd.contains('\0') {
         return Err(RpcError::invalid(
             "process.cmd must be a non-empty program path",
@@ -440,9 +449,29 @@ pub fn exec_spec(req: &StartRequest, home: &str, timeout: Option<Duration>) -> R
         timeout_ms: timeout.map(|t| t.as_millis() as u64),
         output_limit: Some(OUTPUT_LIMIT),
         stream: true,
-        stdin_open: req.stdin == Some(true),
+        stdin_open: req.stdin == Some(true) || pty.is_some(),
+        pty,
         ..Default::default()
     })
+}
+
+/// A terminal's size from envd's `PTY` message (`{"size": {"rows", "cols"}}`).
+pub fn pty_size(v: &Value) -> RpcResult<PtySize> {
+    let dim = |k: &str| {
+        v.get("size")
+            .and_then(|s| s.get(k))
+            .and_then(Value::as_u64)
+            .and_then(|n| u16::try_from(n).ok())
+    };
+    let (Some(rows), Some(cols)) = (dim("rows"), dim("cols")) else {
+        return Err(RpcError::invalid(
+            "pty.size needs rows and cols (whole numbers)",
+        ));
+    };
+    let size = PtySize { rows, cols };
+    size.validate()
+        .map_err(|m| RpcError::invalid(format!("pty.size: {m}")))?;
+    Ok(size)
 }
 
 /// `{"processes": [ProcessInfo]}` for `List`.
@@ -499,6 +528,17 @@ pub async fn signal(p: &Proc, signal: i32) -> RpcResult<()> {
     Ok(running(p)?.signal(signal).await?)
 }
 
+/// Resizes the terminal of `p`.
+pub async fn resize(p: &Proc, size: PtySize) -> RpcResult<()> {
+    if !p.pty {
+        return Err(RpcError::invalid(format!(
+            "process {} has no terminal to resize",
+            p.pid
+        )));
+    }
+    Ok(running(p)?.resize(size).await?)
+}
+
 /// Writes `data` (and EOF when `eof`) to the stdin of `p`.
 pub async fn input(p: &Proc, data: &[u8], eof: bool) -> RpcResult<()> {
     Ok(running(p)?.stdin(data, eof).await?)
@@ -534,6 +574,17 @@ mod tests {
     }
 
     #[test]
+    fn terminal_sizes_and_output() {
+        let s = pty_size(&json!({"size": {"rows": 24, "cols": 80}})).unwrap();
+        assert_eq!((s.rows, s.cols), (24, 80));
+        assert!(pty_size(&json!({"size": {"rows": 0, "cols": 80}})).is_err());
+        assert!(pty_size(&json!({"size": {"rows": 70000, "cols": 80}})).is_err());
+        assert!(pty_size(&json!({})).is_err());
+        assert_eq!(data_event(true, "eA==")["event"]["data"]["pty"], "eA==");
+        assert_eq!(data_event(false, "eA==")["event"]["data"]["stdout"], "eA==");
+    }
+
+    #[test]
     fn signals() {
         assert_eq!(parse_signal(&json!("SIGNAL_SIGKILL")).unwrap(), 9);
         assert_eq!(parse_signal(&json!(15)).unwrap(), 15);
@@ -545,6 +596,7 @@ mod tests {
     fn a_slow_subscriber_is_dropped_and_keeps_room_for_the_end() {
         let p = Proc {
             pid: 7,
+            pty: false,
             tag: None,
             config: ProcessConfig::default(),
             control: None,
@@ -574,6 +626,7 @@ mod tests {
     fn subscribers_are_bounded() {
         let p = Proc {
             pid: 7,
+            pty: false,
             tag: None,
             config: ProcessConfig::default(),
             control: None,
@@ -590,7 +643,7 @@ mod tests {
         use futures::StreamExt;
         let (_tx, rx) = mpsc::channel(1);
         let deadline = Instant::now() + Duration::from_millis(50);
-        let s = event_stream(7, rx, Duration::from_secs(60), Some(deadline));
+        let s = event_stream(7, false, rx, Duration::from_secs(60), Some(deadline));
         let msgs: Vec<Bytes> = s.map(|m| m.unwrap()).collect().await;
         assert_eq!(msgs.len(), 2, "start, then the end of stream");
         assert_eq!(msgs[0][0], connect::FLAG_DATA);

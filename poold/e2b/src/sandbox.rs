@@ -278,7 +278,7 @@ async fn process_rpc(
                     .start(g.node, g.id(), spec, req.process, req.tag)
                     .await?;
             Ok(stream_response(process::event_stream(
-                p.pid, rx, keepalive, deadline,
+                p.pid, p.pty, rx, keepalive, deadline,
             )))
         }
         "Connect" => {
@@ -286,7 +286,7 @@ async fn process_rpc(
             let p = g.sb.session.processes.find(&s.process)?;
             let rx = p.subscribe()?;
             Ok(stream_response(process::event_stream(
-                p.pid, rx, keepalive, deadline,
+                p.pid, p.pty, rx, keepalive, deadline,
             )))
         }
         "List" => Ok(connect::unary_ok(&process::list_json(
@@ -315,16 +315,35 @@ async fn process_rpc(
             }
             let r: Req = connect::parse(msg)?;
             let p = g.sb.session.processes.find(&r.process)?;
-            if r.input.get("pty").is_some() {
-                return Err(RpcError::unimplemented("pty input"));
-            }
-            let data = match r.input.get("stdin").and_then(Value::as_str) {
+            // A terminal's input (`pty`) is typed into it; `stdin` is the
+            // pipe of a process without one.
+            let (key, text) = match (r.input.get("pty"), r.input.get("stdin")) {
+                (Some(v), _) => ("pty", v),
+                (None, Some(v)) => ("stdin", v),
+                (None, None) => ("stdin", &Value::Null),
+            };
+            let data = match text.as_str() {
                 Some(b) => base64::engine::general_purpose::STANDARD
                     .decode(b)
-                    .map_err(|e| RpcError::invalid(format!("input.stdin is not base64: {e}")))?,
+                    .map_err(|e| RpcError::invalid(format!("input.{key} is not base64: {e}")))?,
                 None => Vec::new(),
             };
             process::input(&p, &data, false).await?;
+            Ok(connect::unary_ok(&json!({})))
+        }
+        "Update" => {
+            #[derive(Deserialize)]
+            struct Req {
+                #[serde(default)]
+                process: Value,
+                #[serde(default)]
+                pty: Option<Value>,
+            }
+            let r: Req = connect::parse(msg)?;
+            let p = g.sb.session.processes.find(&r.process)?;
+            if let Some(pty) = &r.pty {
+                process::resize(&p, process::pty_size(pty)?).await?;
+            }
             Ok(connect::unary_ok(&json!({})))
         }
         "CloseStdin" => {

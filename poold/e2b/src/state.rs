@@ -32,6 +32,8 @@ pub struct Session {
     pub executions: AtomicU64,
     /// The guest's accounts, once read (`crate::guest`).
     pub accounts: Mutex<Option<crate::guest::Accounts>>,
+    /// Metrics samples taken so far (`crate::metrics`).
+    pub metrics: crate::metrics::Samples,
 }
 
 /// A live sandbox as the E2B endpoints see it: the node's record and this
