@@ -408,3 +408,70 @@ fn e2b_users_files_terminals_and_snapshots() {
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "sandboxes left behind");
 }
+
+/// A template of the `code-interpreter` image runs E2B's code interpreter
+/// in the guest (Jupyter kernels); poold proxies port 49999 to it through
+/// the agent's tunnel, so the unmodified `e2b-code-interpreter` SDK gets
+/// what E2B gives: streamed stdout, a matplotlib chart as a PNG result
+/// with E2B's chart data, errors, a timeout after which the kernel still
+/// runs cells, JavaScript and bash, per-call envs, and contexts.
+#[test]
+fn e2b_code_interpreter_template_runs_jupyter_through_poold() {
+    let py = python("FORKD_TEST_PYTHON");
+    let home = Home::new();
+    let (p, key) = e2b_poold(&home);
+    let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+    block_on(p.snapshot("ci-rich", "code-interpreter", 1024));
+    let script = r#"
+import sys
+from e2b import TimeoutException
+from e2b_code_interpreter import Sandbox
+
+sbx = Sandbox.create(template="ci-rich", timeout=300)
+try:
+    seen = []
+    ex = sbx.run_code("print('hello'); 6 * 7", on_stdout=lambda m: seen.append(m.line))
+    assert ex.text == "42", ex
+    assert ex.logs.stdout == ["hello\n"], ex.logs
+    assert seen == ["hello\n"], seen
+    ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 2], [3, 4])\nplt.show()")
+    png = [r for r in ex.results if r.png]
+    assert png and png[0].chart is not None and png[0].chart.type == "line", ex.results
+    ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]})")
+    assert ex.results and ex.results[0].html and "<table" in ex.results[0].html, ex.results
+    ex = sbx.run_code("1 / 0")
+    assert ex.error.name == "ZeroDivisionError", ex.error
+    try:
+        sbx.run_code("import time; time.sleep(3600)", timeout=3)
+        raise AssertionError("no timeout")
+    except TimeoutException:
+        pass
+    assert sbx.run_code("1 + 1", timeout=300).text == "2"
+    assert sbx.run_code("console.log('js'); 1 + 2", language="javascript").text == "3"
+    assert sbx.run_code("echo $FOO", language="bash", envs={"FOO": "bar"}).logs.stdout == ["bar\n"]
+    ctx = sbx.create_code_context(cwd="/tmp")
+    assert sbx.run_code("import os; os.getcwd()", context=ctx).text == "/tmp"
+    assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+    sbx.remove_code_context(ctx)
+    assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
+    assert sbx.commands.run("whoami").stdout == "user\n"
+finally:
+    sbx.kill()
+print("CI OK")
+"#;
+    let out = Command::new(&py)
+        .args(["-c", script])
+        .env("E2B_API_URL", &api)
+        .env("E2B_SANDBOX_URL", &sbx)
+        .env("E2B_API_KEY", &key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .expect("running the code interpreter SDK");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && text.contains("CI OK"), "{text}");
+    let (_, v) = block_on(p.get("/v1/sandboxes"));
+    assert_eq!(v, json!([]), "sandboxes left behind");
+}

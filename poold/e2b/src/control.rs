@@ -243,7 +243,10 @@ fn sandbox_json(rec: &SandboxRecord) -> Value {
         "clientID": "forkd",
         "envdVersion": ENVD_VERSION,
         "envdAccessToken": rec.access_token.as_str(),
-        "trafficAccessToken": null,
+        // The SDKs send it (as E2B-Traffic-Access-Token) on the code
+        // interpreter's /contexts calls, which carry no X-Access-Token: the
+        // sandbox plane takes either header (crate::sandbox).
+        "trafficAccessToken": rec.access_token.as_str(),
         "domain": null,
         "alias": template,
     })

@@ -1,7 +1,18 @@
-//! The code interpreter's `POST /execute` (port 49999), served by the
-//! sandbox's warm interpreter (the agent's `eval`): the code runs in the
-//! persistent Python process the snapshot warmed, so imports made before
-//! the snapshot (numpy in a python-numpy snapshot) are already there.
+//! The code interpreter (port 49999).
+//!
+//! A guest that runs E2B's code interpreter itself (the `code-interpreter`
+//! image: a Jupyter kernel per context, Python, JavaScript and bash, rich
+//! results and charts, streaming output) gets every request proxied to its
+//! loopback port 49999 through the agent channel's tunnel: one HTTP/1.1
+//! exchange per tunnel, the answer streamed back as the guest sends it, the
+//! sandbox's access token stripped (the guest never sees a credential).
+//! Whether a sandbox has one is learned at its first request (a tunnel to a
+//! port nothing listens on is refused) and kept with its session.
+//!
+//! Any other guest gets `POST /execute` served by its warm interpreter (the
+//! agent's `eval`): the code runs in the persistent Python process the
+//! snapshot warmed, so imports made before the snapshot (numpy in a
+//! python-numpy snapshot) are already there.
 //!
 //! The answer is the code interpreter's NDJSON stream: `stdout`, `stderr`,
 //! the main `result` (its `text` is the value's `repr()`), or an `error`
@@ -12,12 +23,14 @@
 //! are refused.
 
 use crate::error::E2bError;
-use crate::state::Guest;
+use crate::state::{Guest, INTERPRETER_PORT};
+use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, Method, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkd_node::error::GuestErrorKind;
 use forkd_node::{Error, EvalResult};
+use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -43,8 +56,90 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
     E2bError::new(status, message).into_response()
 }
 
-/// Serves a request for port 49999.
+/// Serves a request for port 49999: proxied to the guest's own code
+/// interpreter when it has one, else from the warm interpreter.
 pub async fn handle(g: Guest<'_>, req: Request) -> Response {
+    if *g.sb.session.guest_interpreter.get().unwrap_or(&true) {
+        match g.node.open_tunnel(g.id(), INTERPRETER_PORT).await {
+            Ok(t) => {
+                let _ = g.sb.session.guest_interpreter.set(true);
+                return proxy(t, req)
+                    .await
+                    .unwrap_or_else(IntoResponse::into_response);
+            }
+            // Nothing listens there (or the agent has no tunnels): this
+            // guest has no interpreter of its own.
+            Err(Error::Guest(a))
+                if matches!(a.kind, GuestErrorKind::NotFound | GuestErrorKind::Unsupported)
+                    && g.sb.session.guest_interpreter.get().is_none() =>
+            {
+                let _ = g.sb.session.guest_interpreter.set(false);
+            }
+            Err(e) => {
+                return E2bError::new(
+                    StatusCode::BAD_GATEWAY,
+                    format!("the sandbox's code interpreter (guest port {INTERPRETER_PORT}) cannot be reached: {e}"),
+                )
+                .into_response()
+            }
+        }
+    }
+    warm(g, req).await
+}
+
+/// Headers that describe one hop, not the message (RFC 9110, 7.6.1), and
+/// the sandbox's credential.
+const NOT_FORWARDED: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "x-access-token",
+    "e2b-traffic-access-token",
+    "host",
+];
+
+/// One request to the guest's code interpreter over tunnel `t`.
+async fn proxy(t: forkd_node::Tunnel, req: Request) -> Result<Response, E2bError> {
+    let gone = |e: hyper::Error| {
+        E2bError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("the sandbox's code interpreter did not answer: {e}"),
+        )
+    };
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
+        .await
+        .map_err(gone)?;
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            tracing::debug!("code interpreter connection: {e}");
+        }
+    });
+    let (mut parts, body) = req.into_parts();
+    for h in NOT_FORWARDED {
+        parts.headers.remove(h);
+    }
+    parts
+        .headers
+        .insert(header::HOST, HeaderValue::from_static("localhost:49999"));
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    parts.uri = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
+    let resp = send
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(gone)?;
+    let (mut parts, body) = resp.into_parts();
+    for h in NOT_FORWARDED {
+        parts.headers.remove(h);
+    }
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The warm interpreter's `/health` and `/execute`.
+async fn warm(g: Guest<'_>, req: Request) -> Response {
     let (m, p) = (req.method().clone(), req.uri().path().to_string());
     if m == Method::GET && p == "/health" {
         StatusCode::NO_CONTENT.into_response()

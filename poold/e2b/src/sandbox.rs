@@ -62,7 +62,13 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
             .and_then(|s| s.trim().parse().ok())
             .ok_or_else(|| E2bError::bad_request("E2b-Sandbox-Port must be a port number"))?,
     };
-    let token = h.get("x-access-token").map(|v| v.as_bytes());
+    // The SDKs send the sandbox's token as X-Access-Token, or, on the code
+    // interpreter's context calls, only as the traffic token (which
+    // create answers with the same value).
+    let token = h
+        .get("x-access-token")
+        .or_else(|| h.get("e2b-traffic-access-token"))
+        .map(|v| v.as_bytes());
     let unauthorized = || {
         E2bError::unauthorized(
             "missing or wrong X-Access-Token: use the envdAccessToken the create (or connect) answered",

@@ -34,6 +34,9 @@ pub struct Session {
     pub accounts: Mutex<Option<crate::guest::Accounts>>,
     /// Metrics samples taken so far (`crate::metrics`).
     pub metrics: crate::metrics::Samples,
+    /// Whether the guest serves the code interpreter itself, once known
+    /// (`crate::interpreter`).
+    pub guest_interpreter: std::sync::OnceLock<bool>,
 }
 
 /// A live sandbox as the E2B endpoints see it: the node's record and this

@@ -208,6 +208,13 @@ impl Node {
         guest::exec_stream(self, id, spec, stdin)
     }
 
+    /// Opens a TCP connection to `port` on sandbox `id`'s loopback, carried
+    /// over the agent channel (no guest network needed); the agent's
+    /// `not_found` when nothing listens there.
+    pub async fn open_tunnel(&self, id: &str, port: u16) -> Result<forkd_vmm::Tunnel> {
+        guest::open_tunnel(self, id, port).await
+    }
+
     /// [`Self::exec_stream`] as `spec.user` (a name or uid from the guest's
     /// /etc/passwd; `None`: root), refused by an agent without users.
     pub async fn exec_stream_as(&self, id: &str, spec: ExecSpec, stdin: &[u8]) -> Result<Process> {

@@ -106,6 +106,13 @@ pub(crate) async fn exec_stream_as(
     })
 }
 
+/// A TCP connection to `port` on the guest's loopback, over the agent
+/// channel (the agent's `not_found` when nothing listens there).
+pub(crate) async fn open_tunnel(n: &Node, id: &str, port: u16) -> Result<forkd_vmm::Tunnel> {
+    let sb = n.sandbox(id)?;
+    Ok(sb.agent().open_tunnel(port).await?)
+}
+
 /// Evaluates `code` in the warm interpreter (`timeout_ms`: the agent's
 /// deadline; 5 minutes when `None`).
 pub(crate) async fn eval(

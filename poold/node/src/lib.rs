@@ -49,7 +49,7 @@ pub use api::Health;
 pub use branch::Branched;
 pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};
-pub use forkd_vmm::Machine;
+pub use forkd_vmm::{Machine, Tunnel};
 pub use guest::{
     check_path, EntryInfo, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead,
     FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
