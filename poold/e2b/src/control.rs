@@ -54,7 +54,7 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
-        .route("/sandboxes/{id}/metrics", get(crate::metrics::get))
+        .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/pause", post(pause))
@@ -178,7 +178,7 @@ fn egress_of(
     Ok((None, Some(policy)))
 }
 
-pub(crate) fn bad(m: impl Into<String>) -> E2bError {
+fn bad(m: impl Into<String>) -> E2bError {
     E2bError::bad_request(m)
 }
 
@@ -298,12 +298,8 @@ async fn shape(e: &E2b, rec: &SandboxRecord) -> (u64, u64) {
     (cpus, mem)
 }
 
-pub(crate) fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
-    e.sandbox(id).ok_or_else(|| {
-        E2bError::not_found(format!(
-            "sandbox {id:?} not found (killed, expired, or never created)"
-        ))
-    })
+fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
+    e.sandbox_or_404(id)
 }
 
 /// `GET /sandboxes/{id}`.
@@ -455,6 +451,21 @@ async fn resume(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
         StatusCode::CONFLICT,
         format!("sandbox {id:?} is running (poold never pauses sandboxes)"),
     ))
+}
+
+/// `GET /sandboxes/{id}/metrics` ([`crate::metrics`]): a sample taken now,
+/// kept with the sandbox, and every kept sample in `[start, end]`.
+async fn metrics(
+    State(e): E,
+    Path(id): Path<String>,
+    RawQuery(q): RawQuery,
+) -> R<Json<Vec<Value>>> {
+    let sb = sandbox_or_404(&e, &id)?;
+    let now = forkd_snapshot::unix_now();
+    let (start, end) = crate::metrics::parse_range(q.as_deref(), now)?;
+    let sample = crate::metrics::sample(&e.node, &id, now).await?;
+    sb.session.metrics.push(sample);
+    Ok(Json(sb.session.metrics.range(start, end)))
 }
 
 /// The list filters, from the query string.

@@ -11,16 +11,11 @@
 //! oldest go first); a guest that answers garbage gets a 502 naming what
 //! could not be read, never a made-up figure.
 
-use crate::control::{bad, sandbox_or_404};
 use crate::error::{E2bError, E2bResult};
-use crate::state::E2b;
-use axum::extract::{Path, RawQuery, State};
 use axum::http::StatusCode;
-use axum::Json;
-use forkd_node::ExecSpec;
+use forkd_node::{ExecSpec, Node};
 use serde_json::{json, Value};
 use std::collections::VecDeque;
-use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 /// Samples kept per sandbox.
@@ -139,7 +134,8 @@ pub fn parse(out: &str, unix: u64) -> Result<Sample, String> {
 pub struct Samples(std::sync::Mutex<VecDeque<Sample>>);
 
 impl Samples {
-    fn push(&self, s: Sample) {
+    /// Keeps `s`, dropping the oldest beyond [`MAX_SAMPLES`].
+    pub fn push(&self, s: Sample) {
         let mut q = self.0.lock().unwrap();
         if q.len() == MAX_SAMPLES {
             q.pop_front();
@@ -147,7 +143,8 @@ impl Samples {
         q.push_back(s);
     }
 
-    fn range(&self, start: u64, end: u64) -> Vec<Value> {
+    /// The kept samples taken in `[start, end]`, oldest first, as E2B's JSON.
+    pub fn range(&self, start: u64, end: u64) -> Vec<Value> {
         let q = self.0.lock().unwrap();
         q.iter()
             .filter(|s| (start..=end).contains(&s.unix))
@@ -157,12 +154,12 @@ impl Samples {
 }
 
 /// `start`/`end` (Unix seconds) of the query; `end` defaults to now.
-fn parse_range(q: Option<&str>, now: u64) -> E2bResult<(u64, u64)> {
+pub fn parse_range(q: Option<&str>, now: u64) -> E2bResult<(u64, u64)> {
     let (mut start, mut end) = (0, now);
     for (k, v) in form_urlencoded::parse(q.unwrap_or("").as_bytes()) {
         let n = || {
             v.parse::<u64>()
-                .map_err(|_| bad(format!("{k} must be Unix seconds")))
+                .map_err(|_| E2bError::bad_request(format!("{k} must be Unix seconds")))
         };
         match k.as_ref() {
             "start" => start = n()?,
@@ -171,35 +168,26 @@ fn parse_range(q: Option<&str>, now: u64) -> E2bResult<(u64, u64)> {
         }
     }
     if start > end {
-        return Err(bad("start is after end"));
+        return Err(E2bError::bad_request("start is after end"));
     }
     Ok((start, end))
 }
 
-/// `GET /sandboxes/{id}/metrics`.
-pub async fn get(
-    State(e): State<Arc<E2b>>,
-    Path(id): Path<String>,
-    RawQuery(q): RawQuery,
-) -> E2bResult<Json<Vec<Value>>> {
-    let sb = sandbox_or_404(&e, &id)?;
-    let now = forkd_snapshot::unix_now();
-    let (start, end) = parse_range(q.as_deref(), now)?;
+/// Takes one sample of sandbox `id` (at `now`, Unix seconds).
+pub async fn sample(node: &Node, id: &str, now: u64) -> E2bResult<Sample> {
     let spec = ExecSpec {
         shell: Some(PROBE.into()),
         timeout_ms: Some(10_000),
         ..Default::default()
     };
-    let out = e.node.exec(&id, spec, &[]).await?;
+    let out = node.exec(id, spec, &[]).await?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let sample = parse(&text, now).map_err(|what| {
+    parse(&text, now).map_err(|what| {
         E2bError::new(
             StatusCode::BAD_GATEWAY,
             format!("the sandbox's metrics could not be read ({what} is missing or malformed in the guest's /proc or df)"),
         )
-    })?;
-    sb.session.metrics.push(sample);
-    Ok(Json(sb.session.metrics.range(start, end)))
+    })
 }
 
 #[cfg(test)]

@@ -19,7 +19,6 @@
 //! - `fork`'s own snapshots (`e2b-fork-*`) are reclaimed by the node and
 //!   are not listed.
 
-use crate::control::{bad, sandbox_or_404, MAX_PAGE};
 use crate::error::{E2bError, E2bResult};
 use crate::state::E2b;
 use axum::extract::{Path, RawQuery, State};
@@ -36,7 +35,14 @@ pub const SNAPSHOT_PREFIX: &str = "e2b-snap-";
 /// Tags of `fork`'s snapshots (reclaimed by the node, never listed).
 pub const FORK_PREFIX: &str = "e2b-fork-";
 
+/// Most snapshots on one list page.
+pub const MAX_PAGE: usize = 100;
+
 type R<T> = E2bResult<T>;
+
+fn bad(m: impl Into<String>) -> E2bError {
+    E2bError::bad_request(m)
+}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -68,7 +74,7 @@ pub async fn create(
             "filesystem-only snapshots are not supported: poold's snapshots hold memory and disk together; leave mode unset (or \"full\")",
         ));
     }
-    sandbox_or_404(&e, &id)?;
+    e.sandbox_or_404(&id)?;
     let tag = match b.name.filter(|n| !n.is_empty()) {
         Some(n) => {
             forkd_node::error::check_tag(&n).map_err(E2bError::from)?;

@@ -109,6 +109,15 @@ impl E2b {
         }
     }
 
+    /// [`Self::sandbox`], or the 404 E2B answers for an unknown sandbox.
+    pub fn sandbox_or_404(&self, id: &str) -> crate::error::E2bResult<E2bSandbox> {
+        self.sandbox(id).ok_or_else(|| {
+            crate::error::E2bError::not_found(format!(
+                "sandbox {id:?} not found (killed, expired, or never created)"
+            ))
+        })
+    }
+
     /// The live sandbox `id`; None when there is no such sandbox.
     pub fn sandbox(&self, id: &str) -> Option<E2bSandbox> {
         match self.node.get(id) {
