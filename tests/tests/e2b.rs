@@ -37,19 +37,26 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_sdk.py")
 }
 
-/// Runs the SDK test with `py`; panics with its output unless it passed.
-fn run_sdk(py: &PathBuf, api: &str, sbx: &str, key: &str, extra: &[&str], want_version: &str) {
-    let t0 = Instant::now();
-    let out = Command::new(py)
-        .arg(script())
-        .arg(TEMPLATE)
-        .args(extra)
-        .env("E2B_API_URL", api)
+/// `py` with the SDK's environment pointed at poold's E2B listeners
+/// (and nothing of a real E2B account's left in it).
+fn sdk_python(py: &PathBuf, api: &str, sbx: &str, key: &str) -> Command {
+    let mut c = Command::new(py);
+    c.env("E2B_API_URL", api)
         .env("E2B_SANDBOX_URL", sbx)
         .env("E2B_API_KEY", key)
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")
-        .env_remove("E2B_ACCESS_TOKEN")
+        .env_remove("E2B_ACCESS_TOKEN");
+    c
+}
+
+/// Runs the SDK test with `py`; panics with its output unless it passed.
+fn run_sdk(py: &PathBuf, api: &str, sbx: &str, key: &str, extra: &[&str], want_version: &str) {
+    let t0 = Instant::now();
+    let out = sdk_python(py, api, sbx, key)
+        .arg(script())
+        .arg(TEMPLATE)
+        .args(extra)
         .output()
         .expect("running the E2B SDK test");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -245,15 +252,9 @@ fn e2b_state_survives_kill_9_of_poold() {
     assert_eq!(list(&token), 200, "the access token after the restart");
     assert_eq!(list("guess"), 401, "a wrong token after the restart");
 
-    let out = Command::new(&py)
+    let out = sdk_python(&py, &api, &sbx, &key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_restart.py"))
         .args([template, id.as_str(), run_id.as_str()])
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &sbx)
-        .env("E2B_API_KEY", &key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_ACCESS_TOKEN")
         .output()
         .expect("running the E2B SDK restart test");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -389,14 +390,9 @@ fn e2b_users_files_terminals_and_snapshots() {
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
     block_on(p.snapshot("e2b-users", "e2b-base", 512));
-    let out = Command::new(&py)
+    let out = sdk_python(&py, &api, &sbx, &key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_users.py"))
         .arg("e2b-users")
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &sbx)
-        .env("E2B_API_KEY", &key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_ACCESS_TOKEN")
         .output()
         .expect("running tests/python/e2b_users.py");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -459,14 +455,8 @@ finally:
     sbx.kill()
 print("CI OK")
 "#;
-    let out = Command::new(&py)
+    let out = sdk_python(&py, &api, &sbx, &key)
         .args(["-c", script])
-        .env("E2B_API_URL", &api)
-        .env("E2B_SANDBOX_URL", &sbx)
-        .env("E2B_API_KEY", &key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_ACCESS_TOKEN")
         .output()
         .expect("running the code interpreter SDK");
     let text =

@@ -17,8 +17,8 @@
 //! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
 
 use crate::error::{E2bError, E2bResult};
-use crate::snapshots;
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
+use crate::{paging, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -38,8 +38,7 @@ type E = State<Arc<E2b>>;
 
 /// The TTL of a sandbox whose create sets no `timeout` (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-/// Most sandboxes on one list page.
-pub const MAX_PAGE: usize = 100;
+pub use crate::paging::MAX_PAGE;
 
 type R<T> = E2bResult<T>;
 
@@ -495,13 +494,7 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
                 .states
                 .get_or_insert_with(Vec::new)
                 .extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
-            "limit" => {
-                out.limit = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| bad(format!("limit must be 1-{MAX_PAGE}")))?
-            }
+            "limit" => out.limit = paging::parse_limit(&v)?,
             "nextToken" | "next_token" => out.next = Some(v.into_owned()),
             _ => {}
         }
@@ -521,14 +514,11 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
         return Ok(Json(Vec::<Value>::new()).into_response());
     }
     let all = e.node.list();
-    let start = match &q.next {
-        None => 0,
-        Some(t) => all
-            .iter()
-            .position(|s| &s.id == t)
-            .map(|i| i + 1)
-            .ok_or_else(|| bad("nextToken does not name a live sandbox; list from the start"))?,
-    };
+    let start = paging::start_after(
+        all.iter().map(|s| s.id.as_str()),
+        q.next.as_deref(),
+        "live sandbox",
+    )?;
     let mut page = Vec::new();
     let mut last = None;
     let mut more = false;

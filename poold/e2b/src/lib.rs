@@ -35,6 +35,7 @@ pub mod error;
 pub mod guest;
 pub mod interpreter;
 pub mod metrics;
+pub mod paging;
 pub mod process;
 pub mod sandbox;
 pub mod snapshots;

@@ -20,6 +20,7 @@
 //!   are not listed.
 
 use crate::error::{E2bError, E2bResult};
+use crate::paging::{self, MAX_PAGE};
 use crate::state::E2b;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode};
@@ -34,9 +35,6 @@ use std::sync::Arc;
 pub const SNAPSHOT_PREFIX: &str = "e2b-snap-";
 /// Tags of `fork`'s snapshots (reclaimed by the node, never listed).
 pub const FORK_PREFIX: &str = "e2b-fork-";
-
-/// Most snapshots on one list page.
-pub const MAX_PAGE: usize = 100;
 
 type R<T> = E2bResult<T>;
 
@@ -119,13 +117,7 @@ fn parse_query(q: Option<&str>) -> R<Query> {
         match k.as_ref() {
             "sandboxID" => out.sandbox = Some(v.into_owned()),
             "name" => out.name = Some(v.into_owned()),
-            "limit" => {
-                out.limit = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=MAX_PAGE).contains(n))
-                    .ok_or_else(|| bad(format!("limit must be 1-{MAX_PAGE}")))?
-            }
+            "limit" => out.limit = paging::parse_limit(&v)?,
             "nextToken" => out.next = Some(v.into_owned()),
             _ => {}
         }
@@ -156,14 +148,11 @@ fn listed(mut all: Vec<SnapshotInfo>, q: &Query) -> Vec<SnapshotInfo> {
 pub async fn list(State(e): State<Arc<E2b>>, RawQuery(q): RawQuery) -> R<Response> {
     let q = parse_query(q.as_deref())?;
     let all = listed(e.node.snapshots().await?, &q);
-    let start = match &q.next {
-        None => 0,
-        Some(t) => all
-            .iter()
-            .position(|s| &s.tag == t)
-            .map(|i| i + 1)
-            .ok_or_else(|| bad("nextToken does not name a listed snapshot; list from the start"))?,
-    };
+    let start = paging::start_after(
+        all.iter().map(|s| s.tag.as_str()),
+        q.next.as_deref(),
+        "snapshot",
+    )?;
     let rest = &all[start.min(all.len())..];
     let page: Vec<Value> = rest
         .iter()
