@@ -91,8 +91,20 @@ impl Home {
 
 impl Drop for Home {
     fn drop(&mut self) {
-        for pid in self.qemu_pids() {
+        let pids = self.qemu_pids();
+        for &pid in &pids {
             let _ = nix_kill(pid);
+        }
+        // A cgroup cannot be removed while a killed QEMU is still exiting
+        // (a 1 GiB guest takes seconds to free): wait for them first, or
+        // their groups leak.
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while pids
+            .iter()
+            .any(|p| Path::new(&format!("/proc/{p}")).exists())
+            && Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
         }
         // poold leaves its sandboxes' cgroups for a restart to adopt; no
         // poold will restart on this home.
