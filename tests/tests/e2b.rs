@@ -410,7 +410,8 @@ fn e2b_users_files_terminals_and_snapshots() {
 /// the agent's tunnel, so the unmodified `e2b-code-interpreter` SDK gets
 /// what E2B gives: streamed stdout, a matplotlib chart as a PNG result
 /// with E2B's chart data, errors, a timeout after which the kernel still
-/// runs cells, JavaScript and bash, per-call envs, and contexts.
+/// runs cells, JavaScript and bash, per-call envs, the sandbox's create-time
+/// envs in every context, and contexts.
 #[test]
 fn e2b_code_interpreter_template_runs_jupyter_through_poold() {
     let py = python("FORKD_TEST_PYTHON");
@@ -423,8 +424,11 @@ import sys
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
 
-sbx = Sandbox.create(template="ci-rich", timeout=300)
+sbx = Sandbox.create(template="ci-rich", timeout=300, envs={"SBX_ENV": "from-create"})
 try:
+    ex = sbx.run_code("import os; print(os.environ.get('SBX_ENV'))")
+    assert ex.logs.stdout == ["from-create\n"], ex
+    assert sbx.run_code("echo $SBX_ENV", language="bash").logs.stdout == ["from-create\n"]
     seen = []
     ex = sbx.run_code("print('hello'); 6 * 7", on_stdout=lambda m: seen.append(m.line))
     assert ex.text == "42", ex

@@ -63,6 +63,9 @@ pub async fn handle(g: Guest<'_>, req: Request) -> Response {
         match g.node.open_tunnel(g.id(), INTERPRETER_PORT).await {
             Ok(t) => {
                 let _ = g.sb.session.guest_interpreter.set(true);
+                if let Err(e) = send_envs(g).await {
+                    return e.into_response();
+                }
                 return proxy(t, req)
                     .await
                     .unwrap_or_else(IntoResponse::into_response);
@@ -85,6 +88,42 @@ pub async fn handle(g: Guest<'_>, req: Request) -> Response {
         }
     }
     warm(g, req).await
+}
+
+/// Hands the sandbox's create-time envs to the guest's interpreter once per
+/// session (its `POST /forkd/envs` sets them in every context before the
+/// next cell), so `run_code` sees them as E2B's does. Idempotent: a poold
+/// restart sends them again.
+async fn send_envs(g: Guest<'_>) -> Result<(), E2bError> {
+    let envs = &g.sb.rec.envs;
+    if envs.is_empty() || g.sb.session.interpreter_envs.get().is_some() {
+        return Ok(());
+    }
+    let t = g
+        .node
+        .open_tunnel(g.id(), INTERPRETER_PORT)
+        .await
+        .map_err(E2bError::from)?;
+    let body = json!({ "env_vars": envs }).to_string();
+    let mut req = Request::new(Body::from(body));
+    *req.method_mut() = Method::POST;
+    *req.uri_mut() = Uri::from_static("/forkd/envs");
+    req.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    let resp = proxy(t, req).await?;
+    if !resp.status().is_success() {
+        return Err(E2bError::new(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "the sandbox's code interpreter refused its create-time envs ({})",
+                resp.status()
+            ),
+        ));
+    }
+    let _ = g.sb.session.interpreter_envs.set(());
+    Ok(())
 }
 
 /// Headers that describe one hop, not the message (RFC 9110, 7.6.1), and

@@ -37,6 +37,8 @@ pub struct Session {
     /// Whether the guest serves the code interpreter itself, once known
     /// (`crate::interpreter`).
     pub guest_interpreter: std::sync::OnceLock<bool>,
+    /// The guest's interpreter has the create-time envs.
+    pub interpreter_envs: std::sync::OnceLock<()>,
 }
 
 /// A live sandbox as the E2B endpoints see it: the node's record and this
