@@ -35,8 +35,8 @@ use std::time::{Duration, UNIX_EPOCH};
 /// How long after a `Start` call's deadline (`Connect-Timeout-Ms`) its
 /// process is killed.
 pub const DEADLINE_GRACE_MS: u64 = 500;
-/// Most entries one `ListDir` answers (all depths together).
-pub const MAX_LIST_ENTRIES: usize = 10_000;
+/// Most of the guest's `/etc/passwd` read to find accounts.
+pub const MAX_PASSWD_BYTES: u64 = 1 << 20;
 
 /// The sandbox plane: everything goes through [`handle`].
 pub fn routes(e: Arc<E2b>, transfers: Arc<Transfers>) -> Router {
@@ -172,7 +172,12 @@ async fn account(g: Guest<'_>, asked: Option<&str>) -> RpcResult<Account> {
     if let Some(a) = cached.as_ref().and_then(|c| accounts::pick(c, asked)) {
         return Ok(a);
     }
-    let passwd = g.node.read_file(g.id(), "/etc/passwd", 0, None).await?;
+    // The guest writes this file: read at most MAX_PASSWD_BYTES of it, so
+    // a request naming an unknown user costs a bounded read.
+    let passwd = g
+        .node
+        .read_file(g.id(), "/etc/passwd", 0, Some(MAX_PASSWD_BYTES))
+        .await?;
     let found = accounts::parse_passwd(&String::from_utf8_lossy(&passwd.bytes));
     let picked = accounts::pick(&found, asked);
     *g.sb.session.accounts.lock().unwrap() = Some(found);
