@@ -200,11 +200,16 @@ fn e2b_args(key_file: &std::path::Path) -> Vec<String> {
 }
 
 /// What E2B keeps of a sandbox (metadata, create-time envs, template,
-/// access token) is the node's durable state: poold killed with SIGKILL
-/// and started again, the unmodified SDK's `Sandbox.connect(id)`,
-/// `get_info()` and `list` show the same metadata and template, commands
-/// still get the envs, and the token the create answered still opens the
-/// sandbox plane (a wrong one still does not).
+/// access token) is the node's durable state, and so is a paused sandbox.
+/// The unmodified SDK pauses a sandbox holding Python state and a file,
+/// resumes it through the same object and pauses it again; a second
+/// sandbox pauses itself at its timeout. poold killed with SIGKILL and
+/// started again, a connect resumes the first with its Python state and
+/// file, the token the create answered still opens the sandbox plane (a
+/// wrong one still does not), `get_info()` and `list` show the same
+/// metadata and template, commands still get the envs; the auto-paused one
+/// resumes too, and killing them (one paused) leaves no state behind
+/// (tests/python/e2b_restart.py).
 #[test]
 fn e2b_state_survives_kill_9_of_poold() {
     let py = python("FORKD_TEST_PYTHON");
@@ -235,11 +240,26 @@ fn e2b_state_survives_kill_9_of_poold() {
     let token = v["envdAccessToken"].as_str().unwrap().to_string();
     assert_eq!(v["templateID"], template, "{v}");
 
+    let (_, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+    restart_script(&py, &api, &sbx, &key, "pause", template, &id, &run_id);
     p.kill9();
     let p = Poold::start(&home.dir, &args, None);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
 
-    // The token the create answered still opens the sandbox plane.
+    // Connect resumes the paused sandbox (201, as E2B answers a resume)...
+    let (st, body) = raw_answer(
+        &api,
+        &format!("POST /sandboxes/{id}/connect HTTP/1.1\r\nX-API-KEY: {key}"),
+        r#"{"timeout": 900}"#,
+    );
+    assert_eq!(st, 201, "connect to the paused sandbox: {body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        v["envdAccessToken"],
+        token.as_str(),
+        "the token after the resume"
+    );
+    // ...and the token the create answered still opens the sandbox plane.
     let list = |tok: &str| {
         raw(
             &sbx,
@@ -252,9 +272,37 @@ fn e2b_state_survives_kill_9_of_poold() {
     assert_eq!(list(&token), 200, "the access token after the restart");
     assert_eq!(list("guess"), 401, "a wrong token after the restart");
 
-    let out = sdk_python(&py, &api, &sbx, &key)
+    restart_script(&py, &api, &sbx, &key, "resume", template, &id, &run_id);
+    let (_, v) = block_on(p.get("/v1/sandboxes"));
+    assert_eq!(v, json!([]), "the SDK's kill left the sandbox behind");
+    // A paused sandbox killed takes its stored states along.
+    let (_, v) = block_on(p.get("/v1/workspaces"));
+    assert_eq!(v, json!([]), "the kills left paused sandboxes' workspaces");
+    let (_, v) = block_on(p.get("/v1/snapshots"));
+    let tags: Vec<&str> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["tag"].as_str())
+        .collect();
+    assert_eq!(tags, [template], "the kills left paused states behind");
+}
+
+/// Runs one phase of tests/python/e2b_restart.py.
+#[allow(clippy::too_many_arguments)]
+fn restart_script(
+    py: &PathBuf,
+    api: &str,
+    sbx: &str,
+    key: &str,
+    phase: &str,
+    template: &str,
+    id: &str,
+    run_id: &str,
+) {
+    let out = sdk_python(py, api, sbx, key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_restart.py"))
-        .args([template, id.as_str(), run_id.as_str()])
+        .args([phase, template, id, run_id])
         .output()
         .expect("running the E2B SDK restart test");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -262,11 +310,9 @@ fn e2b_state_survives_kill_9_of_poold() {
     eprintln!("{stdout}");
     assert!(
         out.status.success() && stdout.contains("E2B RESTART OK"),
-        "the E2B SDK restart test failed ({}):\n{stdout}\n{stderr}",
+        "the E2B SDK restart test ({phase}) failed ({}):\n{stdout}\n{stderr}",
         out.status
     );
-    let (_, v) = block_on(p.get("/v1/sandboxes"));
-    assert_eq!(v, json!([]), "the SDK's kill left the sandbox behind");
 }
 
 /// `forkd store stats --json` of data dir `home`.

@@ -10,15 +10,15 @@
 //! | `GET /sandboxes/{id}` | info |
 //! | `DELETE /sandboxes/{id}` | kill |
 //! | `POST /sandboxes/{id}/timeout` | set the TTL |
-//! | `POST [/v2]/sandboxes/{id}/connect` | connect (extends the TTL, never shortens it) |
+//! | `POST [/v2]/sandboxes/{id}/connect` | connect (extends the TTL, never shortens it); resumes a paused sandbox |
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
-//! | `POST /sandboxes/{id}/pause`, `/resume` | refused: poold does not pause sandboxes |
+//! | `POST /sandboxes/{id}/pause`, `/resume` | pause to the store, resume as the same sandbox ([`crate::pause`]) |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
 //! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
 
 use crate::error::{E2bError, E2bResult};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::{paging, snapshots};
+use crate::{paging, pause, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -56,8 +56,8 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
-        .route("/sandboxes/{id}/pause", post(pause))
-        .route("/sandboxes/{id}/resume", post(resume))
+        .route("/sandboxes/{id}/pause", post(pause::pause))
+        .route("/sandboxes/{id}/resume", post(pause::resume))
         .fallback(not_served)
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
         .layer(middleware::from_fn_with_state(e.clone(), api_key))
@@ -98,6 +98,12 @@ struct NewSandbox {
     env_vars: Option<BTreeMap<String, String>>,
     #[serde(default, rename = "autoPause", alias = "auto_pause")]
     auto_pause: Option<bool>,
+    /// false: a filesystem-only auto-pause (refused).
+    #[serde(default, rename = "autoPauseMemory")]
+    auto_pause_memory: Option<bool>,
+    /// `{"enabled": bool}`: resume on traffic (refused when enabled).
+    #[serde(default, rename = "autoResume")]
+    auto_resume: Option<Value>,
     #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
     volume_mounts: Option<Vec<Value>>,
     /// false: the sandbox reaches nothing (E2B's deny-all).
@@ -177,11 +183,11 @@ fn egress_of(
     Ok((None, Some(policy)))
 }
 
-fn bad(m: impl Into<String>) -> E2bError {
+pub(crate) fn bad(m: impl Into<String>) -> E2bError {
     E2bError::bad_request(m)
 }
 
-fn check_timeout(t: u64) -> R<u64> {
+pub(crate) fn check_timeout(t: u64) -> R<u64> {
     if t == 0 || t > MAX_TTL_SECS {
         return Err(bad(format!(
             "timeout must be between 1 and {MAX_TTL_SECS} seconds"
@@ -202,9 +208,14 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
     metadata_ok(&metadata)?;
     let env = b.env_vars.unwrap_or_default();
     check_env(&env).map_err(|m| bad(format!("envVars: {m}")))?;
-    if b.auto_pause == Some(true) {
+    if b.auto_pause_memory == Some(false) {
         return Err(bad(
-            "autoPause: poold does not pause sandboxes; leave it out (a sandbox is killed at its timeout)",
+            "autoPauseMemory: false (a filesystem-only auto-pause) is not supported by poold; leave it out to pause with memory",
+        ));
+    }
+    if b.auto_resume.as_ref().and_then(|v| v.get("enabled")) == Some(&Value::Bool(true)) {
+        return Err(bad(
+            "autoResume is not supported by poold: traffic does not wake a paused sandbox; connect to it (Sandbox.connect) to resume it",
         ));
     }
     if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
@@ -222,6 +233,7 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
         alias: Some(b.template_id),
         net,
         network,
+        auto_pause: b.auto_pause == Some(true),
         ..Default::default()
     };
     let recs = e.node.spawn(req).await?;
@@ -234,7 +246,7 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
 }
 
 /// The `Sandbox` answer of create and connect.
-fn sandbox_json(rec: &SandboxRecord) -> Value {
+pub(crate) fn sandbox_json(rec: &SandboxRecord) -> Value {
     let template = rec.alias.as_deref().unwrap_or(&rec.snapshot_tag);
     json!({
         "templateID": template,
@@ -251,7 +263,7 @@ fn sandbox_json(rec: &SandboxRecord) -> Value {
     })
 }
 
-fn rfc3339(unix: u64) -> String {
+pub(crate) fn rfc3339(unix: u64) -> String {
     humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_secs(unix)).to_string()
 }
 
@@ -301,13 +313,17 @@ fn sandbox_or_404(e: &E2b, id: &str) -> R<E2bSandbox> {
     e.sandbox_or_404(id)
 }
 
-/// `GET /sandboxes/{id}`.
+/// `GET /sandboxes/{id}`: running or paused.
 async fn info(State(e): E, Path(id): Path<String>) -> R<Json<Value>> {
+    if let Some(p) = e.node.paused(&id) {
+        return Ok(Json(pause::detail_json(&p)));
+    }
     let sb = sandbox_or_404(&e, &id)?;
     Ok(Json(detail_json(&e, &sb).await))
 }
 
-/// `DELETE /sandboxes/{id}`: 204, or 404 when there is no such sandbox.
+/// `DELETE /sandboxes/{id}`: 204 (a paused sandbox's stored state goes
+/// too), or 404 when there is no such sandbox.
 async fn kill(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
     let gone = e.node.destroy(&id).await;
     e.forget(&id);
@@ -341,17 +357,27 @@ async fn set_timeout(
 struct ConnectBody {
     #[serde(default)]
     timeout: Option<u64>,
+    /// false: resume a paused sandbox by a cold boot (refused).
+    #[serde(default)]
+    memory: Option<bool>,
 }
 
 /// `POST [/v2]/sandboxes/{id}/connect`: the sandbox with its token (every
 /// sandbox has one, those spawned through `/v1` too, and keeps it across
-/// poold restarts); a `timeout` extends its TTL, never shortens it.
-async fn connect(State(e): E, Path(id): Path<String>, body: axum::body::Bytes) -> R<Json<Value>> {
-    let b: ConnectBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ConnectBody::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|err| bad(format!("bad connect body: {err}")))?
-    };
+/// poold restarts); a `timeout` extends its TTL, never shortens it. A
+/// paused sandbox is resumed (201, as E2B answers a resume).
+async fn connect(
+    State(e): E,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> R<(StatusCode, Json<Value>)> {
+    let b: ConnectBody = pause::body_or_default(&body, "connect")?;
+    if e.node.paused(&id).is_some() {
+        pause::check_connect_memory(b.memory)?;
+        let t = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
+        let v = pause::resume_paused(&e, &id, t, None).await?;
+        return Ok((StatusCode::CREATED, Json(v)));
+    }
     let sb = sandbox_or_404(&e, &id)?;
     if let Some(t) = b.timeout {
         let t = check_timeout(t)?;
@@ -361,7 +387,7 @@ async fn connect(State(e): E, Path(id): Path<String>, body: axum::body::Bytes) -
             e.node.set_ttl(&id, t).await?;
         }
     }
-    Ok(Json(sandbox_json(&sb.rec)))
+    Ok((StatusCode::OK, Json(sandbox_json(&sb.rec))))
 }
 
 /// Most children of one fork (the SDK's own bound).
@@ -389,11 +415,7 @@ async fn fork(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> R<(StatusCode, Json<Vec<Value>>)> {
-    let b: ForkBody = if body.iter().all(u8::is_ascii_whitespace) {
-        ForkBody::default()
-    } else {
-        serde_json::from_slice(&body).map_err(|err| bad(format!("bad fork body: {err}")))?
-    };
+    let b: ForkBody = pause::body_or_default(&body, "fork")?;
     let count = b.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(bad(format!("count must be 1-{MAX_FORKS}")));
@@ -431,25 +453,6 @@ async fn fork(
         }
     };
     Ok((StatusCode::CREATED, Json(out)))
-}
-
-/// `POST /sandboxes/{id}/pause`: poold keeps sandboxes running until they
-/// are killed or expire; a paused copy is a branch (`POST /v1/sandboxes/{id}/branch`).
-async fn pause(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
-    sandbox_or_404(&e, &id)?;
-    Err(E2bError::new(
-        StatusCode::NOT_IMPLEMENTED,
-        "poold does not pause sandboxes: to keep one's state, branch it into a snapshot (POST /v1/sandboxes/{id}/branch) and create from that tag later",
-    ))
-}
-
-/// `POST /sandboxes/{id}/resume`: every sandbox poold has is running.
-async fn resume(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
-    sandbox_or_404(&e, &id)?;
-    Err(E2bError::new(
-        StatusCode::CONFLICT,
-        format!("sandbox {id:?} is running (poold never pauses sandboxes)"),
-    ))
 }
 
 /// `GET /sandboxes/{id}/metrics` ([`crate::metrics`]): a sample taken now,
@@ -503,40 +506,63 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
     Ok(out)
 }
 
-/// `GET [/v2]/sandboxes`: every live sandbox (those spawned through `/v1`
-/// too), oldest first, `limit` per page; `x-next-token` names the next.
+/// `GET [/v2]/sandboxes`: every sandbox, running (those spawned through
+/// `/v1` too) and paused, oldest first, `limit` per page; `x-next-token`
+/// names the next.
 async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     let q = parse_list_query(q.as_deref())?;
-    if q.states
-        .as_ref()
-        .is_some_and(|s| !s.iter().any(|s| s == "running"))
-    {
-        return Ok(Json(Vec::<Value>::new()).into_response());
+    let wants = |state: &str| {
+        q.states
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|s| s == state))
+    };
+    let mut all: Vec<(u64, String, Option<forkd_node::PausedSandbox>)> = Vec::new();
+    if wants("running") {
+        all.extend(
+            e.node
+                .list()
+                .into_iter()
+                .map(|r| (r.created_at_unix, r.id, None)),
+        );
     }
-    let all = e.node.list();
+    if wants("paused") {
+        all.extend(
+            e.node
+                .paused_list()
+                .into_iter()
+                .map(|p| (p.created_at_unix, p.id.clone(), Some(p))),
+        );
+    }
+    all.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
     let start = paging::start_after(
-        all.iter().map(|s| s.id.as_str()),
+        all.iter().map(|s| s.1.as_str()),
         q.next.as_deref(),
-        "live sandbox",
+        "sandbox",
     )?;
     let mut page = Vec::new();
     let mut last = None;
     let mut more = false;
-    for s in &all[start..] {
-        let Some(sb) = e.sandbox(&s.id) else { continue };
-        if !q
-            .metadata
-            .iter()
-            .all(|(k, v)| sb.rec.metadata.get(k) == Some(v))
-        {
+    for (_, id, paused) in &all[start..] {
+        let (metadata, detail) = match paused {
+            Some(p) => (p.metadata.clone(), None),
+            None => match e.sandbox(id) {
+                Some(sb) => (sb.rec.metadata.clone(), Some(sb)),
+                None => continue,
+            },
+        };
+        if !q.metadata.iter().all(|(k, v)| metadata.get(k) == Some(v)) {
             continue;
         }
         if page.len() == q.limit {
             more = true;
             break;
         }
-        page.push(detail_json(&e, &sb).await);
-        last = Some(sb.id().to_string());
+        page.push(match (&detail, paused) {
+            (Some(sb), _) => detail_json(&e, sb).await,
+            (None, Some(p)) => pause::detail_json(p),
+            (None, None) => continue,
+        });
+        last = Some(id.clone());
     }
     let mut r = Json(page).into_response();
     if let (true, Some(t)) = (more, last) {

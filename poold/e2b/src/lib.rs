@@ -36,6 +36,7 @@ pub mod guest;
 pub mod interpreter;
 pub mod metrics;
 pub mod paging;
+pub mod pause;
 pub mod process;
 pub mod sandbox;
 pub mod snapshots;

@@ -126,12 +126,13 @@ fn parse_query(q: Option<&str>) -> R<Query> {
 }
 
 /// The snapshots `GET /snapshots` shows, in its order: branched from a
-/// sandbox, not fork's, matching the query's sandbox and name; newest
+/// sandbox, not fork's nor a pause's (`ws-<sandbox>-s<N>`, the node's
+/// workspace state tags), matching the query's sandbox and name; newest
 /// first, then by tag.
 fn listed(mut all: Vec<SnapshotInfo>, q: &Query) -> Vec<SnapshotInfo> {
     all.retain(|s| {
         let from = s.branched_from.as_deref();
-        from.is_some_and(|f| !f.starts_with("compact:"))
+        from.is_some_and(|f| !f.starts_with("compact:") && !s.tag.starts_with(&format!("ws-{f}-s")))
             && !s.tag.starts_with(FORK_PREFIX)
             && q.sandbox.as_deref().is_none_or(|id| from == Some(id))
             && q.name.as_deref().is_none_or(|n| s.tag == n)
@@ -196,6 +197,8 @@ mod tests {
             snap("mine", Some("sb-b"), 7),
             snap("e2b-fork-1", Some("sb-a"), 9),
             snap("c", Some("compact:base"), 9),
+            // A pause's state.
+            snap("ws-sb-b-s1", Some("sb-b"), 9),
         ];
         let tags = |q: &Query| -> Vec<String> {
             listed(all.clone(), q).into_iter().map(|s| s.tag).collect()

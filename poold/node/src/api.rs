@@ -8,6 +8,7 @@
 //! | [`Node::open`], [`Node::start_background`] | adopt what a previous poold left, then refill, reap and GC |
 //! | [`Node::health`], [`Node::metrics_text`], [`Node::metrics_registry`] | what the node runs on, its metrics |
 //! | [`Node::spawn`], [`Node::get`], [`Node::list`], [`Node::destroy`], [`Node::set_ttl`] | sandboxes |
+//! | [`Node::pause`], [`Node::resume`], [`Node::paused`], [`Node::paused_list`] | paused sandboxes |
 //! | [`Node::find_by_token`], [`Node::snapshot_machine`] | what front-ends route and report by |
 //! | [`Node::ping`], [`Node::exec`], [`Node::exec_stream`], [`Node::pty`], [`Node::eval`], [`Node::logs`] | what runs in a sandbox |
 //! | [`Node::read_file`], [`Node::write_file`], [`Node::list_dir`], [`Node::stat`], [`Node::mkdir`], [`Node::remove`] | a sandbox's files |
@@ -32,7 +33,8 @@ use crate::pool::PoolStatus;
 use crate::snapshots::SnapshotDetails;
 use crate::spawn::SpawnRequest;
 use crate::state::SandboxRecord;
-use crate::{adopt, branch, guest, reaper, refill, snapshots, spawn, teardown, workspace};
+use crate::workspace::paused::{self, PausedSandbox};
+use crate::{adopt, branch, guest, reaper, refill, snapshots, spawn, workspace};
 use forkd_api::{BranchBody, CreateSnapshotBody, CreateWorkspaceBody, SnapshotInfo, WorkspaceInfo};
 use forkd_snapshot::Paths;
 use std::future::Future;
@@ -93,6 +95,7 @@ impl Node {
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(refill::refill_loop(self.clone()));
         tokio::spawn(reaper::reaper_loop(self.clone()));
+        tokio::spawn(paused::expiry_loop(self.clone()));
         tokio::spawn(reaper::reclaim_loop(self.clone()));
         if self.cfg.auto_gc {
             tokio::spawn(reaper::gc_loop(self.clone()));
@@ -142,7 +145,7 @@ impl Node {
     /// answers once every child's agent answered. All or nothing.
     pub async fn spawn(self: &Arc<Self>, req: SpawnRequest) -> Result<Vec<SandboxRecord>> {
         let n = self.clone();
-        detached(async move { spawn::spawn(&n, req, None).await }).await
+        detached(async move { spawn::spawn(&n, req, None, None).await }).await
     }
 
     /// Sandbox `id`'s record.
@@ -155,17 +158,47 @@ impl Node {
         self.sandboxes.all().iter().map(|s| s.record()).collect()
     }
 
-    /// Destroys sandbox `id`: its QEMU, directory, cgroups and record.
+    /// Destroys sandbox `id`: its QEMU, directory, cgroups and record; a
+    /// paused (or once paused) sandbox's stored states too.
     pub async fn destroy(self: &Arc<Self>, id: &str) -> Result<()> {
         let (n, id) = (self.clone(), id.to_string());
         detached(async move {
-            if teardown::destroy(&n, &id).await {
+            if paused::kill(&n, &id).await? {
                 Ok(())
             } else {
                 Err(Error::not_found(crate::error::Kind::Sandbox, id))
             }
         })
         .await
+    }
+
+    /// Pauses sandbox `id`: its memory and disk go to the store, its VM
+    /// away; [`Self::resume`] brings it back with the same id and token.
+    pub async fn pause(self: &Arc<Self>, id: &str) -> Result<()> {
+        let (n, id) = (self.clone(), id.to_string());
+        detached(async move { paused::pause(&n, &id).await }).await
+    }
+
+    /// Resumes paused sandbox `id` as itself, killed `ttl_secs` from now
+    /// (0: never), or paused then if `auto_pause` (None: as it was).
+    pub async fn resume(
+        self: &Arc<Self>,
+        id: &str,
+        ttl_secs: u64,
+        auto_pause: Option<bool>,
+    ) -> Result<SandboxRecord> {
+        let (n, id) = (self.clone(), id.to_string());
+        detached(async move { paused::resume(&n, &id, ttl_secs, auto_pause).await }).await
+    }
+
+    /// Paused sandbox `id`; None when it is running or does not exist.
+    pub fn paused(&self, id: &str) -> Option<PausedSandbox> {
+        paused::get(self, id)
+    }
+
+    /// Every paused sandbox, oldest first.
+    pub fn paused_list(&self) -> Vec<PausedSandbox> {
+        paused::list(self)
     }
 
     /// Kills sandbox `id` automatically `ttl_secs` from now (0: never);
@@ -495,6 +528,7 @@ mod tests {
             envs: [("A".to_string(), "b".to_string())].into(),
             alias: Some("code-interpreter-v1".into()),
             access_token: AccessToken::mint(),
+            auto_pause: false,
         }
     }
 

@@ -60,3 +60,4 @@ pub use sandbox::Phase;
 pub use snapshots::SnapshotDetails;
 pub use spawn::SpawnRequest;
 pub use state::{AccessToken, SandboxRecord};
+pub use workspace::paused::PausedSandbox;

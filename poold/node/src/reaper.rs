@@ -170,6 +170,9 @@ pub(crate) async fn reaper_loop(n: Arc<Node>) {
             rotate_console(&sb.console());
             let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
             let dead = !sb.is_alive();
+            // A living sandbox that pauses at its TTL, or is a paused
+            // sandbox resumed, ends through `workspace::paused::expiry_loop`.
+            let expired = expired && (dead || !kept(&n, &r));
             if (expired || dead) && reaping.lock().unwrap().insert(r.id.clone()) {
                 tracing::info!(
                     "sandbox {}: {}",
@@ -191,6 +194,18 @@ pub(crate) async fn reaper_loop(n: Arc<Node>) {
             }
         }
     }
+}
+
+/// Whether `r` is a paused sandbox's (its workspace keeps it) or pauses
+/// at its TTL: `workspace::paused::expiry_loop` ends those.
+pub(crate) fn kept(n: &Node, r: &SandboxRecord) -> bool {
+    r.auto_pause
+        || r.workspace.is_some()
+            && n.state.read(|s| {
+                s.workspaces
+                    .get(&r.id)
+                    .is_some_and(|w| w.kept.as_ref().is_some_and(|k| k.sandbox_id == r.id))
+            })
 }
 
 /// A console log is cut when it passes this size.

@@ -191,6 +191,25 @@ impl Sandbox {
         r.clone()
     }
 
+    /// Makes it workspace `ws`'s when it is no workspace's yet (a pause
+    /// adopting it); false when another one claimed it first.
+    pub fn claim_for_workspace(&self, ws: &str) -> bool {
+        let mut r = self.record.lock().unwrap();
+        if r.workspace.is_some() {
+            return false;
+        }
+        r.workspace = Some(ws.to_string());
+        true
+    }
+
+    /// Undoes [`Self::claim_for_workspace`] (the adoption was not recorded).
+    pub fn unclaim(&self, ws: &str) {
+        let mut r = self.record.lock().unwrap();
+        if r.workspace.as_deref() == Some(ws) {
+            r.workspace = None;
+        }
+    }
+
     /// Keeps a published port's proxy running (and its host port in the
     /// record) for as long as the sandbox lives.
     pub fn publish(&self, p: forkd_net::proxy::Published) {

@@ -19,6 +19,7 @@ use crate::pool::PooledVm;
 use crate::sandbox::Sandbox;
 use crate::state::{AccessToken, SandboxRecord};
 use crate::teardown::{discard, discard_pooled, forget_pooled};
+use crate::workspace::record::Kept;
 use forkd_snapshot::ca::CaBundle;
 use forkd_snapshot::restore::{hand_out, restore_paused_with, ChildTimings, Identity, Source};
 use forkd_snapshot::unix_now;
@@ -69,6 +70,9 @@ pub struct SpawnRequest {
     /// Extra CA certificates (PEM) the children trust, besides the
     /// config's `ca_certs_file` (docs/network.md).
     pub ca_certs: Option<String>,
+    /// Paused, not killed, when the TTL passes (E2B's `autoPause`;
+    /// `SandboxRecord::auto_pause`).
+    pub auto_pause: bool,
 }
 
 impl SpawnRequest {
@@ -270,6 +274,7 @@ pub(crate) async fn spawn(
     n: &Arc<Node>,
     req: SpawnRequest,
     workspace: Option<String>,
+    kept: Option<&Kept>,
 ) -> Result<Vec<SandboxRecord>> {
     let t0 = Instant::now();
     let limits = req.validate(n.cgroups.as_ref(), n.default_limits())?;
@@ -289,11 +294,15 @@ pub(crate) async fn spawn(
             .await
             .map_err(|e| Error::invalid("network", format!("network: {e}")))?;
     }
+    if let Some(k) = kept {
+        check_kept(n, &req, k)?;
+    }
     let _reserved = n.reserve(req.n)?;
     n.check_headroom("spawn")?;
     let sid = src.id.to_string();
     // Pooled children have the snapshot's folders: a rebind restores anew.
-    let (hits, stale) = if rebind.is_empty() {
+    // A kept sandbox is restored as itself.
+    let (hits, stale) = if rebind.is_empty() && kept.is_none() {
         n.pools.take(&req.tag, &sid, req.n)
     } else {
         (Vec::new(), Vec::new())
@@ -321,6 +330,7 @@ pub(crate) async fn spawn(
     let plan = Plan {
         req: &req,
         workspace,
+        kept,
         src: &src,
         volumes: &volumes,
         egress: egress.as_ref(),
@@ -369,10 +379,26 @@ pub(crate) async fn spawn(
     Ok(out)
 }
 
+/// A kept sandbox comes back alone, and only while no sandbox has its id.
+fn check_kept(n: &Node, req: &SpawnRequest, k: &Kept) -> Result<()> {
+    if req.n != 1 {
+        return Err(Error::internal("a kept sandbox is spawned alone"));
+    }
+    if n.sandboxes.get(&k.sandbox_id).is_some() {
+        return Err(Error::Conflict(format!(
+            "sandbox {} is already running",
+            k.sandbox_id
+        )));
+    }
+    Ok(())
+}
+
 /// What every child of one spawn gets.
 struct Plan<'a> {
     req: &'a SpawnRequest,
     workspace: Option<String>,
+    /// The sandbox spawned again (a paused sandbox's resume).
+    kept: Option<&'a Kept>,
     /// The snapshot.
     src: &'a Source,
     /// The folders its restored children get.
@@ -490,7 +516,10 @@ async fn spawn_hits_and_misses(
             metadata: plan.req.metadata.clone(),
             envs: plan.req.envs.clone(),
             alias: plan.req.alias.clone(),
-            access_token: AccessToken::mint(),
+            access_token: plan
+                .kept
+                .map_or_else(AccessToken::mint, |k| k.access_token.clone()),
+            auto_pause: plan.req.auto_pause,
         };
         let source = if hit { "pool" } else { "restore" };
         n.metrics
@@ -544,7 +573,9 @@ pub(crate) fn child_volumes(
 /// Restores one child of the plan's snapshot on demand, confines it and
 /// hands it out.
 async fn restore_one(n: &Arc<Node>, plan: &Plan<'_>) -> anyhow::Result<(Vm, ChildTimings)> {
-    let id = n.new_id();
+    let id = plan
+        .kept
+        .map_or_else(|| n.new_id(), |k| k.sandbox_id.clone());
     let mut t = ChildTimings::default();
     let mut vm = restore_paused_with(
         &n.paths,

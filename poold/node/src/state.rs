@@ -92,6 +92,9 @@ pub struct SandboxRecord {
     /// record from before there were tokens).
     #[serde(default, skip_serializing_if = "AccessToken::is_empty")]
     pub access_token: AccessToken,
+    /// Paused (`crate::workspace::paused`), not killed, when its TTL passes.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub auto_pause: bool,
 }
 
 impl SandboxRecord {
@@ -358,6 +361,7 @@ mod tests {
                 envs: [("SBX_ENV".to_string(), "from-create".to_string())].into(),
                 alias: Some("code-interpreter-v1".into()),
                 access_token: AccessToken::mint(),
+                auto_pause: true,
             },
         );
         f.save(&s, Sync::Durable).unwrap();

@@ -39,6 +39,7 @@
 //! A workspace is never lost: its latest recorded state snapshot is
 //! deleted only after a newer one is recorded.
 
+pub mod paused;
 pub mod record;
 
 use crate::error::{check_tag, Error, Result};
@@ -135,11 +136,15 @@ async fn spawn_for(n: &Arc<Node>, w: &WorkspaceRecord, tag: &str) -> Result<Sand
         network: s.network.clone(),
         ports: s.ports.clone(),
         volumes: s.volumes.clone(),
+        metadata: s.metadata.clone(),
+        envs: s.envs.clone(),
+        alias: s.alias.clone(),
         // A workspace's snapshots keep what its first sandbox installed.
         ca_certs: None,
+        auto_pause: w.kept.as_ref().is_some_and(|k| k.auto_pause),
         ..Default::default()
     };
-    let mut recs = spawn(n, req, Some(w.id.clone())).await?;
+    let mut recs = spawn(n, req, Some(w.id.clone()), w.kept.as_ref()).await?;
     recs.pop()
         .ok_or_else(|| Error::internal("a spawn of one sandbox returned none"))
 }
@@ -169,7 +174,9 @@ pub(crate) async fn create(n: &Arc<Node>, b: CreateWorkspaceBody) -> Result<Work
             network: b.network,
             ports: b.ports,
             volumes: b.volumes,
+            ..Default::default()
         },
+        kept: None,
     };
     let w2 = w.clone();
     n.state
@@ -586,6 +593,7 @@ mod tests {
                 per_child_netns: true,
                 ..Default::default()
             },
+            kept: None,
         }
     }
 }

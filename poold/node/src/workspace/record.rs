@@ -4,7 +4,9 @@
 //! the parent module's doc.
 
 use crate::error::{check_tag, Error, Kind, Result};
+use crate::state::AccessToken;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 
 /// Where a workspace is in its life (see the module doc's diagram).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,6 +142,30 @@ pub struct Settings {
     pub ports: Vec<forkd_net::proxy::PortSpec>,
     #[serde(default)]
     pub volumes: Vec<forkd_api::VolumeSpec>,
+    /// Front-end labels (`SandboxRecord::metadata`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    /// Create-time environment (`SandboxRecord::envs`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub envs: BTreeMap<String, String>,
+    /// The name its sandboxes were asked for by (`SandboxRecord::alias`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<String>,
+}
+
+/// What a paused sandbox keeps so that its resume is the same sandbox to
+/// its clients (`crate::workspace::paused`): its id and access token.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Kept {
+    /// The sandbox's id, which is also the workspace's name.
+    pub sandbox_id: String,
+    /// Its access token (E2B's `envdAccessToken`).
+    pub access_token: AccessToken,
+    /// When the sandbox was first spawned.
+    pub created_at_unix: u64,
+    /// Paused again, not killed, when its TTL passes.
+    #[serde(default)]
+    pub auto_pause: bool,
 }
 
 /// A workspace as recorded in the durable state.
@@ -161,6 +187,10 @@ pub struct WorkspaceRecord {
     #[serde(default)]
     pub last_suspend_stored_bytes: Option<u64>,
     pub settings: Settings,
+    /// Set for a paused sandbox's workspace: every sandbox it spawns is
+    /// that sandbox again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kept: Option<Kept>,
 }
 
 impl WorkspaceRecord {
@@ -326,6 +356,7 @@ mod tests {
                 per_child_netns: true,
                 ..Default::default()
             },
+            kept: None,
         }
     }
 
