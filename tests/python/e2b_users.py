@@ -9,6 +9,8 @@ raises on failure; the last line printed is `E2B USERS OK` when all passed.
 
 import re
 import sys
+import urllib.error
+import urllib.request
 
 from e2b import Sandbox
 
@@ -89,6 +91,38 @@ def files(sbx):
     check(w.path == "/home/user/z.txt", f"gzip write {w.path}")
     check(sbx.files.read("z.txt") == text, "gzip upload read back")
     check(sbx.files.get_info("z.txt").owner == "user", "gzip upload owner")
+
+
+def signed_urls(sbx):
+    step("signed URLs: download and upload with no header; tampered or expired ones refused")
+    sbx.files.write("signed.txt", "by a signed URL")
+    with urllib.request.urlopen(sbx.download_url("signed.txt"), timeout=60) as r:
+        check(r.read() == b"by a signed URL", "download by signed URL")
+    up = sbx.upload_url("uploaded.txt")
+    body = (
+        b"--b\r\nContent-Disposition: form-data; name=\"file\"; filename=\"uploaded.txt\"\r\n"
+        b"Content-Type: application/octet-stream\r\n\r\nup by URL\r\n--b--\r\n"
+    )
+    req = urllib.request.Request(
+        up, data=body, method="POST", headers={"Content-Type": "multipart/form-data; boundary=b"}
+    )
+    with urllib.request.urlopen(req, timeout=60) as r:
+        check(r.status == 200, f"upload by signed URL: {r.status}")
+    check(sbx.files.read("uploaded.txt") == "up by URL", "the uploaded file")
+    check(sbx.files.get_info("uploaded.txt").owner == "user", "the upload is user's")
+
+    def refused(url, method="GET", data=None):
+        try:
+            urllib.request.urlopen(urllib.request.Request(url, data=data, method=method), timeout=60)
+        except urllib.error.HTTPError as e:
+            return e.code
+        return 200
+
+    url = sbx.download_url("signed.txt")
+    check(refused(url.replace("signed.txt", "z.txt")) == 401, "another path, same signature")
+    check(refused(url, "POST", body) == 401, "a read URL cannot write")
+    check(refused(sbx.download_url("signed.txt", use_signature_expiration=-5)) == 401, "expired")
+    check(refused(sbx.download_url("signed.txt", use_signature_expiration=300)) == 200, "not yet expired")
 
 
 def terminal(sbx):
@@ -189,6 +223,7 @@ def main():
     try:
         commands(sbx)
         files(sbx)
+        signed_urls(sbx)
         terminal(sbx)
         metrics(sbx)
         snapshots(sbx)

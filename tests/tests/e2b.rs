@@ -22,10 +22,10 @@ use std::time::{Duration, Instant};
 /// The code interpreter's default template, as a snapshot tag.
 const TEMPLATE: &str = "code-interpreter-v1";
 
-fn python(var: &str) -> PathBuf {
+fn client(var: &str) -> PathBuf {
     let p = std::env::var(var).unwrap_or_else(|_| {
         panic!(
-            "{var} is not set: scripts/test.sh builds the Python venvs of tests/python and sets it"
+            "{var} is not set: scripts/test.sh installs the test clients (tests/python, tests/js) and sets it"
         )
     });
     let p = PathBuf::from(p);
@@ -105,8 +105,8 @@ fn raw_answer(addr: &str, head: &str, body: &str) -> (u16, String) {
 
 #[test]
 fn unmodified_e2b_sdk_against_poold() {
-    let new_py = python("FORKD_TEST_PYTHON");
-    let old_py = python("FORKD_TEST_PYTHON_E2B_OLDEST");
+    let new_py = client("FORKD_TEST_PYTHON");
+    let old_py = client("FORKD_TEST_PYTHON_E2B_OLDEST");
     let home = Home::new();
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
@@ -162,6 +162,7 @@ fn unmodified_e2b_sdk_against_poold() {
     let hits0 = block_on(p.metric("forkd_pool_hits_total", ""));
     run_sdk(&new_py, &api, &sbx, &key, &["--code-interpreter"], "2.63.0");
     run_sdk(&old_py, &api, &sbx, &key, &[], "2.7.0");
+    run_js_sdk(&api, &sbx, &key);
     let hits = block_on(p.metric("forkd_pool_hits_total", "")) - hits0;
     assert!(
         hits >= 1.0,
@@ -173,10 +174,41 @@ fn unmodified_e2b_sdk_against_poold() {
     assert_eq!(v, json!([]), "sandboxes left behind");
 }
 
+/// Runs tests/js/e2b_sdk.cjs with the pinned JavaScript SDKs (scripts/test.sh
+/// installs them: `FORKD_TEST_NODE`, `FORKD_TEST_NODE_PATH`); panics with its
+/// output unless it passed.
+fn run_js_sdk(api: &str, sbx: &str, key: &str) {
+    let node = client("FORKD_TEST_NODE");
+    let modules = client("FORKD_TEST_NODE_PATH");
+    let t0 = Instant::now();
+    let out = Command::new(node)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("js/e2b_sdk.cjs"))
+        .arg(TEMPLATE)
+        .env("NODE_PATH", modules)
+        .env("E2B_API_URL", api)
+        .env("E2B_SANDBOX_URL", sbx)
+        .env("E2B_API_KEY", key)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .expect("running node");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    eprintln!("{stdout}");
+    assert!(
+        out.status.success() && stdout.contains("E2B JS OK 2.51.0"),
+        "the E2B JavaScript SDK test failed ({}) after {:?}:\n{stdout}\n{stderr}",
+        out.status,
+        t0.elapsed()
+    );
+}
+
 /// A poold in `home` serving the E2B endpoints, and the API key it takes
-/// (in `home`/e2b.key, so a restart with [`e2b_args`] keeps it).
+/// (in `home`/e2b.key, so a restart with [`e2b_args`] keeps it), shaped
+/// like E2B's (`e2b_` and hex), which the JavaScript SDK insists on.
 fn e2b_poold(home: &Home) -> (Poold, String) {
-    let key = forkd_snapshot::random_hex(16);
+    let key = format!("e2b_{}", forkd_snapshot::random_hex(20));
     let key_file = home.dir.join("e2b.key");
     std::fs::write(&key_file, format!("{key}\n")).unwrap();
     let args = e2b_args(&key_file);
@@ -212,7 +244,7 @@ fn e2b_args(key_file: &std::path::Path) -> Vec<String> {
 /// (tests/python/e2b_restart.py).
 #[test]
 fn e2b_state_survives_kill_9_of_poold() {
-    let py = python("FORKD_TEST_PYTHON");
+    let py = client("FORKD_TEST_PYTHON");
     let home = Home::new();
     let (p, key) = e2b_poold(&home);
     let args = e2b_args(&home.dir.join("e2b.key"));
@@ -431,7 +463,7 @@ fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
 /// refused, `list_snapshots` pages, `delete_snapshot` deletes.
 #[test]
 fn e2b_users_files_terminals_and_snapshots() {
-    let py = python("FORKD_TEST_PYTHON");
+    let py = client("FORKD_TEST_PYTHON");
     let home = Home::new();
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
@@ -460,7 +492,7 @@ fn e2b_users_files_terminals_and_snapshots() {
 /// envs in every context, and contexts.
 #[test]
 fn e2b_code_interpreter_template_runs_jupyter_through_poold() {
-    let py = python("FORKD_TEST_PYTHON");
+    let py = client("FORKD_TEST_PYTHON");
     let home = Home::new();
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");

@@ -4,6 +4,9 @@
 //! `/execute` through the sandbox plane) and through `/v1` (spawn, then
 //! eval), from the same full pool, one sandbox at a time, the two paths
 //! alternating. Prints the medians side by side and their difference.
+//! Then `n` pause → resume cycles of one E2B sandbox (pause, connect, the
+//! probe sees the state), and with `--chart-tag` (a template of the
+//! `code-interpreter` image) `n` cells that return a matplotlib chart.
 
 use super::{median, ms, pct, wait_pool};
 use anyhow::{bail, Context, Result};
@@ -26,6 +29,8 @@ pub struct E2bBench {
     pub sandbox_url: String,
     /// The E2B API key.
     pub api_key: String,
+    /// A code-interpreter template to time a chart cell on (None: skipped).
+    pub chart_tag: Option<String>,
 }
 
 /// One round trip's figures, ms.
@@ -127,6 +132,203 @@ pub async fn run(b: E2bBench) -> Result<()> {
     println!("create: request sent until the sandbox's answer (201) arrived, at the client.");
     println!("run: the probe through /v1 eval, or through the sandbox plane's /execute (NDJSON).");
     println!("poold spawn: poold's own clock for the spawn inside either create.");
+    pause_cycles(&c, &http, &b).await?;
+    if let Some(tag) = &b.chart_tag {
+        charts(&http, &b, tag).await?;
+    }
+    Ok(())
+}
+
+/// The E2B API's base URL and key, for the calls below.
+struct Api<'a> {
+    http: &'a reqwest::Client,
+    b: &'a E2bBench,
+}
+
+impl Api<'_> {
+    /// POSTs `body` to the control plane's `path`; the status and the JSON
+    /// answer (null when there is none).
+    async fn post(&self, path: &str, body: Value) -> Result<(u16, Value)> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.b.api_url.trim_end_matches('/')))
+            .header("X-API-KEY", &self.b.api_key)
+            .json(&body)
+            .send()
+            .await
+            .with_context(|| format!("E2B {path}"))?;
+        let status = resp.status().as_u16();
+        let text = resp.text().await?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
+    }
+
+    /// Creates a sandbox of `tag`: its id and access token.
+    async fn create(&self, tag: &str) -> Result<(String, String)> {
+        let (st, v) = self
+            .post("/v2/sandboxes", json!({"templateID": tag, "timeout": 600}))
+            .await?;
+        if st != 201 {
+            bail!("E2B create of {tag} answered {st}: {v}");
+        }
+        let id = v["sandboxID"].as_str().context("no sandboxID")?;
+        let token = v["envdAccessToken"].as_str().unwrap_or("");
+        Ok((id.to_string(), token.to_string()))
+    }
+
+    async fn kill(&self, id: &str) -> Result<()> {
+        self.http
+            .delete(format!(
+                "{}/sandboxes/{id}",
+                self.b.api_url.trim_end_matches('/')
+            ))
+            .header("X-API-KEY", &self.b.api_key)
+            .send()
+            .await?;
+        Ok(())
+    }
+
+    /// Runs `code` through the sandbox plane's `/execute`: its NDJSON lines.
+    async fn execute(&self, id: &str, token: &str, code: &str) -> Result<Vec<Value>> {
+        let resp = self
+            .http
+            .post(format!(
+                "{}/execute",
+                self.b.sandbox_url.trim_end_matches('/')
+            ))
+            .header("E2b-Sandbox-Id", id)
+            .header("E2b-Sandbox-Port", "49999")
+            .header("X-Access-Token", token)
+            .json(&json!({"code": code, "context_id": null, "language": null, "env_vars": null}))
+            .send()
+            .await?;
+        let status = resp.status();
+        let text = resp.text().await?;
+        if !status.is_success() {
+            bail!("/execute answered {status}: {text}");
+        }
+        Ok(text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect())
+    }
+}
+
+/// The text of the `result` line of an execution, if any.
+fn result_text(lines: &[Value]) -> Option<&str> {
+    lines
+        .iter()
+        .find(|v| v["type"] == "result")
+        .and_then(|v| v["text"].as_str())
+}
+
+/// `n` pause → resume cycles of one sandbox: pause until 204, connect
+/// until 201 (the resume), then the probe, which must see the state set
+/// before the first pause. Prints medians and the bytes each pause stored.
+async fn pause_cycles(c: &Client, http: &reqwest::Client, b: &E2bBench) -> Result<()> {
+    let api = Api { http, b };
+    let (id, token) = api.create(&b.tag).await?;
+    let outcome = async {
+        api.execute(&id, &token, "bench_state = 41").await?;
+        let (mut pause, mut resume, mut first_run, mut stored) = (vec![], vec![], vec![], vec![]);
+        for _ in 0..b.n {
+            let t0 = Instant::now();
+            let (st, v) = api
+                .post(&format!("/sandboxes/{id}/pause"), json!({}))
+                .await?;
+            if st != 204 {
+                bail!("pause answered {st}: {v}");
+            }
+            pause.push(ms(t0));
+            let ws: Value = c.get(&format!("/v1/workspaces/{id}")).await?;
+            stored.push(ws["last_suspend_stored_bytes"].as_f64().unwrap_or(0.0));
+            let t1 = Instant::now();
+            let (st, v) = api
+                .post(&format!("/sandboxes/{id}/connect"), json!({"timeout": 600}))
+                .await?;
+            if st != 201 {
+                bail!("connect to the paused sandbox answered {st}: {v}");
+            }
+            resume.push(ms(t1));
+            let t2 = Instant::now();
+            let lines = api.execute(&id, &token, "bench_state + 1").await?;
+            first_run.push(ms(t2));
+            if result_text(&lines) != Some("42") {
+                bail!("the state did not survive a pause: {lines:?}");
+            }
+        }
+        Ok((pause, resume, first_run, stored))
+    }
+    .await;
+    api.kill(&id).await?;
+    let (pause, resume, first_run, stored) = outcome?;
+    let cycle: Vec<f64> = (0..pause.len())
+        .map(|i| pause[i] + resume[i] + first_run[i])
+        .collect();
+    println!();
+    println!("pause → resume, {} cycles of one sandbox:", pause.len());
+    println!(
+        "{:>10} {:>11} {:>16} {:>10} {:>10} {:>18}",
+        "pause p50", "resume p50", "first run p50", "cycle p50", "cycle p99", "stored/pause p50"
+    );
+    println!(
+        "{:>8.1}ms {:>9.1}ms {:>14.1}ms {:>8.1}ms {:>8.1}ms {:>14.2}MiB",
+        median(&pause),
+        median(&resume),
+        median(&first_run),
+        median(&cycle),
+        pct(&cycle, 99.0),
+        median(&stored) / (1024.0 * 1024.0)
+    );
+    println!("pause: POST /sandboxes/{{id}}/pause until 204 (memory and disk stored, VM gone).");
+    println!("resume: POST /sandboxes/{{id}}/connect until 201 (restored, same id and token).");
+    println!("first run: the probe after the resume, which must see the state from before.");
+    Ok(())
+}
+
+/// A matplotlib chart cell: E2B's SDK gets a PNG and its chart data.
+const CHART_CELL: &str = "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3], [1, 4, 9])\nplt.title('bench')\nplt.show()";
+
+/// `n` chart cells on fresh sandboxes of `tag`: create, then the cell until
+/// its PNG result arrived.
+async fn charts(http: &reqwest::Client, b: &E2bBench, tag: &str) -> Result<()> {
+    let api = Api { http, b };
+    let (mut create, mut run) = (vec![], vec![]);
+    for _ in 0..b.n {
+        let t0 = Instant::now();
+        let (id, token) = api.create(tag).await?;
+        create.push(ms(t0));
+        let t1 = Instant::now();
+        let lines = api.execute(&id, &token, CHART_CELL).await;
+        run.push(ms(t1));
+        api.kill(&id).await?;
+        let lines = lines?;
+        if !lines
+            .iter()
+            .any(|v| v["type"] == "result" && v["png"].is_string())
+        {
+            bail!("the chart cell returned no PNG: {lines:?}");
+        }
+    }
+    let both: Vec<f64> = (0..create.len()).map(|i| create[i] + run[i]).collect();
+    println!();
+    println!(
+        "run_code returning a chart on {tag}, {} fresh sandboxes:",
+        create.len()
+    );
+    println!(
+        "{:>11} {:>14} {:>16} {:>16}",
+        "create p50", "chart cell p50", "create+cell p50", "create+cell p99"
+    );
+    println!(
+        "{:>9.1}ms {:>12.1}ms {:>14.1}ms {:>14.1}ms",
+        median(&create),
+        median(&run),
+        median(&both),
+        pct(&both, 99.0)
+    );
+    println!(
+        "chart cell: /execute of a matplotlib plot until its PNG result (and the end) arrived."
+    );
     Ok(())
 }
 

@@ -141,6 +141,10 @@ pub enum BenchCmd {
             hide_env_values = true
         )]
         api_key: String,
+        /// Also time `n` cells returning a matplotlib chart on this
+        /// template (a snapshot of the `code-interpreter` image).
+        #[arg(long)]
+        chart_tag: Option<String>,
     },
 }
 
@@ -270,6 +274,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
             api_url,
             sandbox_url,
             api_key,
+            chart_tag,
         } => {
             if n == 0 || n > 500 {
                 bail!("-n must be 1-500");
@@ -281,6 +286,7 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                 api_url,
                 sandbox_url,
                 api_key,
+                chart_tag,
             })
             .await?;
         }

@@ -476,6 +476,10 @@ struct ListQuery {
     metadata: BTreeMap<String, String>,
     /// None: any state.
     states: Option<Vec<String>>,
+    /// Only sandboxes started at or after this time (Unix seconds).
+    started_after: Option<u64>,
+    /// Only sandboxes of this template (its alias, else its snapshot tag).
+    template: Option<String>,
     limit: usize,
     next: Option<String>,
 }
@@ -499,11 +503,31 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
                 .extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
             "limit" => out.limit = paging::parse_limit(&v)?,
             "nextToken" | "next_token" => out.next = Some(v.into_owned()),
+            "startedAfter" => out.started_after = Some(parse_started_after(&v)?),
+            "template" => out.template = Some(v.into_owned()),
             _ => {}
         }
     }
     metadata_ok(&out.metadata)?;
     Ok(out)
+}
+
+/// `startedAfter`: an RFC 3339 time with its offset, as the SDKs send it.
+fn parse_started_after(v: &str) -> R<u64> {
+    let t = chrono::DateTime::parse_from_rfc3339(v).map_err(|e| {
+        bad(format!(
+            "startedAfter {v:?} is not an RFC 3339 time ({e}); send e.g. 2026-01-02T03:04:05Z"
+        ))
+    })?;
+    // Before 1970 is every sandbox.
+    Ok(u64::try_from(t.timestamp()).unwrap_or(0))
+}
+
+/// Whether a sandbox started at `started` from `template` passes the
+/// query's time and template filters (metadata is checked apart).
+fn passes(q: &ListQuery, started: u64, template: &str) -> bool {
+    q.started_after.is_none_or(|t| started >= t)
+        && q.template.as_deref().is_none_or(|want| want == template)
 }
 
 /// `GET [/v2]/sandboxes`: every sandbox, running (those spawned through
@@ -542,15 +566,20 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
     let mut page = Vec::new();
     let mut last = None;
     let mut more = false;
-    for (_, id, paused) in &all[start..] {
-        let (metadata, detail) = match paused {
-            Some(p) => (p.metadata.clone(), None),
+    for (started, id, paused) in &all[start..] {
+        let (metadata, template, detail) = match paused {
+            Some(p) => {
+                let t = p.alias.clone().unwrap_or_else(|| p.snapshot_tag.clone());
+                (p.metadata.clone(), t, None)
+            }
             None => match e.sandbox(id) {
-                Some(sb) => (sb.rec.metadata.clone(), Some(sb)),
+                Some(sb) => (sb.rec.metadata.clone(), sb.template().to_string(), Some(sb)),
                 None => continue,
             },
         };
-        if !q.metadata.iter().all(|(k, v)| metadata.get(k) == Some(v)) {
+        if !q.metadata.iter().all(|(k, v)| metadata.get(k) == Some(v))
+            || !passes(&q, *started, &template)
+        {
             continue;
         }
         if page.len() == q.limit {
@@ -584,6 +613,17 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(q.states, Some(vec!["running".into(), "paused".into()]));
+        // The SDKs' startedAfter: isoformat with an offset.
+        let q = parse_list_query(Some(
+            "startedAfter=2026-01-02T03%3A04%3A05%2B01%3A00&template=base",
+        ))
+        .unwrap();
+        assert_eq!(q.started_after, Some(1_767_319_445));
+        assert!(passes(&q, 1_767_319_445, "base"), "at the time is after");
+        assert!(!passes(&q, 1_767_319_444, "base"), "a second before");
+        assert!(!passes(&q, 1_767_319_445, "other"), "another template");
+        let e = parse_list_query(Some("startedAfter=yesterday")).unwrap_err();
+        assert!(e.message.contains("RFC 3339"), "{}", e.message);
         assert_eq!(q.metadata["user"], "alice");
         assert_eq!(q.metadata["env"], "prod");
         assert_eq!((q.limit, q.next.as_deref()), (2, Some("sb-1")));

@@ -224,21 +224,44 @@ async fn execute(g: Guest<'_>, req: Request) -> Response {
             "envs for run_code are not supported (the warm interpreter's environment is fixed); set os.environ in the code",
         );
     }
-    let r = match g.node.eval(g.id(), &b.code, Some(TIMEOUT_MS)).await {
-        Ok(r) => r,
-        // The code interpreter answers its own timeout as a 502.
-        Err(Error::Guest(a)) if a.kind == GuestErrorKind::Timeout => {
-            return error(StatusCode::BAD_GATEWAY, a.message)
-        }
-        Err(e) => return E2bError::from(e).into_response(),
+    // The answer starts now and its lines follow when the cell ends, as
+    // E2B's server streams them: the SDKs' `timeoutMs` bounds the body,
+    // not the wait for headers, so only a streamed answer lets it fire.
+    // A client that gives up drops the stream; the cell runs to its end
+    // in the guest (the warm interpreter has no interrupt), and the next
+    // one waits for it.
+    let (node, id, session) = (g.node.clone(), g.id().to_string(), g.sb.session.clone());
+    let body = futures::stream::once(async move {
+        let text = match node.eval(&id, &b.code, Some(TIMEOUT_MS)).await {
+            Ok(r) => {
+                let count = session.executions.fetch_add(1, Ordering::Relaxed) + 1;
+                let mut out = String::new();
+                for line in lines(&r, count, &now()) {
+                    out.push_str(&line.to_string());
+                    out.push('\n');
+                }
+                out
+            }
+            Err(e) => failed_line(&e).to_string() + "\n",
+        };
+        Ok::<_, std::convert::Infallible>(text)
+    });
+    (
+        [(header::CONTENT_TYPE, "application/x-ndjson")],
+        Body::from_stream(body),
+    )
+        .into_response()
+}
+
+/// The line a cell that could not run ends with (the answer's status is
+/// sent by then): E2B's `error` line, named for what failed.
+fn failed_line(e: &Error) -> Value {
+    let name = match e {
+        Error::Guest(a) if a.kind == GuestErrorKind::Timeout => "TimeoutError",
+        Error::GuestUnreachable(_) | Error::NotFound { .. } => "SandboxGone",
+        _ => "ExecutionError",
     };
-    let count = g.sb.session.executions.fetch_add(1, Ordering::Relaxed) + 1;
-    let mut out = Vec::new();
-    for line in lines(&r, count, &now()) {
-        out.extend_from_slice(line.to_string().as_bytes());
-        out.push(b'\n');
-    }
-    ([(header::CONTENT_TYPE, "application/x-ndjson")], out).into_response()
+    json!({"type": "error", "name": name, "value": e.to_string(), "traceback": ""})
 }
 
 fn now() -> String {

@@ -12,7 +12,9 @@
 //! - the sandbox plane ([`sandbox`]): envd's Connect-RPC process service
 //!   ([`process`]) and filesystem service plus `/files`, and the code
 //!   interpreter's `/execute` ([`interpreter`]), routed by `E2b-Sandbox-Id`
-//!   (else by the access token) and `E2b-Sandbox-Port`.
+//!   (else by the access token, or a signed URL's signature: [`signed`])
+//!   and `E2b-Sandbox-Port`; pause and resume ([`pause`]) keep a
+//!   sandbox's id and token.
 //!
 //! Invariants:
 //! - every sandbox has its own random 128-bit access token, kept in the
@@ -39,6 +41,7 @@ pub mod paging;
 pub mod pause;
 pub mod process;
 pub mod sandbox;
+pub mod signed;
 pub mod snapshots;
 pub mod state;
 

@@ -92,8 +92,27 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
     Ok((sb, port))
 }
 
+/// A `/files` request by signed URL ([`crate::signed`]): no token header,
+/// a `signature` in the query. None: not one.
+fn signed_file_request(e: &E2b, req: &Request) -> Option<Result<E2bSandbox, E2bError>> {
+    let h = req.headers();
+    if req.uri().path() != "/files"
+        || h.contains_key("x-access-token")
+        || h.contains_key("e2b-traffic-access-token")
+    {
+        return None;
+    }
+    let write = req.method() == Method::POST;
+    let claim = crate::signed::claim(write, req.uri().query().unwrap_or(""))?;
+    Some(claim.and_then(|c| crate::signed::verify(e, &c, forkd_snapshot::unix_now())))
+}
+
 async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
-    let (sb, port) = match route(&e, req.headers()) {
+    let routed = match signed_file_request(&e, &req) {
+        Some(signed) => signed.map(|sb| (sb, ENVD_PORT)),
+        None => route(&e, req.headers()),
+    };
+    let (sb, port) = match routed {
         Ok(x) => x,
         Err(r) => return r.into_response(),
     };

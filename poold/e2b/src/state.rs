@@ -167,7 +167,7 @@ impl E2b {
 #[derive(Clone, Copy)]
 pub struct Guest<'a> {
     /// The node, whose operations reach the guest.
-    pub node: &'a Node,
+    pub node: &'a Arc<Node>,
     /// The sandbox.
     pub sb: &'a E2bSandbox,
 }

@@ -502,7 +502,7 @@ mod tests {
     use super::*;
     use crate::error::Kind;
     use crate::sandbox::{Phase, Sandbox};
-    use crate::state::AccessToken;
+    use crate::token::AccessToken;
     use forkd_vmm::{AgentClient, VmDir};
 
     fn record(id: &str) -> SandboxRecord {

@@ -12,15 +12,16 @@
 //!
 //! ```text
 //!  api                               the operations: Node's public methods
-//!  workspace                         named sandboxes that suspend and resume
-//!  adopt  branch  refill             after a restart; branches; pool refills
-//!  reaper  snapshots  spawn          TTLs and GC; snapshots; spawns
+//!  workspace::paused                 paused sandboxes (E2B's pause) as workspaces
+//!  adopt  refill  workspace          after a restart; pool refills; named sandboxes
+//!  branch  reaper  spawn             branches; TTLs and GC; spawns
+//!  snapshots                         snapshots as the node does them
 //!  guest  parking  teardown          what runs in a sandbox; parked memory; how VMs end
 //!  node                              the Node: tables, caps, admission
 //!  pool  sandbox                     pool bookkeeping; live sandboxes, their phases
 //!  state                             the durable record (state.json)
 //!  volumes  workspace::record        volume confinement; workspace records
-//!  admission  config  error  limits  metrics
+//!  admission  config  error  limits  metrics  token (access tokens)
 //! ```
 
 mod admission;
@@ -42,6 +43,7 @@ mod snapshots;
 mod spawn;
 mod state;
 mod teardown;
+mod token;
 mod volumes;
 mod workspace;
 
@@ -59,5 +61,6 @@ pub use pool::PoolStatus;
 pub use sandbox::Phase;
 pub use snapshots::SnapshotDetails;
 pub use spawn::SpawnRequest;
-pub use state::{AccessToken, SandboxRecord};
+pub use state::SandboxRecord;
+pub use token::AccessToken;
 pub use workspace::paused::PausedSandbox;

@@ -17,8 +17,9 @@ use crate::limits::{check_env, check_metadata, MAX_PORTS, MAX_SPAWN, MAX_TTL_SEC
 use crate::node::Node;
 use crate::pool::PooledVm;
 use crate::sandbox::Sandbox;
-use crate::state::{AccessToken, SandboxRecord};
+use crate::state::SandboxRecord;
 use crate::teardown::{discard, discard_pooled, forget_pooled};
+use crate::token::AccessToken;
 use crate::workspace::record::Kept;
 use forkd_snapshot::ca::CaBundle;
 use forkd_snapshot::restore::{hand_out, restore_paused_with, ChildTimings, Identity, Source};

@@ -24,6 +24,7 @@
 //! recording it) are killed, since nobody could reach them.
 
 use crate::config::PoolSpec;
+use crate::token::AccessToken;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -104,47 +105,6 @@ impl SandboxRecord {
     pub fn effective_egress(&self) -> Option<forkd_net::EffectivePolicy> {
         self.net.as_ref()?;
         self.egress.as_ref().map(forkd_vmm::net::effective)
-    }
-}
-
-/// A sandbox's access token: 128 random bits as 32 hex digits. Compared
-/// only in constant time ([`AccessToken::matches`]); never printed by
-/// `Debug`.
-#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct AccessToken(String);
-
-impl AccessToken {
-    /// A fresh token.
-    pub fn mint() -> AccessToken {
-        AccessToken(forkd_snapshot::random_hex(16))
-    }
-
-    /// The token, to hand to the sandbox's client.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// Whether there is none (a record from before tokens).
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
-    /// Whether `got` is this token, compared in constant time (timing tells
-    /// nothing of how much of it matched). An empty token matches nothing.
-    pub fn matches(&self, got: &[u8]) -> bool {
-        use subtle::ConstantTimeEq;
-        !self.0.is_empty() && bool::from(self.0.as_bytes().ct_eq(got))
-    }
-}
-
-impl std::fmt::Debug for AccessToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(if self.0.is_empty() {
-            "AccessToken(none)"
-        } else {
-            "AccessToken(..)"
-        })
     }
 }
 

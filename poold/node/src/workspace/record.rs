@@ -4,7 +4,7 @@
 //! the parent module's doc.
 
 use crate::error::{check_tag, Error, Kind, Result};
-use crate::state::AccessToken;
+use crate::token::AccessToken;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 

@@ -1,0 +1,81 @@
+// The unmodified E2B JavaScript SDKs (npm `e2b`, `@e2b/code-interpreter`)
+// against poold. Run by tests/tests/e2b.rs with node, NODE_PATH at the
+// pinned packages (tests/js/package.json) and E2B_API_URL,
+// E2B_SANDBOX_URL, E2B_API_KEY at poold. Argument: the template (a
+// python-numpy snapshot). Every check throws on failure; the last line
+// printed is `E2B JS OK <version>` when everything passed.
+'use strict'
+
+const { Sandbox } = require('@e2b/code-interpreter')
+const e2b = require('e2b')
+
+function check(cond, what) {
+  if (!cond) throw new Error(`check failed: ${what}`)
+}
+
+function step(what) {
+  console.log(`-- ${what}`)
+}
+
+async function main() {
+  const template = process.argv[2]
+  const version = require('e2b/package.json').version
+  console.log(`e2b (JS) ${version} against ${template}`)
+  const runId = `js-${process.pid}-${Date.now()}`
+
+  step('create')
+  const sbx = await Sandbox.create(template, {
+    timeoutMs: 600_000,
+    metadata: { run: runId },
+    envs: { SBX_ENV: 'from-create' },
+  })
+  try {
+    step('commands')
+    let r = await sbx.commands.run('echo $SBX_ENV; echo err >&2')
+    check(r.stdout === 'from-create\n', `stdout ${JSON.stringify(r.stdout)}`)
+    check(r.stderr === 'err\n', `stderr ${JSON.stringify(r.stderr)}`)
+    r = await sbx.commands.run('exit 3').catch((e) => e)
+    check(r instanceof e2b.CommandExitError && r.exitCode === 3, `exit 3: ${r}`)
+
+    step('files')
+    await sbx.files.write('js/note.txt', 'from js')
+    check((await sbx.files.read('js/note.txt')) === 'from js', 'read back')
+    const names = (await sbx.files.list('js')).map((e) => e.name)
+    check(JSON.stringify(names) === '["note.txt"]', `list ${names}`)
+    await sbx.files.remove('js/missing') // envd: a missing path is done
+    const info = await sbx.files.getInfo('js/note.txt')
+    check(info.type === 'file' && info.size === 7, `getInfo ${JSON.stringify(info)}`)
+
+    step('run_code keeps state; timeoutMs is honoured')
+    let ex = await sbx.runCode('x = 41\nx + 1')
+    check(ex.text === '42', `text ${ex.text}`)
+    const t0 = Date.now()
+    const late = await sbx.runCode('import time\ntime.sleep(15)', { timeoutMs: 3000 }).catch((e) => e)
+    check(late instanceof Error, `a 15 s cell with timeoutMs 3000 answered: ${JSON.stringify(late)}`)
+    check(Date.now() - t0 < 12_000, `the timeout took ${Date.now() - t0} ms`)
+    // The warm interpreter has no interrupt: the next cell waits for that one.
+    ex = await sbx.runCode('x')
+    check(ex.text === '41', `the interpreter after a timeout: ${ex.text} ${JSON.stringify(ex.error)}`)
+
+    step('pause, list, connect')
+    await sbx.pause()
+    const paused = await e2b.Sandbox.list({ query: { metadata: { run: runId }, state: ['paused'] } }).nextItems()
+    check(paused.length === 1 && paused[0].sandboxId === sbx.sandboxId, `paused list ${JSON.stringify(paused)}`)
+    await sbx.connect()
+    ex = await sbx.runCode('x * 2')
+    check(ex.text === '82', `state after the resume: ${ex.text}`)
+    check((await sbx.files.read('js/note.txt')) === 'from js', 'the file after the resume')
+    const got = await sbx.getInfo()
+    check(got.metadata.run === runId && got.templateId === template, `getInfo ${JSON.stringify(got)}`)
+  } finally {
+    await sbx.kill()
+  }
+  const left = await e2b.Sandbox.list({ query: { metadata: { run: runId } } }).nextItems()
+  check(left.length === 0, `left after the kill: ${JSON.stringify(left)}`)
+  console.log(`E2B JS OK ${version}`)
+}
+
+main().catch((e) => {
+  console.error(e)
+  process.exit(1)
+})
