@@ -109,8 +109,9 @@ impl Bound {
         let plane = host_check(sandbox::routes(self.e.clone(), self.e.transfers.clone()));
         tracing::info!("{}", self.banner());
         let shutdown = forkd_edge::listen::shutdown_signal;
-        let a = axum::serve(self.control, control).with_graceful_shutdown(shutdown());
-        let b = axum::serve(self.plane, plane).with_graceful_shutdown(shutdown());
+        let no_delay = forkd_edge::listen::no_delay;
+        let a = axum::serve(no_delay(self.control), control).with_graceful_shutdown(shutdown());
+        let b = axum::serve(no_delay(self.plane), plane).with_graceful_shutdown(shutdown());
         tokio::try_join!(async { a.await.context("serving the E2B API") }, async {
             b.await.context("serving the E2B sandbox plane")
         })?;
