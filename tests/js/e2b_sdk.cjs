@@ -49,10 +49,10 @@ async function main() {
     step('run_code keeps state; timeoutMs is honoured')
     let ex = await sbx.runCode('x = 41\nx + 1')
     check(ex.text === '42', `text ${ex.text}`)
-    const t0 = Date.now()
+    // A cell that outlives its timeoutMs ends in the SDK's TimeoutError
+    // (its body timer aborted the answer), not in a late result.
     const late = await sbx.runCode('import time\ntime.sleep(15)', { timeoutMs: 3000 }).catch((e) => e)
-    check(late instanceof Error, `a 15 s cell with timeoutMs 3000 answered: ${JSON.stringify(late)}`)
-    check(Date.now() - t0 < 12_000, `the timeout took ${Date.now() - t0} ms`)
+    check(late instanceof e2b.TimeoutError, `a 15 s cell with timeoutMs 3000 answered: ${late}`)
     // The warm interpreter has no interrupt: the next cell waits for that one.
     ex = await sbx.runCode('x')
     check(ex.text === '41', `the interpreter after a timeout: ${ex.text} ${JSON.stringify(ex.error)}`)
