@@ -614,14 +614,14 @@ mod tests {
         .unwrap();
         assert_eq!(q.states, Some(vec!["running".into(), "paused".into()]));
         // The SDKs' startedAfter: isoformat with an offset.
-        let q = parse_list_query(Some(
+        let t = parse_list_query(Some(
             "startedAfter=2026-01-02T03%3A04%3A05%2B01%3A00&template=base",
         ))
         .unwrap();
-        assert_eq!(q.started_after, Some(1_767_319_445));
-        assert!(passes(&q, 1_767_319_445, "base"), "at the time is after");
-        assert!(!passes(&q, 1_767_319_444, "base"), "a second before");
-        assert!(!passes(&q, 1_767_319_445, "other"), "another template");
+        assert_eq!(t.started_after, Some(1_767_319_445));
+        assert!(passes(&t, 1_767_319_445, "base"), "at the time is after");
+        assert!(!passes(&t, 1_767_319_444, "base"), "a second before");
+        assert!(!passes(&t, 1_767_319_445, "other"), "another template");
         let e = parse_list_query(Some("startedAfter=yesterday")).unwrap_err();
         assert!(e.message.contains("RFC 3339"), "{}", e.message);
         assert_eq!(q.metadata["user"], "alice");
