@@ -37,10 +37,10 @@ fn script() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_sdk.py")
 }
 
-/// `py` with the SDK's environment pointed at poold's E2B listeners
-/// (and nothing of a real E2B account's left in it).
-fn sdk_python(py: &PathBuf, api: &str, sbx: &str, key: &str) -> Command {
-    let mut c = Command::new(py);
+/// `program` (Python or Node) with the SDK's environment pointed at poold's
+/// E2B listeners (and nothing of a real E2B account's left in it).
+fn sdk_client(program: &PathBuf, api: &str, sbx: &str, key: &str) -> Command {
+    let mut c = Command::new(program);
     c.env("E2B_API_URL", api)
         .env("E2B_SANDBOX_URL", sbx)
         .env("E2B_API_KEY", key)
@@ -53,7 +53,7 @@ fn sdk_python(py: &PathBuf, api: &str, sbx: &str, key: &str) -> Command {
 /// Runs the SDK test with `py`; panics with its output unless it passed.
 fn run_sdk(py: &PathBuf, api: &str, sbx: &str, key: &str, extra: &[&str], want_version: &str) {
     let t0 = Instant::now();
-    let out = sdk_python(py, api, sbx, key)
+    let out = sdk_client(py, api, sbx, key)
         .arg(script())
         .arg(TEMPLATE)
         .args(extra)
@@ -181,16 +181,10 @@ fn run_js_sdk(api: &str, sbx: &str, key: &str) {
     let node = client("FORKD_TEST_NODE");
     let modules = client("FORKD_TEST_NODE_PATH");
     let t0 = Instant::now();
-    let out = Command::new(node)
+    let out = sdk_client(&node, api, sbx, key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("js/e2b_sdk.cjs"))
         .arg(TEMPLATE)
         .env("NODE_PATH", modules)
-        .env("E2B_API_URL", api)
-        .env("E2B_SANDBOX_URL", sbx)
-        .env("E2B_API_KEY", key)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG")
-        .env_remove("E2B_ACCESS_TOKEN")
         .output()
         .expect("running node");
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -332,7 +326,7 @@ fn restart_script(
     id: &str,
     run_id: &str,
 ) {
-    let out = sdk_python(py, api, sbx, key)
+    let out = sdk_client(py, api, sbx, key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_restart.py"))
         .args([phase, template, id, run_id])
         .output()
@@ -468,7 +462,7 @@ fn e2b_users_files_terminals_and_snapshots() {
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
     block_on(p.snapshot("e2b-users", "e2b-base", 512));
-    let out = sdk_python(&py, &api, &sbx, &key)
+    let out = sdk_client(&py, &api, &sbx, &key)
         .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_users.py"))
         .arg("e2b-users")
         .output()
@@ -537,7 +531,7 @@ finally:
     sbx.kill()
 print("CI OK")
 "#;
-    let out = sdk_python(&py, &api, &sbx, &key)
+    let out = sdk_client(&py, &api, &sbx, &key)
         .args(["-c", script])
         .output()
         .expect("running the code interpreter SDK");
