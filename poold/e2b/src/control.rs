@@ -187,6 +187,18 @@ pub(crate) fn bad(m: impl Into<String>) -> E2bError {
     E2bError::bad_request(m)
 }
 
+/// A JSON body, where an empty one is the default (the SDK posts none for
+/// a call without options).
+pub(crate) fn body_or_default<T: serde::de::DeserializeOwned + Default>(
+    body: &[u8],
+    what: &str,
+) -> R<T> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(body).map_err(|err| bad(format!("bad {what} body: {err}")))
+}
+
 pub(crate) fn check_timeout(t: u64) -> R<u64> {
     if t == 0 || t > MAX_TTL_SECS {
         return Err(bad(format!(
@@ -371,7 +383,7 @@ async fn connect(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> R<(StatusCode, Json<Value>)> {
-    let b: ConnectBody = pause::body_or_default(&body, "connect")?;
+    let b: ConnectBody = body_or_default(&body, "connect")?;
     if e.node.paused(&id).is_some() {
         pause::check_connect_memory(b.memory)?;
         let t = check_timeout(b.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS))?;
@@ -415,7 +427,7 @@ async fn fork(
     Path(id): Path<String>,
     body: axum::body::Bytes,
 ) -> R<(StatusCode, Json<Vec<Value>>)> {
-    let b: ForkBody = pause::body_or_default(&body, "fork")?;
+    let b: ForkBody = body_or_default(&body, "fork")?;
     let count = b.count.unwrap_or(1);
     if !(1..=MAX_FORKS).contains(&count) {
         return Err(bad(format!("count must be 1-{MAX_FORKS}")));

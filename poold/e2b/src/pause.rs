@@ -8,27 +8,18 @@
 //! one (`memory: false`) and a cold-boot resume are refused, never
 //! approximated.
 
-use crate::control::{bad, check_timeout, sandbox_json, DEFAULT_TIMEOUT_SECS};
+use crate::control::{bad, body_or_default, check_timeout, sandbox_json, DEFAULT_TIMEOUT_SECS};
 use crate::error::{E2bError, E2bResult};
 use crate::state::E2b;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use forkd_node::PausedSandbox;
-use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
 use std::sync::Arc;
 
 type R<T> = E2bResult<T>;
-
-/// A JSON body, where an empty one is the default.
-pub(crate) fn body_or_default<T: DeserializeOwned + Default>(body: &[u8], what: &str) -> R<T> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(T::default());
-    }
-    serde_json::from_slice(body).map_err(|err| bad(format!("bad {what} body: {err}")))
-}
 
 #[derive(Debug, Default, Deserialize)]
 struct PauseBody {

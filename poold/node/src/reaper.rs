@@ -201,11 +201,8 @@ pub(crate) async fn reaper_loop(n: Arc<Node>) {
 pub(crate) fn kept(n: &Node, r: &SandboxRecord) -> bool {
     r.auto_pause
         || r.workspace.is_some()
-            && n.state.read(|s| {
-                s.workspaces
-                    .get(&r.id)
-                    .is_some_and(|w| w.kept.as_ref().is_some_and(|k| k.sandbox_id == r.id))
-            })
+            && n.state
+                .read(|s| s.workspaces.get(&r.id).is_some_and(|w| w.keeps(&r.id)))
 }
 
 /// A console log is cut when it passes this size.

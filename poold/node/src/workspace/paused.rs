@@ -67,15 +67,10 @@ fn settings_of(r: &SandboxRecord) -> Settings {
     }
 }
 
-/// Whether `w` is sandbox `id`'s own workspace.
-fn keeps(w: &WorkspaceRecord, id: &str) -> bool {
-    w.kept.as_ref().is_some_and(|k| k.sandbox_id == id) && w.name == id
-}
-
 /// Sandbox `id`'s kept workspace, if it has one.
 fn kept_workspace(n: &Node, id: &str) -> Option<WorkspaceRecord> {
     n.state
-        .read(|s| s.workspaces.get(id).filter(|w| keeps(w, id)).cloned())
+        .read(|s| s.workspaces.get(id).filter(|w| w.keeps(id)).cloned())
 }
 
 /// Makes running sandbox `sb` the sandbox of a new kept workspace named
@@ -258,7 +253,7 @@ fn paused_of(w: &WorkspaceRecord) -> Option<PausedSandbox> {
     let k = w
         .kept
         .as_ref()
-        .filter(|_| keeps(w, &w.name) && is_paused(w))?;
+        .filter(|_| w.keeps(&w.name) && is_paused(w))?;
     Some(PausedSandbox {
         id: k.sandbox_id.clone(),
         snapshot_tag: w.source_snapshot_tag.clone(),

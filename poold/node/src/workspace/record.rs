@@ -194,6 +194,12 @@ pub struct WorkspaceRecord {
 }
 
 impl WorkspaceRecord {
+    /// Whether this is sandbox `id`'s own workspace: a paused sandbox's,
+    /// named by its id and keeping it.
+    pub fn keeps(&self, id: &str) -> bool {
+        self.kept.as_ref().is_some_and(|k| k.sandbox_id == id) && self.name == id
+    }
+
     /// Moves to `to` if [`Status::transition`] allows it.
     pub fn advance(&mut self, to: Status) -> Result<(), InvalidTransition> {
         self.status = self.status.transition(to)?;
