@@ -8,7 +8,7 @@
 use forkd_e2e::{block_on, shared_vm};
 use forkd_vmm::{AgentClient, CallError, TUNNEL_WINDOW};
 use rand::{RngCore, SeedableRng};
-use rootfs_init::protocol::{ErrorKind, ExecSpec, FileKind, PtySize, Reply};
+use rootfs_init::protocol::{ErrorKind, ExecSpec, FileKind, PtySize, Reply, WriteHow};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -109,7 +109,7 @@ fn files_for_a_user_are_its_own_and_entries_say_so() {
         let u = Some("tester");
         // A relative path is under the home; new parents are the user's.
         let st = a
-            .write_file_as("proj/src/main.py", b"print(1)\n", None, false, u)
+            .write_file_as("proj/src/main.py", b"print(1)\n", None, WriteHow::Atomic, u)
             .await
             .unwrap();
         assert_eq!(st.path, "/home/tester/proj/src/main.py");

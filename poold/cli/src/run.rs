@@ -154,7 +154,7 @@ async fn stream_exec(agent: &AgentClient, spec: ExecSpec) -> Result<ExecResult> 
                 e.write_all(&payload)?;
                 e.flush()?;
             }
-            Reply::Started { .. } => {}
+            Reply::Started { .. } | Reply::Watch { .. } => {}
             Reply::Ok { result } => return Ok(serde_json::from_value(result)?),
             Reply::Error { error } => bail!("{error}"),
         }

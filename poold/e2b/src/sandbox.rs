@@ -25,7 +25,7 @@ use base64::Engine;
 use forkd_edge::transfers::Transfers;
 use forkd_node::error::GuestErrorKind;
 use forkd_node::limits::MAX_FILE_BYTES;
-use forkd_node::{EntryInfo, ExecSpec};
+use forkd_node::{EntryInfo, ExecSpec, WriteHow};
 use rootfs_init::protocol::{FileKind, MAX_LIST_DEPTH};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -693,7 +693,14 @@ async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     let mut out = Vec::new();
     for (path, data) in files {
         g.node
-            .write_file_as(g.id(), &path, &data, None, false, acct.agent_user())
+            .write_file_as(
+                g.id(),
+                &path,
+                &data,
+                None,
+                WriteHow::InPlace,
+                acct.agent_user(),
+            )
             .await?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
         out.push(json!({"name": name, "type": "file", "path": path}));

@@ -26,7 +26,7 @@ use crate::config::{Config, PoolSpec};
 use crate::error::{check_tag, Error, Result};
 use crate::guest::{
     EntryInfo, EvalResult, ExecOutput, ExecSpec, FileRead, FileStat, ListResult, PendingPty,
-    PingResult, Process, PtyRequest,
+    PingResult, Process, PtyRequest, WriteHow,
 };
 use crate::node::Node;
 use crate::pool::PoolStatus;
@@ -248,6 +248,19 @@ impl Node {
         guest::open_tunnel(self, id, port).await
     }
 
+    /// Watches directory `path` in sandbox `id` (`recursive`: every
+    /// directory under it too) with the guest's inotify, as `user` for
+    /// relative paths; events arrive until the watch is stopped or dropped.
+    pub async fn watch_dir(
+        &self,
+        id: &str,
+        path: &str,
+        recursive: bool,
+        user: Option<&str>,
+    ) -> Result<forkd_vmm::Watch> {
+        guest::watch_dir(self, id, path, recursive, user).await
+    }
+
     /// [`Self::exec_stream`] as `spec.user` (a name or uid from the guest's
     /// /etc/passwd; `None`: root), refused by an agent without users.
     pub async fn exec_stream_as(&self, id: &str, spec: ExecSpec, stdin: &[u8]) -> Result<Process> {
@@ -304,21 +317,27 @@ impl Node {
         mode: Option<u32>,
         append: bool,
     ) -> Result<FileStat> {
-        guest::write_file(self, id, path, data, mode, append, None).await
+        let how = if append {
+            WriteHow::Append
+        } else {
+            WriteHow::Atomic
+        };
+        guest::write_file(self, id, path, data, mode, how, None).await
     }
 
     /// [`Self::write_file`] as `user`: the file and the parents the write
-    /// makes belong to it (E2B's rule), a relative path is under its home.
+    /// makes belong to it (E2B's rule), a relative path is under its home;
+    /// `how`: atomically, appended, or in place (as E2B's envd writes).
     pub async fn write_file_as(
         &self,
         id: &str,
         path: &str,
         data: &[u8],
         mode: Option<u32>,
-        append: bool,
+        how: WriteHow,
         user: Option<&str>,
     ) -> Result<FileStat> {
-        guest::write_file(self, id, path, data, mode, append, user).await
+        guest::write_file(self, id, path, data, mode, how, user).await
     }
 
     /// Lists a guest directory.

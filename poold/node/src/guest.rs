@@ -22,7 +22,7 @@ use forkd_vmm::AgentClient;
 pub use rootfs_init::protocol::EntryInfo;
 use rootfs_init::protocol::Reply;
 pub use rootfs_init::protocol::{
-    EvalResult, ExecResult, ExecSpec, FileStat, ListResult, PingResult, PtySize,
+    EvalResult, ExecResult, ExecSpec, FileStat, ListResult, PingResult, PtySize, WriteHow,
 };
 use std::time::Duration;
 
@@ -113,6 +113,20 @@ pub(crate) async fn open_tunnel(n: &Node, id: &str, port: u16) -> Result<forkd_v
     Ok(sb.agent().open_tunnel(port).await?)
 }
 
+/// Watches directory `path` (and, `recursive`, its tree) in the guest
+/// until the returned watch is stopped or dropped.
+pub(crate) async fn watch_dir(
+    n: &Node,
+    id: &str,
+    path: &str,
+    recursive: bool,
+    user: Option<&str>,
+) -> Result<forkd_vmm::Watch> {
+    check_path(path)?;
+    let sb = n.sandbox(id)?;
+    Ok(sb.agent().watch(path, user, recursive).await?)
+}
+
 /// Evaluates `code` in the warm interpreter (`timeout_ms`: the agent's
 /// deadline; 5 minutes when `None`).
 pub(crate) async fn eval(
@@ -155,22 +169,22 @@ pub(crate) async fn read_file(
     })
 }
 
-/// Writes `data` to `path` (atomically unless `append`), creating its
-/// parents; its stat after.
+/// Writes `data` to `path` as `how` says, creating its parents; its stat
+/// after.
 pub(crate) async fn write_file(
     n: &Node,
     id: &str,
     path: &str,
     data: &[u8],
     mode: Option<u32>,
-    append: bool,
+    how: WriteHow,
     user: Option<&str>,
 ) -> Result<FileStat> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
     Ok(sb
         .agent()
-        .write_file_as(path, data, mode, append, user)
+        .write_file_as(path, data, mode, how, user)
         .await?)
 }
 
@@ -363,6 +377,12 @@ impl Process {
                 ExecEvent::Exited(serde_json::from_value(result).unwrap_or_default())
             }
             Reply::Error { error } => ExecEvent::Failed(Error::Guest(error)),
+            Reply::Watch { .. } => {
+                ExecEvent::Failed(Error::Guest(rootfs_init::protocol::AgentError::new(
+                    rootfs_init::protocol::ErrorKind::Internal,
+                    "the agent sent watch events for a process",
+                )))
+            }
         })
     }
 }

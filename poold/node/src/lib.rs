@@ -51,10 +51,11 @@ pub use api::Health;
 pub use branch::Branched;
 pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};
-pub use forkd_vmm::{Machine, Tunnel};
+pub use forkd_vmm::{Machine, Tunnel, Watch, WatchUpdate};
 pub use guest::{
     check_path, EntryInfo, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead,
     FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
+    WriteHow,
 };
 pub use node::Node;
 pub use pool::PoolStatus;

@@ -26,13 +26,17 @@
 //! - what a protocol-1 agent would silently ignore (`user`) is only sent
 //!   to an agent that reported the feature ([`AgentClient::require`]).
 
+mod watch;
+
+pub use watch::{Watch, WatchUpdate};
+
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
 use rootfs_init::protocol::{
     encode_request, AgentError, EntryInfo, EntryList, ErrorKind, EvalResult, EvalSpec, ExecInfo,
     ExecList, ExecResult, ExecSpec, FileStat, FrameDecoder, IdentityResult, IdentitySpec,
     ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader, RequestHeader, TunnelResult,
-    FEATURE_ATTACH, FEATURE_TUNNEL, FEATURE_USERS, TUNNEL_CHUNK,
+    WriteHow, FEATURE_ATTACH, FEATURE_TUNNEL, FEATURE_USERS, TUNNEL_CHUNK,
 };
 use serde::de::DeserializeOwned;
 use std::collections::{HashMap, VecDeque};
@@ -531,18 +535,25 @@ impl AgentClient {
         mode: Option<u32>,
         append: bool,
     ) -> Result<FileStat, CallError> {
-        self.write_file_as(path, data, mode, append, None).await
+        let how = if append {
+            WriteHow::Append
+        } else {
+            WriteHow::Atomic
+        };
+        self.write_file_as(path, data, mode, how, None).await
     }
 
     /// [`Self::write_file`] for `user`: the file and the parents it creates
     /// belong to that user (E2B's rule), and a relative `path` is under its
-    /// home. `None`: root, as [`Self::write_file`].
+    /// home. `None`: root, as [`Self::write_file`]. `how`: atomically,
+    /// appended, or in place (an agent that predates in-place writes
+    /// writes atomically: the same bytes, only a watcher sees it differently).
     pub async fn write_file_as(
         &self,
         path: &str,
         data: &[u8],
         mode: Option<u32>,
-        append: bool,
+        how: WriteHow,
         user: Option<&str>,
     ) -> Result<FileStat, CallError> {
         self.require_user(user).await?;
@@ -550,7 +561,8 @@ impl AgentClient {
             path: path.into(),
             user: user.map(String::from),
             mode,
-            append,
+            append: how == WriteHow::Append,
+            in_place: how == WriteHow::InPlace,
             create_parents: true,
         };
         Ok(self.call_typed(op, data, Duration::from_secs(120)).await?.0)
@@ -816,7 +828,7 @@ impl TunnelShared {
                 self.fail(CallError::Agent(error));
                 true
             }
-            Reply::Stderr => false,
+            Reply::Stderr | Reply::Watch { .. } => false,
         }
     }
 
@@ -1342,7 +1354,7 @@ mod tests {
         }
         // The answer is remembered: no second ping, and exec_stream refuses too.
         assert!(c.exec_stream(spec.clone(), &[]).is_err());
-        let w = c.write_file_as("a", b"x", None, false, Some("user"));
+        let w = c.write_file_as("a", b"x", None, WriteHow::Atomic, Some("user"));
         match w.await {
             Err(CallError::Agent(e)) => assert_eq!(e.kind, ErrorKind::Unsupported),
             other => panic!("{other:?}"),

@@ -34,7 +34,8 @@ use std::time::Duration;
 
 pub use accel::{kvm_usable, kvm_usable_in, Accel, AccelChoice};
 pub use agent::{
-    AgentClient, CallError, Events, Tunnel, MAX_UNREAD_BYTES, MAX_UNREAD_FRAMES, TUNNEL_WINDOW,
+    AgentClient, CallError, Events, Tunnel, Watch, WatchUpdate, MAX_UNREAD_BYTES,
+    MAX_UNREAD_FRAMES, TUNNEL_WINDOW,
 };
 pub use cgroup::{Controller, Hierarchy, Limits};
 pub use disk::{create_overlay_on, OverlayView};

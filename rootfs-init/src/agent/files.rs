@@ -10,7 +10,7 @@
 use super::users::Names;
 use crate::protocol::{
     validate_guest_path, AgentError, DirEntry, EntryInfo, EntryList, ErrorKind, FileKind, FileStat,
-    ListResult, ReadResult, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PAYLOAD,
+    ListResult, ReadResult, WriteHow, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PAYLOAD,
 };
 use std::fs;
 use std::io::{Read, Seek, SeekFrom, Write};
@@ -82,7 +82,7 @@ pub fn write(
     path: &str,
     data: &[u8],
     mode: Option<u32>,
-    append: bool,
+    how: WriteHow,
     create_parents: bool,
     owner: Owner,
 ) -> Result<FileStat, AgentError> {
@@ -93,20 +93,29 @@ pub fn write(
         create_dirs(parent, 0o755, owner)
             .map_err(|e| AgentError::io(&parent.display().to_string(), &e))?;
     }
-    if append {
-        let mut f = fs::OpenOptions::new()
-            .append(true)
-            .create(true)
-            .mode(mode.unwrap_or(0o644))
-            .open(p)
-            .map_err(|e| AgentError::io(path, &e))?;
-        if let Some((uid, gid)) = owner {
-            std::os::unix::fs::fchown(&f, Some(uid), Some(gid))
+    match how {
+        WriteHow::Atomic => write_atomic(p, data, mode, owner)?,
+        WriteHow::Append | WriteHow::InPlace => {
+            let append = how == WriteHow::Append;
+            let mut f = fs::OpenOptions::new()
+                .write(true)
+                .append(append)
+                .truncate(!append)
+                .create(true)
+                .mode(mode.unwrap_or(0o644))
+                .open(p)
                 .map_err(|e| AgentError::io(path, &e))?;
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::fchown(&f, Some(uid), Some(gid))
+                    .map_err(|e| AgentError::io(path, &e))?;
+            }
+            if let (Some(m), false) = (mode, append) {
+                // An existing file keeps its mode unless one is given.
+                f.set_permissions(fs::Permissions::from_mode(m))
+                    .map_err(|e| AgentError::io(path, &e))?;
+            }
+            f.write_all(data).map_err(|e| AgentError::io(path, &e))?;
         }
-        f.write_all(data).map_err(|e| AgentError::io(path, &e))?;
-    } else {
-        write_atomic(p, data, mode, owner)?;
     }
     stat(path)
 }
@@ -381,7 +390,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = format!("{}/a/b/f.bin", dir.path().display());
         let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-        let st = write(&p, &data, Some(0o600), false, true, None).unwrap();
+        let st = write(&p, &data, Some(0o600), WriteHow::Atomic, true, None).unwrap();
         assert_eq!(
             (st.size, st.mode, st.kind),
             (100_000, 0o600, FileKind::File)
@@ -390,7 +399,7 @@ mod tests {
         assert_eq!((r.size, back), (100_000, data.clone()));
         let (_, part) = read(&p, 10, Some(5)).unwrap();
         assert_eq!(part, &data[10..15]);
-        write(&p, b"xyz", None, true, false, None).unwrap();
+        write(&p, b"xyz", None, WriteHow::Append, false, None).unwrap();
         assert_eq!(stat(&p).unwrap().size, 100_003);
         let l = list(&format!("{}/a/b", dir.path().display())).unwrap();
         assert_eq!(l.entries.len(), 1, "no temp files left behind");
@@ -398,6 +407,33 @@ mod tests {
         assert_eq!(e.kind, ErrorKind::DirectoryNotEmpty);
         remove(&format!("{}/a", dir.path().display()), true).unwrap();
         assert_eq!(stat(&p).unwrap_err().kind, ErrorKind::NotFound);
+    }
+
+    /// In place (E2B's envd): the same inode gets the new bytes, so a hard
+    /// link sees them, and the file keeps its mode unless one is given.
+    #[test]
+    fn an_in_place_write_truncates_the_same_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = format!("{}/f", dir.path().display());
+        let link = format!("{}/link", dir.path().display());
+        write(
+            &p,
+            b"old contents",
+            Some(0o640),
+            WriteHow::Atomic,
+            false,
+            None,
+        )
+        .unwrap();
+        fs::hard_link(&p, &link).unwrap();
+        let st = write(&p, b"new", None, WriteHow::InPlace, false, None).unwrap();
+        assert_eq!((st.size, st.mode), (3, 0o640));
+        assert_eq!(fs::read(&link).unwrap(), b"new");
+        let st = write(&p, b"newer", Some(0o600), WriteHow::InPlace, false, None).unwrap();
+        assert_eq!((st.size, st.mode), (5, 0o600));
+        let fresh = format!("{}/sub/g", dir.path().display());
+        let st = write(&fresh, b"x", None, WriteHow::InPlace, true, None).unwrap();
+        assert_eq!((st.size, st.mode), (1, 0o644));
     }
 
     /// A write for a user makes the file and the parents it creates that
@@ -412,14 +448,30 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let base = dir.path().display().to_string();
         let owner = Some((4242, 4343));
-        let st = write(&format!("{base}/a/b/f"), b"x", None, false, true, owner).unwrap();
+        let st = write(
+            &format!("{base}/a/b/f"),
+            b"x",
+            None,
+            WriteHow::Atomic,
+            true,
+            owner,
+        )
+        .unwrap();
         assert_eq!((st.uid, st.gid, st.mode), (4242, 4343, 0o644));
         for d in ["a", "a/b"] {
             let m = fs::metadata(format!("{base}/{d}")).unwrap();
             assert_eq!((m.uid(), m.gid()), (4242, 4343), "{d}");
         }
         assert_eq!(fs::metadata(&base).unwrap().uid(), 0);
-        let st = write(&format!("{base}/a/log"), b"1", None, true, false, owner).unwrap();
+        let st = write(
+            &format!("{base}/a/log"),
+            b"1",
+            None,
+            WriteHow::Append,
+            false,
+            owner,
+        )
+        .unwrap();
         assert_eq!(st.uid, 4242);
         let st = mkdir(&format!("{base}/m/n"), None, true, owner).unwrap();
         assert_eq!((st.uid, st.kind), (4242, FileKind::Dir));

@@ -13,6 +13,7 @@ pub mod port;
 pub mod server;
 pub mod tunnel;
 pub mod users;
+pub mod watch;
 
 use crate::protocol::{FrameDecoder, AGENT_PORT_NAME};
 use anyhow::Context;

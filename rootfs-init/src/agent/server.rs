@@ -1,11 +1,13 @@
 //! Request dispatch: decode frames, run each request on its own task, send
 //! replies and stream events through one outbox per channel.
 
-use super::{ca, eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users};
+use super::{
+    ca, eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users, watch,
+};
 use crate::protocol::{
     encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecList, ExecSpec, Frame, FrameDecoder,
-    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, FEATURES,
-    MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
+    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, WriteHow,
+    FEATURES, MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
 };
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -58,6 +60,11 @@ impl Outbox {
         let _ = self.tx.send(frame).await;
     }
 
+    /// Resolves once the channel's writer is gone (the host went away).
+    pub async fn closed(&self) {
+        self.tx.closed().await
+    }
+
     async fn ok<T: serde::Serialize>(&self, id: u64, result: &T, payload: Bytes) {
         let result = serde_json::to_value(result).expect("results serialise");
         self.send(id, Reply::Ok { result }, payload).await;
@@ -78,6 +85,8 @@ pub struct Agent {
     pub interp: Interpreter,
     /// Open TCP tunnels.
     pub tunnels: Arc<tunnel::Tunnels>,
+    /// Running directory watches.
+    pub watches: Arc<watch::Watches>,
 }
 
 impl Agent {
@@ -88,6 +97,7 @@ impl Agent {
             exec: Arc::new(ExecRegistry::default()),
             interp,
             tunnels: Arc::default(),
+            watches: Arc::default(),
         })
     }
 
@@ -153,6 +163,25 @@ impl Agent {
             }
             Op::TunnelAck { target, bytes } => return self.tunnels.ack(*target, *bytes),
             Op::TunnelClose { target } => return done(self.tunnels.close(*target)),
+            Op::Unwatch { target } => return done(self.watches.unwatch(*target)),
+            Op::Watch {
+                path,
+                user,
+                recursive,
+            } => {
+                let stop = match self.watches.reserve(req.id) {
+                    Ok(stop) => stop,
+                    Err(e) => return done(Err(e)),
+                };
+                let (path, user, recursive) = (path.clone(), user.clone(), *recursive);
+                let watches = self.watches.clone();
+                tokio::spawn(async move {
+                    watches
+                        .run(req.id, path, user, recursive, stop, outbox)
+                        .await
+                });
+                return;
+            }
             _ => {}
         }
         let queue = match &req.op {
@@ -344,10 +373,16 @@ async fn file_op(id: u64, op: Op, payload: Bytes, outbox: &Outbox) {
             user,
             mode,
             append,
+            in_place,
             create_parents,
         } => {
             let (path, owner) = as_user(&path, user.as_deref())?;
-            files::write(&path, &payload, mode, append, create_parents, owner)
+            let how = match (append, in_place) {
+                (true, _) => WriteHow::Append,
+                (false, true) => WriteHow::InPlace,
+                (false, false) => WriteHow::Atomic,
+            };
+            files::write(&path, &payload, mode, how, create_parents, owner)
                 .map(|s| (json(&s), Bytes::new()))
         }
         Op::ListDir { path } => files::list(&path).map(|l| (json(&l), Bytes::new())),

@@ -22,8 +22,10 @@ pub const FEATURE_USERS: &str = "users";
 pub const FEATURE_TUNNEL: &str = "tunnel";
 /// [`PingResult::features`]: `attach` and `list_execs`.
 pub const FEATURE_ATTACH: &str = "attach";
+/// [`PingResult::features`]: `watch` and `unwatch`.
+pub const FEATURE_WATCH: &str = "watch";
 /// Every feature this protocol version defines, as an agent of it reports them.
-pub const FEATURES: &[&str] = &[FEATURE_USERS, FEATURE_TUNNEL, FEATURE_ATTACH];
+pub const FEATURES: &[&str] = &[FEATURE_USERS, FEATURE_TUNNEL, FEATURE_ATTACH, FEATURE_WATCH];
 
 /// Name of the virtio-serial port the agent listens on.
 pub const AGENT_PORT_NAME: &str = "org.forkd.agent";
@@ -105,6 +107,12 @@ pub enum Op {
         /// Append to the file instead of replacing it.
         #[serde(default)]
         append: bool,
+        /// Replace the contents in place (truncate and write, as E2B's
+        /// envd does: a watcher sees a write of the file itself, hard
+        /// links see the new contents) instead of atomically. An agent
+        /// before this field writes atomically.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        in_place: bool,
         /// Create missing parent directories.
         #[serde(default)]
         create_parents: bool,
@@ -223,6 +231,27 @@ pub enum Op {
     },
     /// The running execs. Reply: [`ExecList`].
     ListExecs,
+    /// Watch a directory (`recursive`: and every directory under it, as
+    /// they appear) with inotify (docs/agent-protocol.md, "watch").
+    /// Replies: `started` (pid 0) once the watches are in place, then
+    /// `watch` events, then a final `ok` ([`WatchResult`]) after `unwatch`,
+    /// or when the directory itself is removed; `error` if it cannot start.
+    Watch {
+        /// Guest path of the directory: absolute, or relative to `user`'s home.
+        path: String,
+        /// Resolve a relative path against this user's home.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
+        /// Watch every directory under `path` too.
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// End watch `target` (its final `ok` goes to the `watch` id).
+    /// Reply: `ok`, or `not_found` for a watch that is not running.
+    Unwatch {
+        /// Request id of the `watch`.
+        target: u64,
+    },
 }
 
 fn one() -> u32 {
@@ -237,6 +266,27 @@ pub const MAX_LIST_ENTRIES: usize = 10_000;
 pub const MAX_TUNNEL_WINDOW: u32 = 4 << 20;
 /// Largest `stdout` event of a tunnel, and of one `tunnel_data` payload.
 pub const TUNNEL_CHUNK: usize = 64 * 1024;
+/// Most watches one agent runs at once (each is an inotify instance; the
+/// kernel's default per-user limit is 128).
+pub const MAX_WATCHES: usize = 32;
+/// Most directories one recursive watch covers.
+pub const MAX_WATCHED_DIRS: usize = 8192;
+/// Most events in one `watch` frame.
+pub const WATCH_BATCH: usize = 64;
+
+/// How a file write puts its bytes in place (`write_file`'s `append` and
+/// `in_place`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WriteHow {
+    /// A new file renamed over the old one: readers see the old contents
+    /// or the new, never a part.
+    #[default]
+    Atomic,
+    /// Added at the end of the file.
+    Append,
+    /// The file truncated and written (E2B's envd).
+    InPlace,
+}
 
 /// A process to run.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
@@ -387,6 +437,16 @@ pub enum Reply {
     Stdout,
     /// Streaming exec error output; payload is the chunk.
     Stderr,
+    /// Events of a running `watch`, in the order they happened.
+    Watch {
+        /// At most [`WATCH_BATCH`].
+        events: Vec<WatchEvent>,
+        /// Events were lost before these: the kernel's queue overflowed
+        /// (`IN_Q_OVERFLOW`), or a new directory of a recursive watch
+        /// could not be watched.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        lost: bool,
+    },
 }
 
 impl Reply {
@@ -776,6 +836,43 @@ pub struct ExecInfo {
 pub struct ExecList {
     /// The running execs, by request id.
     pub execs: Vec<ExecInfo>,
+}
+
+/// What happened to an entry under a watched directory, in envd's terms
+/// (fsnotify's mapping of inotify's events).
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum WatchKind {
+    /// Created, or moved in (`IN_CREATE`, `IN_MOVED_TO`).
+    Create,
+    /// Its contents changed (`IN_MODIFY`).
+    Write,
+    /// Removed (`IN_DELETE`, `IN_DELETE_SELF`).
+    Remove,
+    /// Moved away (`IN_MOVED_FROM`, `IN_MOVE_SELF`).
+    Rename,
+    /// Its metadata changed (`IN_ATTRIB`).
+    Chmod,
+}
+
+/// One event of a watch.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct WatchEvent {
+    /// The entry's path relative to the watched directory (`""`: the
+    /// directory itself).
+    pub name: String,
+    /// What happened.
+    pub kind: WatchKind,
+}
+
+/// Final reply to `watch`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct WatchResult {
+    /// Events delivered.
+    pub events: u64,
+    /// The watched directory was removed or moved away, which ended the watch.
+    #[serde(default)]
+    pub gone: bool,
 }
 
 /// Reply to `identity`: what the child now is.
