@@ -46,6 +46,16 @@ async function main() {
     const info = await sbx.files.getInfo('js/note.txt')
     check(info.type === 'file' && info.size === 7, `getInfo ${JSON.stringify(info)}`)
 
+    step('watchDir (recursive) sees a write in a subdirectory')
+    await sbx.files.makeDir('js/watched/sub')
+    const seen = []
+    const handle = await sbx.files.watchDir('js/watched', (ev) => seen.push(ev), { recursive: true })
+    await sbx.files.write('js/watched/sub/w.txt', 'w')
+    const wrote = () => seen.some((e) => e.name === 'sub/w.txt' && e.type === e2b.FilesystemEventType.WRITE)
+    for (let i = 0; i < 200 && !wrote(); i++) await new Promise((r) => setTimeout(r, 100))
+    await handle.stop()
+    check(wrote(), `watch events ${JSON.stringify(seen)}`)
+
     step('run_code keeps state; timeoutMs is honoured')
     let ex = await sbx.runCode('x = 41\nx + 1')
     check(ex.text === '42', `text ${ex.text}`)

@@ -1,5 +1,5 @@
-"""E2B's `user` account and snapshots through the unmodified E2B SDK
-(docs/e2b.md, "Users" and "Snapshots").
+"""E2B's `user` account, files (signed URLs, watches), terminals, metrics
+and snapshots through the unmodified E2B SDK (docs/e2b.md).
 
 Run by tests/tests/e2b.rs with E2B_API_URL, E2B_SANDBOX_URL and E2B_API_KEY
 pointing at a real poold, and the template (a snapshot of the `e2b-base`
@@ -7,12 +7,23 @@ image, which has E2B's `user` account) as the first argument. Every check
 raises on failure; the last line printed is `E2B USERS OK` when all passed.
 """
 
+import asyncio
 import re
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
 
-from e2b import Sandbox
+from e2b import (
+    AsyncSandbox,
+    FilesystemEventType,
+    Sandbox,
+    SandboxException,
+    SandboxNotRunningException,
+    TimeoutException,
+)
+from e2b_code_interpreter import Sandbox as CodeSandbox
 
 
 def check(cond, what):
@@ -216,6 +227,104 @@ def snapshots(sbx):
     check(left == set(), f"left after deletes: {left}")
 
 
+def inotify_fds(sbx):
+    """How many inotify instances the guest's processes hold (as root)."""
+    r = sbx.commands.run(
+        "find /proc/[0-9]*/fd -lname 'anon_inode:inotify' 2>/dev/null | wc -l", user="root"
+    )
+    return int(r.stdout.strip())
+
+
+def wait_for(what, cond, seconds=20):
+    deadline = time.monotonic() + seconds
+    while not cond():
+        check(time.monotonic() < deadline, f"{what} within {seconds} s")
+        time.sleep(0.1)
+
+
+def watch(sbx):
+    step("watch_dir (polled, recursive) sees writes, new directories and removals")
+    sbx.files.make_dir("watched/sub")
+    before = inotify_fds(sbx)
+    h = sbx.files.watch_dir("watched", recursive=True)
+    check(inotify_fds(sbx) == before + 1, "the watch is one inotify instance in the guest")
+    sbx.files.write("watched/sub/a.txt", "a")
+    sbx.commands.run(
+        "cd watched && echo more >> sub/a.txt && mkdir new && echo n > new/b.txt && rm sub/a.txt"
+    )
+    want = {
+        ("sub/a.txt", FilesystemEventType.CREATE),
+        ("sub/a.txt", FilesystemEventType.WRITE),
+        ("new", FilesystemEventType.CREATE),
+        ("new/b.txt", FilesystemEventType.CREATE),
+        ("new/b.txt", FilesystemEventType.WRITE),
+        ("sub/a.txt", FilesystemEventType.REMOVE),
+    }
+    seen = set()
+
+    def all_seen():
+        seen.update((e.name, e.type) for e in h.get_new_events())
+        return want <= seen
+
+    wait_for(f"events {want - seen}", all_seen)
+    h.stop()
+    wait_for("the guest's watch ended after stop()", lambda: inotify_fds(sbx) == before)
+    try:
+        h.get_new_events()
+        raise AssertionError("get_new_events after stop() answered")
+    except SandboxException as e:
+        print(f"    a stopped watcher is refused: {e}", flush=True)
+
+    step("watch_dir (async SDK, streamed) sees a write; stop() ends the guest watch")
+    asyncio.run(watch_async(sbx.sandbox_id))
+    wait_for("the streamed watch ended", lambda: inotify_fds(sbx) == before)
+
+
+async def watch_async(sandbox_id):
+    a = await AsyncSandbox.connect(sandbox_id)
+    got = []
+    h = await a.files.watch_dir("watched", got.append, recursive=True)
+    await a.files.write("watched/new/async.txt", "x")
+    for _ in range(200):
+        if any(e.name == "new/async.txt" and e.type == FilesystemEventType.WRITE for e in got):
+            break
+        await asyncio.sleep(0.1)
+    await h.stop()
+    names = [(e.name, e.type.value) for e in got]
+    check(("new/async.txt", "write") in names, f"streamed events {names}")
+
+
+def killed_mid_command(template):
+    step("a sandbox killed mid-command and mid-cell: both calls say it was killed")
+    sbx = CodeSandbox.create(template=template, timeout=120)
+    out = {}
+
+    def call(name, f):
+        try:
+            f()
+            out[name] = "returned"
+        except Exception as e:  # what the SDK raised is the point
+            out[name] = e
+
+    threads = [
+        threading.Thread(target=call, args=("command", lambda: sbx.commands.run("sleep 60", timeout=0))),
+        threading.Thread(target=call, args=("cell", lambda: sbx.run_code("import time\ntime.sleep(60)", timeout=0))),
+    ]
+    for t in threads:
+        t.start()
+    wait_for("the command runs", lambda: any("sleep 60" in " ".join([p.cmd, *p.args]) for p in sbx.commands.list()))
+    time.sleep(1)  # the cell reached the guest
+    Sandbox.kill(sbx.sandbox_id)
+    for t in threads:
+        t.join(60)
+        check(not t.is_alive(), "a call returned after the kill")
+    c, cell = out.get("command"), out.get("cell")
+    check(isinstance(c, SandboxNotRunningException), f"the command raised {type(c).__name__}: {c}")
+    check(isinstance(cell, TimeoutException) and "killed" in str(cell), f"the cell raised {type(cell).__name__}: {cell}")
+    print(f"    command: {type(c).__name__}: {c}", flush=True)
+    print(f"    cell: {type(cell).__name__}: {cell}", flush=True)
+
+
 def main():
     template = sys.argv[1]
     step("create")
@@ -224,12 +333,14 @@ def main():
         commands(sbx)
         files(sbx)
         signed_urls(sbx)
+        watch(sbx)
         terminal(sbx)
         metrics(sbx)
         snapshots(sbx)
     finally:
         step("kill")
         sbx.kill()
+    killed_mid_command(template)
     print("E2B USERS OK", flush=True)
 
 

@@ -28,6 +28,7 @@
 //!   with the sandbox;
 //! - what a client or guest can make poold hold is bounded: processes per
 //!   sandbox ([`process::MAX_PROCESSES`]), output queued per subscriber,
+//!   polled directory watchers and their queued events ([`watch`]),
 //!   request bodies, metadata and env sizes (`forkd_node::limits`).
 
 pub mod config;
@@ -44,6 +45,7 @@ pub mod sandbox;
 pub mod signed;
 pub mod snapshots;
 pub mod state;
+pub mod watch;
 
 pub use config::E2bConfig;
 pub use state::{E2b, E2bSandbox, Session, ENVD_PORT, ENVD_VERSION, INTERPRETER_PORT};

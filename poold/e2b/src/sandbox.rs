@@ -6,7 +6,7 @@
 //!
 //! envd here: `GET /health`, `GET`/`POST /files`, and the Connect services
 //! `process.Process/*` ([`super::process`]) and `filesystem.Filesystem/*`
-//! (stat, list, make dir, remove, move). Each request acts as a guest
+//! (stat, list, make dir, remove, move; watches in [`super::watch`]). Each request acts as a guest
 //! account, E2B's `user` by default when the guest has it
 //! ([`crate::guest`]): its commands run as it, in its home; the files and
 //! directories it makes are its own; relative paths are under its home.
@@ -261,6 +261,14 @@ async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Respons
     let who = who.as_deref();
     let out = if process {
         process_rpc(g, who, method, msg, timeout, keepalive).await
+    } else if method == "WatchDir" {
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        match account(g, who).await {
+            Ok(acct) => crate::watch::watch_dir(g, &acct, msg, keepalive, deadline)
+                .await
+                .map(stream_response),
+            Err(e) => Err(e),
+        }
     } else {
         fs_rpc(g, who, method, msg)
             .await
@@ -480,6 +488,9 @@ async fn fs_rpc(g: Guest<'_>, who: Option<&str>, method: &str, msg: &[u8]) -> Rp
             rename(g, &acct, &src, &dst).await?;
             Ok(json!({"entry": entry_json(&node.entry(id, &dst, user).await?)}))
         }
+        "CreateWatcher" => crate::watch::create(g, &acct, msg).await,
+        "GetWatcherEvents" => crate::watch::events(g, msg),
+        "RemoveWatcher" => crate::watch::remove(g, msg),
         other => Err(RpcError::unimplemented(&format!(
             "filesystem.Filesystem/{other}"
         ))),

@@ -28,6 +28,8 @@ pub const INTERPRETER_PORT: u16 = 49999;
 pub struct Session {
     /// Its processes started through envd's process service.
     pub processes: process::Table,
+    /// Its polled directory watchers (`crate::watch`).
+    pub watchers: crate::watch::Watchers,
     /// Code interpreter executions so far (`execution_count`).
     pub executions: AtomicU64,
     /// The guest's accounts, once read (`crate::guest`).
