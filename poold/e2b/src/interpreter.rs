@@ -229,10 +229,18 @@ async fn execute(g: Guest<'_>, req: Request) -> Response {
     // not the wait for headers, so only a streamed answer lets it fire.
     // A client that gives up drops the stream; the cell runs to its end
     // in the guest (the warm interpreter has no interrupt), and the next
-    // one waits for it.
+    // one waits for it. A sandbox that goes away mid-cell breaks the
+    // answer off (no last chunk), as E2B's does: the SDK then asks whether
+    // the sandbox runs and reports it killed.
     let (node, id, session) = (g.node.clone(), g.id().to_string(), g.sb.session.clone());
     let body = futures::stream::once(async move {
         let text = match node.eval(&id, &b.code, Some(TIMEOUT_MS)).await {
+            Err(e @ (Error::GuestUnreachable(_) | Error::NotFound { .. })) => {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionAborted,
+                    e.to_string(),
+                ))
+            }
             Ok(r) => {
                 let count = session.executions.fetch_add(1, Ordering::Relaxed) + 1;
                 let mut out = String::new();
@@ -244,7 +252,7 @@ async fn execute(g: Guest<'_>, req: Request) -> Response {
             }
             Err(e) => failed_line(&e).to_string() + "\n",
         };
-        Ok::<_, std::convert::Infallible>(text)
+        Ok(text)
     });
     (
         [(header::CONTENT_TYPE, "application/x-ndjson")],
@@ -258,7 +266,6 @@ async fn execute(g: Guest<'_>, req: Request) -> Response {
 fn failed_line(e: &Error) -> Value {
     let name = match e {
         Error::Guest(a) if a.kind == GuestErrorKind::Timeout => "TimeoutError",
-        Error::GuestUnreachable(_) | Error::NotFound { .. } => "SandboxGone",
         _ => "ExecutionError",
     };
     json!({"type": "error", "name": name, "value": e.to_string(), "traceback": ""})

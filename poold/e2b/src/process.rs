@@ -65,6 +65,11 @@ pub struct End {
     /// Why it could not be followed to its end, when it could not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The sandbox went away (killed, paused, crashed) before the process
+    /// ended: its streams end with `unavailable`, not an end event, so
+    /// the SDK probes the sandbox and reports it gone, as with E2B.
+    #[serde(skip)]
+    pub lost: bool,
 }
 
 impl End {
@@ -76,12 +81,14 @@ impl End {
                 exited: true,
                 status: format!("exit status {c}"),
                 error: None,
+                lost: false,
             },
             (_, s) => End {
                 exit_code: -1,
                 exited: false,
                 status: format!("signal: {}", signal_name(s.unwrap_or(9))),
                 error: None,
+                lost: false,
             },
         }
     }
@@ -92,6 +99,19 @@ impl End {
             exited: false,
             status: "error".into(),
             error: Some(why),
+            lost: false,
+        }
+    }
+
+    /// The sandbox's agent channel closed before the process ended.
+    fn lost() -> End {
+        End {
+            lost: true,
+            ..End::failed(
+                "the connection to the sandbox ended before the process did \
+                 (the sandbox was killed, paused or crashed)"
+                    .into(),
+            )
         }
     }
 }
@@ -264,8 +284,10 @@ impl Table {
                     Some(ExecEvent::Stderr(b)) => pump.publish(Ev::Stderr(b)),
                     Some(ExecEvent::Started { .. }) => {}
                     Some(ExecEvent::Exited(r)) => break End::from_result(&r),
-                    Some(ExecEvent::Failed(e)) => break End::failed(e.to_string()),
-                    None => break End::failed("the sandbox's agent channel closed".into()),
+                    Some(ExecEvent::Failed(forkd_node::Error::Guest(e))) => {
+                        break End::failed(e.to_string())
+                    }
+                    Some(ExecEvent::Failed(_)) | None => break End::lost(),
                 }
             };
             pump.finish(end);
@@ -361,6 +383,14 @@ pub fn event_stream(
                             &json!({"event": {"data": {"stderr": b64(&b)}}}),
                         )),
                         S::Events(rx),
+                    ),
+                    Some(Ev::End(end)) if end.lost => (
+                        Ok(RpcError::new(
+                            Code::Unavailable,
+                            end.error.unwrap_or_default(),
+                        )
+                        .end_of_stream()),
+                        S::Done,
                     ),
                     Some(Ev::End(end)) => (
                         Ok(connect::message(&json!({"event": {"end": end}}))),

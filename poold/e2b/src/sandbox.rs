@@ -79,7 +79,7 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
             let id = id.to_str().unwrap_or("");
             let sb = e.sandbox(id).ok_or_else(|| {
                 E2bError::sandbox_gone(format!(
-                    "sandbox {id:?} not found: killed, expired, or never created"
+                    "sandbox {id:?} was not found: killed, expired, or never created"
                 ))
             })?;
             if !token.is_some_and(|t| sb.rec.access_token.matches(t)) {
@@ -124,7 +124,7 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
         ENVD_PORT => envd(g, req).await,
         INTERPRETER_PORT => crate::interpreter::handle(g, req).await,
         p => E2bError::sandbox_gone(
-            format!("port {p} is not served: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
+            format!("port {p} is not open: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
         )
         .into_response(),
     }
