@@ -85,10 +85,6 @@ fn lost() -> RpcError {
     )
 }
 
-fn failed(e: forkd_node::Error) -> RpcError {
-    RpcError::from(e)
-}
-
 /// `WatchDir`: the stream of one guest watch, as envd sends it.
 pub async fn watch_dir(
     g: Guest<'_>,
@@ -134,9 +130,10 @@ pub async fn watch_dir(
                             (Ok(envelopes(&events)), S::Events(w))
                         }
                         Some(WatchUpdate::Ended(_)) | None => (Ok(connect::end_ok()), S::Done),
-                        Some(WatchUpdate::Failed(e)) => {
-                            (Ok(failed(e.into()).end_of_stream()), S::Done)
-                        }
+                        Some(WatchUpdate::Failed(e)) => (
+                            Ok(RpcError::from(forkd_node::Error::from(e)).end_of_stream()),
+                            S::Done,
+                        ),
                     })
                 }
                 S::Close(b) => Some((Ok(b), S::Done)),
@@ -249,7 +246,7 @@ async fn pump(mut w: Watch, queue: Arc<Mutex<Queue>>) {
                 ))
             }
             WatchUpdate::Ended(_) => {}
-            WatchUpdate::Failed(e) => q.error = Some(failed(e.into())),
+            WatchUpdate::Failed(e) => q.error = Some(RpcError::from(forkd_node::Error::from(e))),
         }
         if q.error.is_some() {
             return;

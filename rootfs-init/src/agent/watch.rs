@@ -141,70 +141,21 @@ impl Tree {
         }
         let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
             .map_err(|e| inotify_error(&root, e))?;
-        let mut tree = Tree {
-            inotify,
-            dirs: HashMap::new(),
-            root,
-            recursive,
-        };
-        tree.add("")?;
-        if recursive && tree.add_under("")? {
+        let mut dirs = HashMap::new();
+        if watch_dirs(&inotify, &mut dirs, &root, "", recursive)? {
             return Err(AgentError::new(
                 ErrorKind::BadRequest,
                 format!(
-                    "{}: more than {MAX_WATCHED_DIRS} directories to watch; watch a smaller tree",
-                    tree.root
+                    "{root}: more than {MAX_WATCHED_DIRS} directories to watch; watch a smaller tree"
                 ),
             ));
         }
-        Ok(tree)
-    }
-
-    fn abs(&self, rel: &str) -> String {
-        if rel.is_empty() {
-            self.root.clone()
-        } else {
-            format!("{}/{rel}", self.root.trim_end_matches('/'))
-        }
-    }
-
-    /// Watches directory `rel`.
-    fn add(&mut self, rel: &str) -> Result<(), AgentError> {
-        let path = self.abs(rel);
-        let wd = self
-            .inotify
-            .add_watch(path.as_str(), mask())
-            .map_err(|e| inotify_error(&path, e))?;
-        self.dirs.insert(wd, rel.to_string());
-        Ok(())
-    }
-
-    /// Watches every directory under `rel` (not following symlinks); true
-    /// when [`MAX_WATCHED_DIRS`] stopped it short. A directory that
-    /// vanished meanwhile is skipped.
-    fn add_under(&mut self, rel: &str) -> Result<bool, AgentError> {
-        let mut todo = vec![rel.to_string()];
-        while let Some(dir) = todo.pop() {
-            let Ok(entries) = std::fs::read_dir(self.abs(&dir)) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if !entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    continue;
-                }
-                if self.dirs.len() >= MAX_WATCHED_DIRS {
-                    return Ok(true);
-                }
-                let name = entry.file_name().to_string_lossy().into_owned();
-                let child = join(&dir, &name);
-                match self.add(&child) {
-                    Ok(()) => todo.push(child),
-                    Err(e) if e.kind == ErrorKind::NotFound => {}
-                    Err(e) => return Err(e),
-                }
-            }
-        }
-        Ok(false)
+        Ok(Tree {
+            inotify,
+            dirs,
+            root,
+            recursive,
+        })
     }
 
     /// Streams events to `outbox` until `stop`, the root's removal or the
@@ -326,30 +277,51 @@ impl Lens<'_> {
     /// Watches new directory `rel` and everything under it; true when
     /// some of it could not be watched.
     fn watch_new(&mut self, inotify: &Inotify, rel: &str) -> bool {
-        let mut todo = vec![rel.to_string()];
-        while let Some(dir) = todo.pop() {
-            if self.dirs.len() >= MAX_WATCHED_DIRS {
-                return true;
+        watch_dirs(inotify, self.dirs, self.root, rel, true).unwrap_or(true)
+    }
+}
+
+/// Watches directory `rel` of `root` and, `deep`, every directory under
+/// it (symlinks are not followed), recording each in `dirs`; true when
+/// [`MAX_WATCHED_DIRS`] stopped it short. A directory below `rel` that
+/// vanished meanwhile is skipped.
+fn watch_dirs(
+    inotify: &Inotify,
+    dirs: &mut HashMap<WatchDescriptor, String>,
+    root: &str,
+    rel: &str,
+    deep: bool,
+) -> Result<bool, AgentError> {
+    let mut todo = vec![rel.to_string()];
+    while let Some(dir) = todo.pop() {
+        if dirs.len() >= MAX_WATCHED_DIRS {
+            return Ok(true);
+        }
+        let path = if dir.is_empty() {
+            root.to_string()
+        } else {
+            format!("{}/{dir}", root.trim_end_matches('/'))
+        };
+        match inotify.add_watch(path.as_str(), mask()) {
+            Ok(wd) => {
+                dirs.insert(wd, dir.clone());
             }
-            let path = format!("{}/{dir}", self.root.trim_end_matches('/'));
-            match inotify.add_watch(path.as_str(), mask()) {
-                Ok(wd) => {
-                    self.dirs.insert(wd, dir.clone());
-                }
-                Err(nix::errno::Errno::ENOENT) => continue,
-                Err(_) => return true,
-            }
-            let Ok(entries) = std::fs::read_dir(&path) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                    todo.push(join(&dir, &entry.file_name().to_string_lossy()));
-                }
+            Err(nix::errno::Errno::ENOENT) if dir != rel => continue,
+            Err(e) => return Err(inotify_error(&path, e)),
+        }
+        if !deep {
+            continue;
+        }
+        let Ok(entries) = std::fs::read_dir(&path) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(join(&dir, &entry.file_name().to_string_lossy()));
             }
         }
-        false
     }
+    Ok(false)
 }
 
 /// The next events of `fd`, waiting for them.
