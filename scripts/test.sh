@@ -64,7 +64,7 @@ awk '$3 ~ /^fuse/ {print $2}' /proc/self/mounts | while read -r m; do
   esac
 done
 python3 "$REPO_ROOT/scripts/reset-test-networks.py" /tmp/fdt-* "$FORKD_HOME"
-rm -rf /tmp/fdt-* "$FORKD_HOME"/{store,mnt,mnt.sock,mnt.log,mnt.secondary,mnt.journal,run,staging,poold}
+rm -rf /tmp/fdt-* "$FORKD_HOME"/{store,mnt,mnt.sock,mnt.log,mnt.secondary,mnt.journal,run,staging,poold} "$FORKD_HOME"/mnt.journal.*
 say "cargo fmt --check"
 cargo fmt --all -- --check
 say "cargo clippy (release, all targets, -D warnings)"

@@ -164,6 +164,11 @@ pub struct Status {
     /// (0 without a holder).
     #[serde(default)]
     pub generation: u64,
+    /// The mount's device (`major:minor`) behind a holder: a control
+    /// socket whose device is no longer mounted at `mountpoint` belongs to
+    /// a detached mount that still serves its open files.
+    #[serde(default)]
+    pub dev: Option<String>,
     /// Time since it started, ms.
     pub uptime_ms: u64,
     /// Open file handles per snapshot id (only ids with any).
@@ -373,8 +378,9 @@ fn status(sh: &Shared) -> Status {
         mountpoint: sh.mountpoint.clone(),
         store: sh.store_dir.clone(),
         pid: std::process::id(),
-        holder_pid: sh.worker.map(|w| w.0),
-        generation: sh.worker.map_or(0, |w| w.1),
+        holder_pid: sh.worker.as_ref().map(|w| w.holder_pid),
+        generation: sh.worker.as_ref().map_or(0, |w| w.generation),
+        dev: sh.worker.as_ref().and_then(|w| w.dev.clone()),
         uptime_ms: sh.started.elapsed().as_millis() as u64,
         open_handles: sh
             .handles

@@ -31,7 +31,7 @@ use crate::holder::{self, WorkerCommand};
 use crate::journal::{Entry, Journal};
 use crate::mount::{self, State};
 use crate::ops::{ForkdFs, KernelTuning};
-use crate::shared::Shared;
+use crate::shared::{Shared, WorkerOf};
 
 /// Everything `forkd-fs mount` needs.
 #[derive(Debug, Clone)]
@@ -99,7 +99,20 @@ pub fn block_signals() -> Result<()> {
 /// only our own file is removed on exit.
 fn bind_control(path: &Path) -> Result<(UnixListener, (u64, u64))> {
     if path.exists() {
-        if mount::control_status(path, Duration::from_secs(2)).is_ok() {
+        if let Ok(st) = mount::control_status(path, Duration::from_secs(2)) {
+            if mount::is_detached(&st) {
+                // Its mount was detached (`umount -l`) and serves only the
+                // files still open; the path is the new mount's. It keeps
+                // its listener, and removes only its own socket file.
+                info!(
+                    pid = st.pid,
+                    "taking over {} from the detached mount it served",
+                    path.display()
+                );
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+                return bind_fresh(path);
+            }
             bail!(
                 "another forkd-fs answers on {}; stop it first (`forkd-fs unmount MOUNTPOINT`)",
                 path.display()
@@ -108,6 +121,10 @@ fn bind_control(path: &Path) -> Result<(UnixListener, (u64, u64))> {
         std::fs::remove_file(path)
             .with_context(|| format!("removing the stale control socket {}", path.display()))?;
     }
+    bind_fresh(path)
+}
+
+fn bind_fresh(path: &Path) -> Result<(UnixListener, (u64, u64))> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -226,7 +243,7 @@ fn shutdown(shared: &Shared, mp: &Path, control: &Path, sock_id: (u64, u64)) {
 fn open_store(
     opts: &ServeOptions,
     mp: &Path,
-    worker: Option<(u32, u64)>,
+    worker: Option<WorkerOf>,
 ) -> Result<(Arc<Shared>, StoreReader)> {
     std::fs::create_dir_all(&opts.secondary_dir)?;
     let reader = StoreReader::open_secondary_with_cache(
@@ -279,13 +296,17 @@ pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Re
         .with_context(|| format!("creating mount point {}", opts.mountpoint.display()))?;
     let mp = opts.mountpoint.canonicalize()?;
     check_mountpoint(&mp, &opts.control_socket)?;
-    let journal = mount::journal_path(&opts.control_socket);
+    // Each holder its own journal: a mount detached lazily keeps serving
+    // its open files (and restarting its worker) beside the next one.
+    mount::remove_dead_journals(&opts.control_socket);
+    let journal = mount::journal_path(&opts.control_socket, std::process::id());
     Journal::create(&journal)?;
+    let m = holder::mount(&mp, opts.gid)?;
+    let dev = mount::mount_at(&mp)?.map(|e| e.dev);
     let cmd = WorkerCommand {
         binary: binary.to_path_buf(),
-        args: worker_args(opts, &mp, &journal),
+        args: worker_args(opts, &mp, &journal, dev.as_deref()),
     };
-    let m = holder::mount(&mp, opts.gid)?;
     let worker_pid: holder::WorkerPid = Default::default();
     if opts.handle_signals {
         let (mp2, wp) = (mp.clone(), worker_pid.clone());
@@ -307,11 +328,17 @@ pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Re
         warn!("{e:#}; detaching {}", mp.display());
         let _ = mount::sys_unmount(&mp, true);
     }
+    let _ = std::fs::remove_file(&journal);
     res
 }
 
 /// The `forkd-fs worker` command line for a mount.
-fn worker_args(opts: &ServeOptions, mp: &Path, journal: &Path) -> Vec<std::ffi::OsString> {
+fn worker_args(
+    opts: &ServeOptions,
+    mp: &Path,
+    journal: &Path,
+    dev: Option<&str>,
+) -> Vec<std::ffi::OsString> {
     let mut a: Vec<std::ffi::OsString> = vec!["worker".into(), mp.into()];
     let mut kv = |k: &str, v: std::ffi::OsString| {
         a.push(k.into());
@@ -331,6 +358,9 @@ fn worker_args(opts: &ServeOptions, mp: &Path, journal: &Path) -> Vec<std::ffi::
 
     if let Some(g) = opts.gid {
         kv("--gid", g.to_string().into());
+    }
+    if let Some(d) = dev {
+        kv("--dev", d.into());
     }
     if !opts.lazy.fill {
         a.push("--no-fill".into());
@@ -392,14 +422,24 @@ fn holder_signal_loop(mp: &Path, worker: &holder::WorkerPid) {
 /// A worker: serves the holder's connection on fd [`holder::WORKER_FD`]
 /// (see the module doc). Never touches the mount itself before it serves
 /// (every access would wait on itself). Replays the mount's journal first.
-pub fn serve_worker(opts: &ServeOptions, journal: &Path, generation: u64) -> Result<()> {
+pub fn serve_worker(
+    opts: &ServeOptions,
+    journal: &Path,
+    generation: u64,
+    dev: Option<String>,
+) -> Result<()> {
     use std::os::fd::FromRawFd;
     // SAFETY: the holder passes the socket as this fd; nothing else owns it.
     let fd = unsafe { std::os::fd::OwnedFd::from_raw_fd(holder::WORKER_FD) };
     holder::check_worker_fd(&fd)?;
     let mp = opts.mountpoint.clone();
     let holder_pid = nix::unistd::getppid().as_raw() as u32;
-    let (shared, _reader) = open_store(opts, &mp, Some((holder_pid, generation)))?;
+    let me = WorkerOf {
+        holder_pid,
+        generation,
+        dev,
+    };
+    let (shared, _reader) = open_store(opts, &mp, Some(me))?;
     replay_journal(&shared, journal)?;
     let (listener, sock_id) = bind_control(&opts.control_socket)?;
     let fs = ForkdFs::new(shared.clone(), worker_tuning(opts));

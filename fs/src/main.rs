@@ -98,6 +98,9 @@ enum Cmd {
         gid: Option<u32>,
         #[arg(long)]
         generation: u64,
+        /// The mount's device (`major:minor`), reported in `status`.
+        #[arg(long)]
+        dev: Option<String>,
         #[arg(long, default_value_t = 120)]
         remote_deadline_secs: u64,
         #[arg(long)]
@@ -259,6 +262,7 @@ fn run(cli: Cli) -> Result<()> {
             max_read_kib,
             gid,
             generation,
+            dev,
             remote_deadline_secs,
             no_fill,
         } => {
@@ -279,7 +283,7 @@ fn run(cli: Cli) -> Result<()> {
                     fill: !no_fill,
                 },
             };
-            daemon::serve_worker(&opts, &journal, generation)
+            daemon::serve_worker(&opts, &journal, generation, dev)
         }
         Cmd::Upgrade { mount, control } => upgrade(&control_of(&mount, control)),
         Cmd::Unmount { mountpoint, lazy } => {

@@ -90,10 +90,53 @@ pub fn default_secondary_dir(mountpoint: &Path) -> PathBuf {
     sibling(mountpoint, ".secondary")
 }
 
-/// The mount's journal (`holder`, `journal`): the control socket path with
-/// extension `.journal`.
-pub fn journal_path(control: &Path) -> PathBuf {
-    control.with_extension("journal")
+/// The journal (`holder`, `journal`) of the mount held by process
+/// `holder`: the control socket path with extension `.journal.<pid>`. One
+/// per holder, so a mount detached lazily and still serving its open files
+/// never shares one with the mount after it.
+pub fn journal_path(control: &Path, holder: u32) -> PathBuf {
+    control.with_extension(format!("journal.{holder}"))
+}
+
+/// Removes the journals of holders that are gone (killed: a holder that
+/// ends removes its own).
+pub fn remove_dead_journals(control: &Path) {
+    let (Some(dir), Some(stem)) = (control.parent(), control.file_stem()) else {
+        return;
+    };
+    let prefix = format!("{}.journal.", stem.to_string_lossy());
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = name
+            .strip_prefix(&prefix)
+            .and_then(|p| p.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// Whether the mount a control socket answers for was detached (`umount
+/// -l`): its device is no longer the one mounted at its mount point. It
+/// serves the files still open until they close; the path is free for a
+/// new mount. Unknown (no device reported, before holders did) is false.
+pub fn is_detached(st: &Status) -> bool {
+    let Some(dev) = &st.dev else {
+        return false;
+    };
+    match mount_at(&st.mountpoint) {
+        Ok(Some(e)) => &e.dev != dev,
+        Ok(None) => true,
+        Err(_) => false,
+    }
 }
 
 /// The daemon's log file: the control socket path with extension `.log`.
@@ -317,7 +360,8 @@ pub fn state(mountpoint: &Path, control: &Path) -> Result<State> {
         return Ok(State::Foreign(entry));
     }
     if let Ok(st) = control_status(control, Duration::from_secs(2)) {
-        if same_path(&st.mountpoint, mountpoint) {
+        let this_mount = st.dev.as_ref().is_none_or(|d| *d == entry.dev);
+        if same_path(&st.mountpoint, mountpoint) && this_mount {
             return Ok(State::Live(Box::new(st)));
         }
     }

@@ -49,10 +49,23 @@ pub struct Shared {
     /// The group that may read the mount (the VM jail's), or None: root
     /// only. Files are served `0440 root:<group>`, directories `0550`.
     pub group: Option<u32>,
-    /// Behind a holder: its pid and this worker's generation (1 = first).
-    pub worker: Option<(u32, u64)>,
+    /// Behind a holder: who holds the connection, and which worker this is.
+    pub worker: Option<WorkerOf>,
     /// Lazy snapshots: faults from hubs, working sets, the fill.
     pub lazy: std::sync::OnceLock<Arc<crate::lazy::Lazy>>,
+}
+
+/// A worker's place behind its holder (`holder`).
+#[derive(Debug, Clone)]
+pub struct WorkerOf {
+    /// The holder's pid.
+    pub holder_pid: u32,
+    /// This worker's generation (1 = the first).
+    pub generation: u64,
+    /// The mount's device (`major:minor`, as in mountinfo), which tells
+    /// this connection's mount apart from a later one at the same path
+    /// after a lazy unmount.
+    pub dev: Option<String>,
 }
 
 impl Shared {
@@ -61,7 +74,7 @@ impl Shared {
         store_dir: PathBuf,
         mountpoint: PathBuf,
         group: Option<u32>,
-        worker: Option<(u32, u64)>,
+        worker: Option<WorkerOf>,
     ) -> Arc<Shared> {
         Arc::new(Shared {
             catchup: CatchUp::new(view.clone()),

@@ -499,6 +499,61 @@ fn kill9_leaves_a_stale_mount_that_ensure_mounted_recovers() {
     );
 }
 
+/// `umount -l` behind its users' backs: the detached mount keeps serving
+/// what is open (a VM's mapping reads on), and `ensure_mounted` starts a
+/// new mount at the same path, which takes over the control socket; each
+/// serves its own files, each has its own journal, and the old one ends
+/// once its last file closes.
+#[test]
+fn a_lazily_detached_mount_keeps_its_files_and_a_new_one_takes_its_place() {
+    if no_fuse() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(12, 4 * MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    let old_holder = m.note_pid();
+    let old = m.client().status().unwrap();
+    assert!(old.dev.is_some(), "a holder's worker reports its device");
+    let f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    let map = Map::private(&f, d.len(), libc::PROT_READ);
+
+    mount::sys_unmount(&m.mountpoint, true).unwrap();
+    assert!(mount::mount_at(&m.mountpoint).unwrap().is_none());
+    assert!(mount::is_detached(&m.client().status().unwrap()));
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    let new_holder = m.note_pid();
+    assert_ne!(new_holder, old_holder, "a new holder serves the path");
+    let new = m.client().status().unwrap();
+    assert_ne!(new.dev, old.dev);
+    assert!(!mount::is_detached(&new));
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    // Every page of the old mapping is read now, after the detach.
+    assert_eq!(map.bytes(), &d[..], "the detached mount's mapping");
+    for pid in [old_holder, new_holder] {
+        let j = mount::journal_path(&m.control, pid as u32);
+        assert!(j.exists(), "{} missing", j.display());
+    }
+    // A second call finds the new mount live and leaves it be.
+    forkd_fs::ensure_mounted(&ts.config()).unwrap();
+    assert_eq!(m.note_pid(), new_holder);
+
+    drop(map);
+    drop(f);
+    assert!(
+        wait_for(Duration::from_secs(10), || !alive(old_holder)),
+        "the detached mount's holder outlived its last open file"
+    );
+    assert!(!mount::journal_path(&m.control, old_holder as u32).exists());
+    assert_eq!(
+        m.client().status().unwrap().pid,
+        new.pid,
+        "the socket stayed the new one's"
+    );
+}
+
 #[test]
 fn a_hung_daemon_is_aborted_and_replaced() {
     if no_fuse() {
