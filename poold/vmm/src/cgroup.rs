@@ -17,6 +17,7 @@
 
 use anyhow::{bail, Context, Result};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// The limits of one sandbox; `None` is unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -351,6 +352,47 @@ impl Hierarchy {
             remove_group(&g);
         }
     }
+
+    /// Removes every group under `forkd/` that holds no process, is older
+    /// than `older_than` and whose id `keep` does not claim: groups a
+    /// removal gave up on (a QEMU slower to exit than its retries), or that
+    /// a process killed between making and joining a group left. A group
+    /// is made and joined within one call, so an empty one that old is
+    /// nobody's, whichever data dir made it. Returns the ids removed.
+    pub fn sweep_empty(&self, older_than: Duration, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        let mut removed = Vec::new();
+        for c in [Controller::Memory, Controller::Cpu, Controller::Pids] {
+            let Some(parent) = self.mount_of(c).map(|r| r.join("forkd")) else {
+                continue;
+            };
+            let Ok(rd) = std::fs::read_dir(&parent) else {
+                continue;
+            };
+            for e in rd.flatten() {
+                let id = e.file_name().to_string_lossy().into_owned();
+                if keep(&id) || !e.file_type().is_ok_and(|t| t.is_dir()) {
+                    continue;
+                }
+                if !is_stale_empty(&e.path(), older_than) {
+                    continue;
+                }
+                // EBUSY: a process joined since; it is someone's.
+                if std::fs::remove_dir(e.path()).is_ok() && !removed.contains(&id) {
+                    removed.push(id);
+                }
+            }
+        }
+        removed
+    }
+}
+
+/// Whether group `g` holds no process and was made over `older_than` ago.
+fn is_stale_empty(g: &Path, older_than: Duration) -> bool {
+    let empty = std::fs::read_to_string(g.join("cgroup.procs")).is_ok_and(|p| p.trim().is_empty());
+    let old = std::fs::metadata(g)
+        .and_then(|m| m.modified())
+        .is_ok_and(|t| t.elapsed().is_ok_and(|a| a >= older_than));
+    empty && old
 }
 
 fn remove_group(g: &Path) {
@@ -359,7 +401,7 @@ fn remove_group(g: &Path) {
             Ok(()) => return,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
             // EBUSY while the killed QEMU is still being torn down.
-            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
         }
     }
     tracing::warn!("could not remove cgroup {}", g.display());
@@ -381,6 +423,62 @@ fn write(path: &Path, value: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// On this host's real hierarchy (root): an empty group of nobody is
+    /// swept; one holding a process, one `keep` claims, and one younger
+    /// than the age given are not.
+    #[test]
+    fn sweeps_only_old_empty_groups_of_nobody() {
+        let Ok(h) = Hierarchy::detect() else { return };
+        if !nix::unistd::geteuid().is_root() {
+            return;
+        }
+        let Some(c) = [Controller::Pids, Controller::Memory, Controller::Cpu]
+            .into_iter()
+            .find(|&c| h.supports(c))
+        else {
+            return;
+        };
+        let tag = std::process::id();
+        let id = |n: &str| format!("sweeptest-{tag}-{n}");
+        let lim = Limits {
+            pids_max: Some(64),
+            memory_mib: Some(64),
+            cpus: Some(1.0),
+        };
+        let lim = Limits {
+            pids_max: lim.pids_max.filter(|_| c == Controller::Pids),
+            memory_mib: lim.memory_mib.filter(|_| c == Controller::Memory),
+            cpus: lim.cpus.filter(|_| c == Controller::Cpu),
+        };
+        let mut sleeper = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
+        for n in ["leaked", "busy", "kept"] {
+            let pids = if n == "busy" {
+                vec![sleeper.id()]
+            } else {
+                vec![]
+            };
+            h.limit(&id(n), &pids, &lim).unwrap();
+        }
+        let mine = |x: &str| x.starts_with(&format!("sweeptest-{tag}-"));
+        let keep = |x: &str| !mine(x) || x == id("kept");
+        assert!(
+            h.sweep_empty(Duration::from_secs(3600), keep).is_empty(),
+            "a group made just now is not old"
+        );
+        assert_eq!(h.sweep_empty(Duration::ZERO, keep), vec![id("leaked")]);
+        assert!(!h.group(c, &id("leaked")).unwrap().exists());
+        assert!(h.group(c, &id("busy")).unwrap().exists());
+        assert!(h.group(c, &id("kept")).unwrap().exists());
+        sleeper.kill().unwrap();
+        sleeper.wait().unwrap();
+        h.remove(&id("busy"));
+        h.remove(&id("kept"));
+        assert!(!h.group(c, &id("busy")).unwrap().exists());
+    }
 
     #[test]
     fn detects_v1_controllers_from_mounts() {
