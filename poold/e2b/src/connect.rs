@@ -103,6 +103,33 @@ pub fn unary_ok(msg: &impl Serialize) -> Response {
         .into_response()
 }
 
+/// What waiting on a server stream's next item gave.
+pub enum Tick<T> {
+    /// The item.
+    Item(T),
+    /// `keepalive` passed in silence: send the stream's keepalive message.
+    Keepalive,
+    /// The call's deadline (`Connect-Timeout-Ms`) passed: end the stream
+    /// with `deadline_exceeded`.
+    Deadline,
+}
+
+/// Waits for `next` until the keepalive interval or the call's deadline,
+/// whichever comes first: the one loop every envd server stream runs.
+pub async fn next_or_tick<T>(
+    next: impl std::future::Future<Output = T>,
+    keepalive: std::time::Duration,
+    deadline: Option<tokio::time::Instant>,
+) -> Tick<T> {
+    let ping = tokio::time::Instant::now() + keepalive;
+    let wake = deadline.map_or(ping, |d| d.min(ping));
+    match tokio::time::timeout_at(wake, next).await {
+        Ok(t) => Tick::Item(t),
+        Err(_) if deadline.is_some_and(|d| tokio::time::Instant::now() >= d) => Tick::Deadline,
+        Err(_) => Tick::Keepalive,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -359,19 +359,15 @@ pub fn event_stream(
                 S::Events(rx),
             )),
             S::Events(mut rx) => {
-                let ping = Instant::now() + keepalive;
-                let wake = deadline.map_or(ping, |d| d.min(ping));
-                let item = match tokio::time::timeout_at(wake, rx.recv()).await {
-                    Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                let item = match connect::next_or_tick(rx.recv(), keepalive, deadline).await {
+                    connect::Tick::Item(item) => item,
+                    connect::Tick::Keepalive => {
+                        let ka = connect::message(&json!({"event": {"keepalive": {}}}));
+                        return Some((Ok(ka), S::Events(rx)));
+                    }
+                    connect::Tick::Deadline => {
                         return Some((Ok(deadline_passed(pid).end_of_stream()), S::Done))
                     }
-                    Err(_) => {
-                        return Some((
-                            Ok(connect::message(&json!({"event": {"keepalive": {}}}))),
-                            S::Events(rx),
-                        ))
-                    }
-                    Ok(item) => item,
                 };
                 Some(match item {
                     Some(Ev::Stdout(b)) => (

@@ -106,21 +106,19 @@ pub async fn watch_dir(
             match s {
                 S::Start(w) => Some((Ok(connect::message(&json!({"start": {}}))), S::Events(w))),
                 S::Events(mut w) => {
-                    let ping = Instant::now() + keepalive;
-                    let wake = deadline.map_or(ping, |d| d.min(ping));
-                    let update = match tokio::time::timeout_at(wake, w.next()).await {
-                        Err(_) if deadline.is_some_and(|d| Instant::now() >= d) => {
+                    let update = match connect::next_or_tick(w.next(), keepalive, deadline).await {
+                        connect::Tick::Item(u) => u,
+                        connect::Tick::Keepalive => {
+                            let ka = connect::message(&json!({"keepalive": {}}));
+                            return Some((Ok(ka), S::Events(w)));
+                        }
+                        connect::Tick::Deadline => {
                             let e = RpcError::new(
                                 Code::DeadlineExceeded,
                                 "the watch's deadline (its timeout) passed",
                             );
                             return Some((Ok(e.end_of_stream()), S::Done));
                         }
-                        Err(_) => {
-                            let ka = connect::message(&json!({"keepalive": {}}));
-                            return Some((Ok(ka), S::Events(w)));
-                        }
-                        Ok(u) => u,
                     };
                     Some(match update {
                         Some(WatchUpdate::Events { events, lost: true }) => {
