@@ -225,20 +225,31 @@ impl<V: Parked> Pools<V> {
     /// those snapshots are about to be deleted. Their pools' in-flight
     /// restores are discarded when they finish.
     pub fn drain_snapshots(&self, snapshot_ids: &[String]) -> Vec<V> {
+        self.drain_where(|v| snapshot_ids.contains(&v.record().snapshot_id))
+    }
+
+    /// Every ready child (of any pool) for which `gone` holds; the pools
+    /// that lose one discard their in-flight restores when they finish.
+    pub fn drain_where(&self, gone: impl Fn(&V) -> bool) -> Vec<V> {
         let mut g = self.inner.lock().unwrap();
         let mut out = Vec::new();
         for p in g.values_mut() {
-            let (gone, keep): (Vec<_>, Vec<_>) = p
-                .ready
-                .drain(..)
-                .partition(|v| snapshot_ids.contains(&v.record().snapshot_id));
-            if !gone.is_empty() {
+            let (lost, keep): (Vec<_>, Vec<_>) = p.ready.drain(..).partition(|v| gone(v));
+            if !lost.is_empty() {
                 p.generation += 1;
             }
             p.ready = keep.into();
-            out.extend(gone);
+            out.extend(lost);
         }
         out
+    }
+
+    /// The VM ids of every ready child.
+    pub fn vm_ids(&self) -> Vec<String> {
+        let g = self.inner.lock().unwrap();
+        g.values()
+            .flat_map(|p| p.ready.iter().map(|v| v.record().vm_id.clone()))
+            .collect()
     }
 
     /// Ready children whose QEMU has died (killed by the OOM killer, say):

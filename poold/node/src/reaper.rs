@@ -146,15 +146,24 @@ pub(crate) async fn gc_loop(n: Arc<Node>) {
     }
 }
 
+/// An empty cgroup this old that no VM of ours claims is leaked.
+const CGROUP_SWEEP_AGE: Duration = Duration::from_secs(60);
+
 /// Every second: drops pooled children that died while parked, and
-/// destroys sandboxes whose TTL passed or whose QEMU exited.
+/// destroys sandboxes whose TTL passed or whose QEMU exited. Every minute:
+/// removes leaked empty cgroups.
 pub(crate) async fn reaper_loop(n: Arc<Node>) {
     // Sandboxes whose destroy is under way.
     let reaping = Arc::new(std::sync::Mutex::new(
         std::collections::HashSet::<String>::new(),
     ));
+    let mut tick = 0u64;
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
+        tick += 1;
+        if tick.is_multiple_of(60) {
+            sweep_cgroups(&n).await;
+        }
         let dead = n.pools.remove_dead();
         if !dead.is_empty() {
             tracing::warn!(
@@ -193,6 +202,28 @@ pub(crate) async fn reaper_loop(n: Arc<Node>) {
                 });
             }
         }
+    }
+}
+
+/// Removes empty cgroups older than [`CGROUP_SWEEP_AGE`] that no live
+/// sandbox or pooled child of this node claims (`Hierarchy::sweep_empty`):
+/// a removal that gave up on a slow QEMU leaves one otherwise.
+async fn sweep_cgroups(n: &Arc<Node>) {
+    let Some(h) = n.cgroups.clone() else { return };
+    let mut ours: std::collections::HashSet<String> = n
+        .sandboxes
+        .all()
+        .iter()
+        .map(|s| s.id().to_string())
+        .collect();
+    ours.extend(n.pools.vm_ids());
+    let swept = tokio::task::spawn_blocking(move || {
+        h.sweep_empty(CGROUP_SWEEP_AGE, |id| ours.contains(id))
+    })
+    .await
+    .unwrap_or_default();
+    if !swept.is_empty() {
+        tracing::info!("removed {} leaked empty cgroups: {swept:?}", swept.len());
     }
 }
 
