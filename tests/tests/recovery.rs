@@ -482,3 +482,107 @@ fn an_adopted_sandbox_idles_after_poold_restarts() {
     let (st, _) = block_on(p.delete(&format!("/v1/sandboxes/{id}")));
     assert_eq!(st, 204);
 }
+
+/// Waits (up to the 5 s the mount watch has) until `/healthz` reports
+/// `count` recoveries; returns the last one.
+async fn wait_recovery(p: &Poold, count: u64) -> serde_json::Value {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (st, h) = p.get("/healthz").await;
+        if h["mount"]["recoveries"] == count {
+            assert_eq!((st, &h["ok"]), (200, &json!(true)), "{h}");
+            return h["mount"]["last_recovery"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no recovery {count} within 5 s: {st} {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn holder_pid(home: &std::path::Path) -> i32 {
+    fs_status(home)["holder_pid"].as_i64().unwrap() as i32
+}
+
+/// The mount dies under a running poold. Before, poold mounted only at
+/// start: `umount -l` made every restore fail until poold was restarted by
+/// hand, and a killed holder took every spawn and refill down with
+/// ENOTCONN. Now the mount watch notices within seconds and mounts again:
+/// - `umount -l`: the detached mount keeps serving its VMs, so nothing is
+///   lost; spawns (pool hits and restores on the new mount) work;
+/// - the new mount's holder killed (-9): the VMs that mapped it (the one
+///   sandbox restored on it; the children pooled on it) cannot live on,
+///   so they are destroyed and reported lost, and the rest, still on the
+///   detached mount, answer with new memory; a spawn works again.
+#[test]
+fn poold_mounts_again_after_an_unmount_or_a_dead_holder() {
+    use nix::sys::signal::{kill, Signal};
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    let first = block_on(async {
+        p.snapshot("r", "minimal", 256).await;
+        let (st, v) = p.put("/v1/pools/r", json!({"min_ready": 2})).await;
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 3}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        p.wait_pool("r", 2).await;
+        let (st, h) = p.get("/healthz").await;
+        assert_eq!((st, &h["mount"]["recoveries"]), (200, &json!(0)), "{h}");
+        ids(&v)
+    });
+    let old_holder = holder_pid(&home.dir);
+
+    nix::mount::umount2(&home.dir.join("mnt"), nix::mount::MntFlags::MNT_DETACH).unwrap();
+    let second = block_on(async {
+        let r = wait_recovery(&p, 1).await;
+        assert_eq!(r["cause"], "unmounted", "{r}");
+        assert_eq!(r["lost_sandboxes"], 0, "{r}");
+        // Two pool hits (pooled on the detached mount), one restore on the
+        // new one.
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 3}))
+            .await;
+        assert_eq!(st, 201, "spawning after the unmount: {v}");
+        let all: Vec<String> = first.iter().cloned().chain(ids(&v)).collect();
+        touch_new_memory(&p, &all).await;
+        p.wait_pool("r", 2).await;
+        ids(&v)
+    });
+    let new_holder = holder_pid(&home.dir);
+    assert_ne!(new_holder, old_holder, "a new mount serves the path");
+    assert!(
+        std::path::Path::new(&format!("/proc/{old_holder}")).exists(),
+        "the detached mount's holder still serves its VMs"
+    );
+
+    kill(nix::unistd::Pid::from_raw(new_holder), Signal::SIGKILL).unwrap();
+    block_on(async {
+        let r = wait_recovery(&p, 2).await;
+        assert_eq!(r["cause"], "dead", "{r}");
+        assert_eq!(r["lost_sandboxes"], 1, "the one restored on it: {r}");
+        assert_eq!(r["discarded_pooled"], 2, "the two pooled on it: {r}");
+        let (st, v) = p.post("/v1/sandboxes", json!({"snapshot_tag": "r"})).await;
+        assert_eq!(st, 201, "spawning after the holder died: {v}");
+        let (_, list) = p.get("/v1/sandboxes").await;
+        let listed = ids(&list);
+        let survivors: Vec<String> = first
+            .iter()
+            .chain(&second)
+            .filter(|id| listed.contains(id))
+            .cloned()
+            .collect();
+        assert_eq!(survivors.len(), 5, "one of six lost: {list}");
+        touch_new_memory(&p, &survivors).await;
+        touch_new_memory(&p, &ids(&v)).await;
+        assert_eq!(p.metric("forkd_sandboxes_lost_total", "").await, 1.0);
+        assert_eq!(
+            p.metric("forkd_mount_recoveries_total", r#"cause="dead""#)
+                .await,
+            1.0
+        );
+        p.wait_pool("r", 2).await;
+    });
+}

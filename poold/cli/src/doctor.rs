@@ -573,7 +573,7 @@ pub fn check_fs_mount(mount: &Path, seen: &MountSeen) -> Check {
         MountSeen::Stale { hung } => Check::fail(
             name,
             format!("a forkd-fs mount at {m} that nobody serves ({})", if *hung { "its daemon hangs" } else { "its daemon died" }),
-            format!("forkd-fs unmount --lazy {m}, then restart poold"),
+            format!("a running poold mounts it again within seconds (its /healthz says so); without poold: forkd-fs unmount --lazy {m}"),
         ),
         MountSeen::Foreign(t) => Check::fail(name, format!("{m} has a {t} mount, not forkd-fs"), format!("umount {m}")),
         MountSeen::Unknown(e) => Check::warn(name, e.clone(), "run as root"),
@@ -589,6 +589,8 @@ pub enum PooldSeen {
         version: String,
         /// Its `accelerator`.
         accel: String,
+        /// Its `/healthz` `mount` object (null when it had none).
+        mount: serde_json::Value,
     },
     /// 401: reachable, token missing or wrong.
     Unauthorized {
@@ -616,9 +618,19 @@ pub async fn observe_poold() -> PooldSeen {
         Ok((s, body)) if s.is_success() => {
             let v: serde_json::Value = serde_json::from_slice(&body).unwrap_or_default();
             let field = |k: &str| v.get(k).and_then(|x| x.as_str()).unwrap_or("?").to_string();
+            // No token needed; a poold from before mount healing has no
+            // `mount` in it.
+            let mount = match client.send(forkd_api::Method::GET, "/healthz", None).await {
+                Ok((_, body)) => serde_json::from_slice::<serde_json::Value>(&body)
+                    .ok()
+                    .and_then(|h| h.get("mount").cloned())
+                    .unwrap_or_default(),
+                Err(_) => serde_json::Value::Null,
+            };
             PooldSeen::Ok {
                 version: field("version"),
                 accel: field("accelerator"),
+                mount,
             }
         }
         Ok((s, _)) if s.as_u16() == 401 => PooldSeen::Unauthorized { had_token },
@@ -636,7 +648,10 @@ pub async fn observe_poold() -> PooldSeen {
 pub fn check_poold(url: &str, seen: &PooldSeen) -> Check {
     let name = "poold";
     match seen {
-        PooldSeen::Ok { version, accel } => Check::pass(name, format!("poold {version} at {url}, sandboxes under {accel}")),
+        PooldSeen::Ok { version, accel, mount } => {
+            let what = format!("poold {version} at {url}, sandboxes under {accel}");
+            check_poold_mount(name, what, mount)
+        }
         PooldSeen::Unauthorized { had_token: false } => Check::fail(name, format!("{url} answers 401: poold wants a token"), "export FORKD_TOKEN=\"$(cat TOKEN_FILE)\" (poold's token_file)"),
         PooldSeen::Unauthorized { had_token: true } => Check::fail(name, format!("{url} answers 401: FORKD_TOKEN is not poold's token"), "set FORKD_TOKEN to the first line of poold's token_file"),
         PooldSeen::Status(s) => Check::warn(name, format!("{url} answers {s} to GET /version"), "is FORKD_URL pointing at poold? (a proxy or another service answers)"),
@@ -644,6 +659,35 @@ pub fn check_poold(url: &str, seen: &PooldSeen) -> Check {
         PooldSeen::Untrusted(e) => Check::fail(name, format!("{url} answers TLS with a certificate this client does not trust: {e}"), "export FORKD_CA_CERT=PATH (poold's tls_cert, or the CA that signed it)"),
         PooldSeen::Unreachable(e) => Check::warn(name, format!("not reachable at {url}: {e}"), "start it: systemctl enable --now poold (or `poold`); set FORKD_URL if it listens elsewhere"),
     }
+}
+
+/// What poold's `/healthz` says of its forkd-fs mount: failing when it does
+/// not serve, a warning when poold had to mount it again.
+fn check_poold_mount(name: &'static str, what: String, m: &serde_json::Value) -> Check {
+    if m["ok"] == false {
+        let why = m["error"].as_str().unwrap_or("no reason given");
+        return Check::fail(
+            name,
+            format!("{what}; its forkd-fs mount does not serve: {why}"),
+            "spawns fail until it does; poold retries every 2 s (see its log)",
+        );
+    }
+    let count = m["recoveries"].as_u64().unwrap_or(0);
+    let last = &m["last_recovery"];
+    if count == 0 || last.is_null() {
+        return Check::pass(name, what);
+    }
+    Check::warn(
+        name,
+        format!(
+            "{what}; it mounted the layer store again {count} time(s), last because the mount was {} ({} sandboxes lost, {} pooled children discarded) at {}",
+            last["cause"].as_str().unwrap_or("?"),
+            last["lost_sandboxes"],
+            last["discarded_pooled"],
+            forkd_snapshot::format_unix(last["at_unix"].as_u64().unwrap_or(0)),
+        ),
+        "find what killed or unmounted forkd-fs (an OOM kill: dmesg; an operator's umount or pkill) in poold's log and the system journal",
+    )
 }
 
 /// Where poold's config is: `$POOLD_CONFIG`, else the systemd unit's
@@ -1140,11 +1184,32 @@ mod tests {
     #[test]
     fn poold_states() {
         let u = "http://127.0.0.1:8889";
-        let ok = PooldSeen::Ok {
+        let seen = |mount: serde_json::Value| PooldSeen::Ok {
             version: "0.1.0".into(),
             accel: "tcg".into(),
+            mount,
         };
+        let ok = seen(serde_json::json!({"ok": true, "recoveries": 0, "last_recovery": null}));
         assert_eq!(check_poold(u, &ok).verdict, Verdict::Pass);
+        assert_eq!(
+            check_poold(u, &seen(serde_json::Value::Null)).verdict,
+            Verdict::Pass
+        );
+        let healed = seen(
+            serde_json::json!({"ok": true, "recoveries": 1, "last_recovery":
+            {"at_unix": 1, "cause": "dead", "took_ms": 900, "lost_sandboxes": 2, "discarded_pooled": 1}}),
+        );
+        let c = check_poold(u, &healed);
+        assert!(
+            c.verdict == Verdict::Warn && c.detail.contains("was dead (2 sandboxes lost"),
+            "{c:?}"
+        );
+        let down = seen(serde_json::json!({"ok": false, "error": "mounting failed: x"}));
+        let c = check_poold(u, &down);
+        assert!(
+            c.verdict == Verdict::Fail && c.detail.contains("mounting failed: x"),
+            "{c:?}"
+        );
         let c = check_poold(u, &PooldSeen::Unauthorized { had_token: false });
         assert!(
             c.verdict == Verdict::Fail && c.fix.contains("FORKD_TOKEN"),

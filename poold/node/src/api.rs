@@ -5,8 +5,8 @@
 //!
 //! | operation | what |
 //! |---|---|
-//! | [`Node::open`], [`Node::start_background`] | adopt what a previous poold left, then refill, reap and GC |
-//! | [`Node::health`], [`Node::metrics_text`], [`Node::metrics_registry`] | what the node runs on, its metrics |
+//! | [`Node::open`], [`Node::start_background`] | adopt what a previous poold left, then refill, reap, GC and heal the mount |
+//! | [`Node::health`], [`Node::mount_health`], [`Node::metrics_text`], [`Node::metrics_registry`] | what the node runs on, its mount, its metrics |
 //! | [`Node::spawn`], [`Node::get`], [`Node::list`], [`Node::destroy`], [`Node::set_ttl`] | sandboxes |
 //! | [`Node::pause`], [`Node::resume`], [`Node::paused`], [`Node::paused_list`] | paused sandboxes |
 //! | [`Node::find_by_token`], [`Node::snapshot_machine`] | what front-ends route and report by |
@@ -28,6 +28,7 @@ use crate::guest::{
     EntryInfo, EvalResult, ExecOutput, ExecSpec, FileRead, FileStat, ListResult, PendingPty,
     PingResult, Process, PtyRequest, WriteHow,
 };
+use crate::mount_watch::{self, MountHealth};
 use crate::node::Node;
 use crate::pool::PoolStatus;
 use crate::snapshots::SnapshotDetails;
@@ -90,13 +91,14 @@ impl Node {
         Ok(n)
     }
 
-    /// Starts the refill loop, the TTL reaper and (with `auto_gc`) the
-    /// store GC. They run until the process ends.
+    /// Starts the refill loop, the TTL reaper, the mount watch and (with
+    /// `auto_gc`) the store GC. They run until the process ends.
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(refill::refill_loop(self.clone()));
         tokio::spawn(reaper::reaper_loop(self.clone()));
         tokio::spawn(paused::expiry_loop(self.clone()));
         tokio::spawn(reaper::reclaim_loop(self.clone()));
+        tokio::spawn(mount_watch::watch_loop(self.clone()));
         if self.cfg.auto_gc {
             tokio::spawn(reaper::gc_loop(self.clone()));
         }
@@ -125,6 +127,12 @@ impl Node {
             jail,
             isolation,
         }
+    }
+
+    /// What the mount watch last found: whether the forkd-fs mount serves,
+    /// and its last recovery (`mount_watch`).
+    pub fn mount_health(&self) -> MountHealth {
+        self.mount_health.lock().unwrap().clone()
     }
 
     /// The metrics in Prometheus' text format (0.0.4), the snapshot count

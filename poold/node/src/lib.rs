@@ -15,7 +15,7 @@
 //!  workspace::paused                 paused sandboxes (E2B's pause) as workspaces
 //!  adopt  refill  workspace          after a restart; pool refills; named sandboxes
 //!  branch  reaper  spawn             branches; TTLs and GC; spawns
-//!  snapshots                         snapshots as the node does them
+//!  mount_watch  snapshots            the mount healed; snapshots as the node does them
 //!  guest  parking  teardown          what runs in a sandbox; parked memory; how VMs end
 //!  node                              the Node: tables, caps, admission
 //!  pool  sandbox                     pool bookkeeping; live sandboxes, their phases
@@ -33,6 +33,7 @@ pub mod error;
 mod guest;
 pub mod limits;
 mod metrics;
+mod mount_watch;
 mod node;
 mod parking;
 mod pool;
@@ -57,6 +58,7 @@ pub use guest::{
     FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
     WriteHow,
 };
+pub use mount_watch::{Cause as MountCause, MountHealth, Recovery as MountRecovery};
 pub use node::Node;
 pub use pool::PoolStatus;
 pub use sandbox::Phase;

@@ -8,8 +8,8 @@
 //! latency are ours.
 
 use prometheus::{
-    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Spawn latency buckets, seconds: from a warm pool hit under KVM (ms) to a
@@ -32,6 +32,10 @@ pub struct Metrics {
     /// `pool` (a hit) or `restore` (restored on demand).
     pub spawn_latency: HistogramVec,
     pub cpu_seconds: GaugeVec,
+    /// The forkd-fs mount recovered; label `cause` (`mount_watch::Cause`).
+    pub mount_recoveries: IntCounterVec,
+    /// Sandboxes destroyed because the mount connection they mapped died.
+    pub sandboxes_lost: IntCounter,
 }
 
 impl Metrics {
@@ -93,6 +97,21 @@ impl Metrics {
             &["mode"],
         )
         .unwrap();
+        let mount_recoveries = IntCounterVec::new(
+            Opts::new(
+                "forkd_mount_recoveries_total",
+                "Times the forkd-fs mount was found unmounted, dead or hung and mounted again",
+            ),
+            &["cause"],
+        )
+        .unwrap();
+        let sandboxes_lost = IntCounter::new(
+            "forkd_sandboxes_lost_total",
+            "Sandboxes destroyed because the forkd-fs connection they mapped died",
+        )
+        .unwrap();
+        reg(Box::new(mount_recoveries.clone()));
+        reg(Box::new(sandboxes_lost.clone()));
         reg(Box::new(snapshots.clone()));
         reg(Box::new(sandboxes.clone()));
         reg(Box::new(branches_in_flight.clone()));
@@ -115,6 +134,8 @@ impl Metrics {
             pool_misses,
             spawn_latency,
             cpu_seconds,
+            mount_recoveries,
+            sandboxes_lost,
         }
     }
 

@@ -45,6 +45,10 @@ pub struct Node {
     pub(crate) gc_wake: Notify,
     /// Wakes `reaper::reclaim_loop` when a snapshot is marked.
     pub(crate) reclaim_wake: Notify,
+    /// Wakes `mount_watch::watch_loop` (an operation met ENOTCONN).
+    pub(crate) mount_wake: Notify,
+    /// What `mount_watch` last found.
+    pub(crate) mount_health: Mutex<crate::mount_watch::MountHealth>,
     pub(crate) refill_slots: Arc<Semaphore>,
     pub(crate) branch_slots: Arc<Semaphore>,
     /// One permit per snapshot creation in flight (`snapshot_concurrency`).
@@ -307,6 +311,11 @@ async fn assemble(
         refill_wake: Notify::new(),
         gc_wake: Notify::new(),
         reclaim_wake: Notify::new(),
+        mount_wake: Notify::new(),
+        mount_health: Mutex::new(crate::mount_watch::MountHealth {
+            ok: true,
+            ..Default::default()
+        }),
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         id_token: cfg.node_name.as_deref().map(forkd_api::ids::node_token),

@@ -119,6 +119,7 @@ pub(crate) async fn refill_loop(n: Arc<Node>) {
                     Ok(v) => Some(v),
                     Err(e) => {
                         tracing::warn!("refilling pool {}: {e:#}", ticket.tag);
+                        crate::mount_watch::suspect(&n, &format!("{e:#}"));
                         // Back off so a broken snapshot does not spin.
                         tokio::time::sleep(Duration::from_secs(2)).await;
                         None

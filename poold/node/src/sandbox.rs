@@ -167,6 +167,11 @@ impl Sandbox {
         self.dir.console()
     }
 
+    /// Its QEMU's pid, if its record can be read.
+    pub fn qemu_pid(&self) -> Option<u32> {
+        self.dir.read_record().ok().map(|v| v.qemu.pid)
+    }
+
     /// Whether its QEMU still runs.
     pub fn is_alive(&self) -> bool {
         self.dir.read_record().is_ok_and(|v| v.qemu.is_alive())

@@ -586,7 +586,8 @@ async fn restore_one(n: &Arc<Node>, plan: &Plan<'_>) -> anyhow::Result<(Vm, Chil
         plan.volumes,
         &mut t,
     )
-    .await?;
+    .await
+    .inspect_err(|e| crate::mount_watch::suspect(n, &format!("{e:#}")))?;
     let handed = async {
         confine(n, &vm, &plan.limits)?;
         let bare = Identity::Bare;

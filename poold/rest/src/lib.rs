@@ -39,7 +39,7 @@ pub mod snapshots;
 pub mod workspaces;
 
 use axum::extract::{DefaultBodyLimit, State};
-use axum::http::header;
+use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::{Json, Router};
 use forkd_node::Node;
@@ -190,18 +190,51 @@ pub fn routes(d: Arc<Node>, transfers: Arc<forkd_edge::transfers::Transfers>) ->
     .with_state(d)
 }
 
-/// `GET /healthz`: poold answers.
+/// `GET /healthz`: poold answers, and whether its forkd-fs mount serves
+/// (503 when it does not: every spawn would fail). No token needed, so no
+/// sandbox ids: the lost ones are counted, and named in poold's log.
 #[utoipa::path(get, path = "/healthz", tag = "status", security(()),
-    responses((status = 200, description = "`{\"ok\": true}`", body = Object)))]
-async fn healthz() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"ok": true}))
+    responses((status = 200, description = "`{\"ok\": true, \"mount\": {ok, checked_unix, error, recoveries, last_recovery: {at_unix, cause, took_ms, lost_sandboxes, discarded_pooled}}}`", body = Object),
+        (status = 503, description = "The same with `ok: false`: the mount does not serve and could not be mounted again (`mount.error` says why)", body = Object)))]
+async fn healthz(State(d): State<Arc<Node>>) -> impl IntoResponse {
+    health_answer(&d)
 }
 
 /// `GET /healthz/`: the same, for clients that add a slash.
 #[utoipa::path(get, path = "/healthz/", tag = "status", security(()),
-    responses((status = 200, description = "`{\"ok\": true}`", body = Object)))]
-async fn healthz_slash() -> Json<serde_json::Value> {
-    Json(serde_json::json!({"ok": true}))
+    responses((status = 200, description = "As `/healthz`", body = Object),
+        (status = 503, description = "As `/healthz`", body = Object)))]
+async fn healthz_slash(State(d): State<Arc<Node>>) -> impl IntoResponse {
+    health_answer(&d)
+}
+
+fn health_answer(d: &Node) -> (StatusCode, Json<serde_json::Value>) {
+    let m = d.mount_health();
+    let last = m.last_recovery.as_ref().map(|r| {
+        serde_json::json!({
+            "at_unix": r.at_unix,
+            "cause": r.cause,
+            "took_ms": r.took_ms,
+            "lost_sandboxes": r.lost_sandboxes.len(),
+            "discarded_pooled": r.discarded_pooled,
+        })
+    });
+    let code = if m.ok {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = serde_json::json!({
+        "ok": m.ok,
+        "mount": {
+            "ok": m.ok,
+            "checked_unix": m.checked_unix,
+            "error": m.error,
+            "recoveries": m.recoveries,
+            "last_recovery": last,
+        },
+    });
+    (code, Json(body))
 }
 
 /// `GET /openapi.json`: this document.

@@ -1,0 +1,305 @@
+//! The forkd-fs mount, watched and healed (docs/design.md, "The mount,
+//! healed").
+//!
+//! Every child maps its memory and reads its disk through the mount, so a
+//! mount that stops serving stops the host: every spawn and refill fails
+//! with ENOTCONN. [`watch_loop`] looks at it every [`CHECK_EVERY`], and at
+//! once when an operation met ENOTCONN ([`suspect`]):
+//! - live: nothing to do;
+//! - gone from the mount table (unmounted behind poold's back, `umount
+//!   -l`): a new mount is started. The detached one keeps serving the files
+//!   VMs have open, so every sandbox and pooled child lives on;
+//! - dead (its holder killed: ENOTCONN) or hung: the connection is
+//!   aborted, the mount detached and a new one started. Every VM that
+//!   mapped the old connection (its QEMU maps a file of that device, read
+//!   from `/proc/<pid>/maps`) dies at its next uncached page, so such
+//!   pooled children are discarded (the pools refill on the new mount) and
+//!   such sandboxes are destroyed and reported lost, not left listed as
+//!   zombies. VMs of an earlier, detached mount are not touched;
+//! - another filesystem mounted there, or a recovery that fails: reported
+//!   (`/healthz` answers 503), retried at the next check.
+//!
+//! Invariants: this loop is the only thing that recovers the mount after
+//! start (one recovery at a time); every recovery is counted
+//! (`forkd_mount_recoveries_total{cause}`, `forkd_sandboxes_lost_total`)
+//! and the last one kept in [`MountHealth`] for `/healthz` and `forkd
+//! doctor`.
+
+use crate::node::Node;
+use crate::teardown::{destroy, discard_pooled};
+use forkd_fs::mount::State;
+use forkd_snapshot::unix_now;
+use serde::Serialize;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How often the mount is looked at without a reason to.
+pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// What the last check found, and the last recovery.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MountHealth {
+    /// Whether the mount served at the last check (or was recovered by it).
+    pub ok: bool,
+    /// When the mount was last checked (unix seconds; 0: not yet).
+    pub checked_unix: u64,
+    /// Why it is not serving, and what to do; None when it is.
+    pub error: Option<String>,
+    /// Recoveries since poold started.
+    pub recoveries: u64,
+    /// The last recovery, if any.
+    pub last_recovery: Option<Recovery>,
+}
+
+/// One recovery of the mount.
+#[derive(Debug, Clone, Serialize)]
+pub struct Recovery {
+    /// When it ended (unix seconds).
+    pub at_unix: u64,
+    /// What had happened to the mount.
+    pub cause: Cause,
+    /// From finding it broken to a new mount answering, ms.
+    pub took_ms: u64,
+    /// Sandboxes destroyed because the connection they mapped died.
+    pub lost_sandboxes: Vec<String>,
+    /// Pooled children discarded for the same reason (the pools refill).
+    pub discarded_pooled: usize,
+}
+
+/// What had happened to a mount that needed recovering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Cause {
+    /// No longer in the mount table (unmounted behind poold's back); its
+    /// connection, if it lives, still serves the VMs that use it.
+    Unmounted,
+    /// Its connection is gone (the holder died): ENOTCONN.
+    Dead,
+    /// Its daemon stopped answering; the connection was aborted.
+    Hung,
+}
+
+impl Cause {
+    fn as_str(self) -> &'static str {
+        match self {
+            Cause::Unmounted => "unmounted",
+            Cause::Dead => "dead",
+            Cause::Hung => "hung",
+        }
+    }
+
+    /// Whether the VMs that mapped the old mount lost it.
+    fn loses_vms(self) -> bool {
+        self != Cause::Unmounted
+    }
+}
+
+/// What a look at the mount found.
+enum Verdict {
+    Live,
+    /// What happened, and the broken mount's device (`major:minor`) when
+    /// it is still in the mount table.
+    Broken(Cause, Option<String>),
+    /// Not serving, and not something to recover by ourselves.
+    Refused(String),
+}
+
+/// Looks at the mount (blocking: control socket and statfs with timeouts).
+fn look(n: &Node) -> anyhow::Result<Verdict> {
+    let cfg = forkd_snapshot::mount_config(&n.paths)?;
+    Ok(match forkd_fs::mount::state(&n.mount, &cfg.control())? {
+        State::Live(_) => Verdict::Live,
+        State::Free => Verdict::Broken(Cause::Unmounted, None),
+        State::Stale { entry, hung } => {
+            let cause = if hung { Cause::Hung } else { Cause::Dead };
+            Verdict::Broken(cause, Some(entry.dev))
+        }
+        State::Silent => Verdict::Refused(format!(
+            "the forkd-fs mount at {} serves files but its control socket {} does not answer; \
+             unmount it (`forkd-fs unmount {}`) so poold can mount it again",
+            n.mount.display(),
+            cfg.control().display(),
+            n.mount.display()
+        )),
+        State::Foreign(e) => Verdict::Refused(format!(
+            "{} has a {} filesystem mounted over the layer store's mount; unmount it",
+            n.mount.display(),
+            e.fstype
+        )),
+    })
+}
+
+/// Wakes [`watch_loop`] when `err` says the mount is not connected: an
+/// operation met a dead mount before the next periodic check did.
+pub(crate) fn suspect(n: &Node, err: &str) {
+    if err.contains("Transport endpoint is not connected") || err.contains("ENOTCONN") {
+        n.mount_wake.notify_one();
+    }
+}
+
+/// Checks the mount every [`CHECK_EVERY`] (or when woken) and heals it.
+pub(crate) async fn watch_loop(n: Arc<Node>) {
+    loop {
+        tokio::select! {
+            _ = n.mount_wake.notified() => {}
+            _ = tokio::time::sleep(CHECK_EVERY) => {}
+        }
+        check_once(&n).await;
+    }
+}
+
+async fn check_once(n: &Arc<Node>) {
+    let n2 = n.clone();
+    let started = Instant::now();
+    let verdict = match tokio::task::spawn_blocking(move || look(&n2)).await {
+        Ok(Ok(v)) => v,
+        Ok(Err(e)) => Verdict::Refused(format!("checking the forkd-fs mount: {e:#}")),
+        Err(e) => Verdict::Refused(format!("checking the forkd-fs mount: {e}")),
+    };
+    match verdict {
+        Verdict::Live => record(n, |h| {
+            h.ok = true;
+            h.error = None;
+        }),
+        Verdict::Refused(why) => {
+            tracing::error!("{why}");
+            record(n, |h| {
+                h.ok = false;
+                h.error = Some(why);
+            });
+        }
+        Verdict::Broken(cause, dev) => recover(n, cause, dev, started).await,
+    }
+}
+
+fn record(n: &Node, f: impl FnOnce(&mut MountHealth)) {
+    let mut h = n.mount_health.lock().unwrap();
+    h.checked_unix = unix_now();
+    f(&mut h);
+}
+
+/// Mounts again; then, when the old connection died, lets go of every VM
+/// that mapped it (`dev`).
+async fn recover(n: &Arc<Node>, cause: Cause, dev: Option<String>, started: Instant) {
+    tracing::warn!(
+        "the forkd-fs mount at {} is {}; mounting it again",
+        n.mount.display(),
+        cause.as_str()
+    );
+    // Before the new mount: a child pooled after it maps the new one.
+    let dead = dev
+        .filter(|_| cause.loses_vms())
+        .and_then(|d| parse_dev(&d));
+    let (lost, discarded) = match dead {
+        Some(dev) => {
+            let pooled = n.pools.drain_where(|v| maps_device(v.vm.pid(), dev));
+            let lost: Vec<String> = n
+                .sandboxes
+                .all()
+                .iter()
+                .filter(|s| s.qemu_pid().is_some_and(|p| maps_device(p, dev)))
+                .map(|s| s.record().id)
+                .collect();
+            (lost, pooled)
+        }
+        None => (Vec::new(), Vec::new()),
+    };
+    let paths = n.paths.clone();
+    let res = forkd_snapshot::ensure_mount_async(&paths).await;
+    let discarded_pooled = discarded.len();
+    discard_pooled(n, discarded);
+    for id in &lost {
+        tracing::warn!(
+            "sandbox {id}: lost: the forkd-fs connection its memory and disk were mapped from died"
+        );
+        destroy(n, id).await;
+    }
+    n.metrics.sandboxes_lost.inc_by(lost.len() as u64);
+    n.refill_wake.notify_one();
+    match res {
+        Ok(_) => {
+            let took_ms = started.elapsed().as_millis() as u64;
+            tracing::warn!(
+                "the forkd-fs mount serves again after {took_ms} ms ({} sandboxes lost, {discarded_pooled} pooled children discarded)",
+                lost.len()
+            );
+            n.metrics
+                .mount_recoveries
+                .with_label_values(&[cause.as_str()])
+                .inc();
+            record(n, |h| {
+                h.ok = true;
+                h.error = None;
+                h.recoveries += 1;
+                h.last_recovery = Some(Recovery {
+                    at_unix: unix_now(),
+                    cause,
+                    took_ms,
+                    lost_sandboxes: lost,
+                    discarded_pooled,
+                });
+            });
+        }
+        Err(e) => {
+            let why = format!(
+                "the forkd-fs mount at {} is {} and mounting it again failed: {e:#}; \
+                 see its log ({}), then restart poold",
+                n.mount.display(),
+                cause.as_str(),
+                forkd_fs::mount::log_path(&forkd_fs::mount::default_control_socket(&n.mount))
+                    .display()
+            );
+            tracing::error!("{why}");
+            record(n, |h| {
+                h.ok = false;
+                h.error = Some(why);
+            });
+        }
+    }
+}
+
+/// `major:minor` as mountinfo writes it (decimal).
+fn parse_dev(s: &str) -> Option<(u32, u32)> {
+    let (a, b) = s.split_once(':')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
+}
+
+/// Whether process `pid` maps a file of device `dev` (`/proc/<pid>/maps`
+/// writes devices as hexadecimal `major:minor`).
+fn maps_device(pid: u32, dev: (u32, u32)) -> bool {
+    let Ok(maps) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return false;
+    };
+    maps.lines().any(|l| {
+        l.split_whitespace().nth(3).is_some_and(|d| {
+            d.split_once(':').is_some_and(|(a, b)| {
+                u32::from_str_radix(a, 16).ok() == Some(dev.0)
+                    && u32::from_str_radix(b, 16).ok() == Some(dev.1)
+            })
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_a_mapping_of_a_device() {
+        // This process maps its own binary; find that file's device.
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let md = std::fs::metadata(&exe).unwrap();
+        let dev = {
+            use std::os::unix::fs::MetadataExt;
+            (
+                nix::sys::stat::major(md.dev()) as u32,
+                nix::sys::stat::minor(md.dev()) as u32,
+            )
+        };
+        assert!(maps_device(std::process::id(), dev));
+        assert!(!maps_device(std::process::id(), (dev.0, dev.1 + 1000)));
+        assert!(!maps_device(u32::MAX, dev), "no such process");
+        assert_eq!(parse_dev("0:45"), Some((0, 45)));
+        assert_eq!(parse_dev("0"), None);
+    }
+}
