@@ -45,7 +45,10 @@ fn snapshot_and_sandbox_endpoints_with_their_errors() {
     assert_eq!(files[3], files[4], "{limits}");
     block_on(async {
         // Status endpoints.
-        assert_eq!(p.get("/healthz").await, (200, json!({"ok": true})));
+        let (st, h) = p.get("/healthz").await;
+        assert_eq!((st, &h["ok"]), (200, &json!(true)), "{h}");
+        assert_eq!(h["mount"]["ok"], true, "{h}");
+        assert_eq!(h["mount"]["recoveries"], 0, "{h}");
         let (st, v) = p.get("/version").await;
         assert_eq!((st, v["api"].as_str()), (200, Some("v1")));
         let (st, v) = p.get("/no/such/route").await;
