@@ -374,13 +374,10 @@ pub async fn give_identity(vm: &Vm, hostname: &str) -> Result<()> {
 async fn give_identity_with(vm: &Vm, hostname: &str, ca: Option<&CaBundle>) -> Result<()> {
     let nameservers = vm.record.net.is_some().then(forkd_vmm::net::nameservers);
     let pem = ca.map(CaBundle::pem);
-    let r = tokio::time::timeout(
-        READY_TIMEOUT,
-        vm.agent
-            .identity_with(Some(hostname), nameservers, pem.as_deref()),
-    )
-    .await
-    .map_err(|_| anyhow!("the agent did not answer within {READY_TIMEOUT:?}"))??;
+    let r = vm
+        .agent
+        .identity_with(Some(hostname), nameservers, pem.as_deref(), READY_TIMEOUT)
+        .await?;
     check_ca_installed(ca, r.ca_certs_installed)
 }
 
@@ -428,13 +425,10 @@ pub async fn hand_out(
     let pem = ca.as_ref().map(CaBundle::pem);
     let answered = match identity {
         Identity::Bare => give_identity_with(vm, hostname, ca.as_ref()).await,
-        Identity::Given => {
-            match tokio::time::timeout(READY_TIMEOUT, vm.agent.sync_clock(pem.as_deref())).await {
-                Ok(Ok(r)) => check_ca_installed(ca.as_ref(), r.ca_certs_installed),
-                Ok(Err(e)) => Err(anyhow::Error::from(e)),
-                Err(_) => Err(anyhow!("the agent did not answer within {READY_TIMEOUT:?}")),
-            }
-        }
+        Identity::Given => match vm.agent.sync_clock(pem.as_deref(), READY_TIMEOUT).await {
+            Ok(r) => check_ca_installed(ca.as_ref(), r.ca_certs_installed),
+            Err(e) => Err(anyhow::Error::from(e)),
+        },
     };
     answered.map_err(|e| {
         e.context(format!(

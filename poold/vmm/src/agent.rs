@@ -629,19 +629,19 @@ impl AgentClient {
     }
 
     /// Gives a freshly forked child its identity: host entropy, host clock,
-    /// hostname, and a reseeded interpreter.
-    pub async fn identity(&self, hostname: Option<&str>) -> Result<IdentityResult, CallError> {
-        self.identity_with(hostname, None, None).await
-    }
-
-    /// [`Self::identity`], also writing the guest's resolv.conf with
-    /// `nameservers` when given (a networked child) and installing the
-    /// extra CA certificates `ca_certs` (PEM) when given.
+    /// hostname and a reseeded interpreter; also writes the guest's
+    /// resolv.conf with `nameservers` when given (a networked child) and
+    /// installs the extra CA certificates `ca_certs` (PEM) when given.
+    ///
+    /// `deadline` is the caller's: the reseed runs warm-up modules' hooks
+    /// (a browser's takes seconds under TCG), so only the caller knows how
+    /// long a child may take to become ready.
     pub async fn identity_with(
         &self,
         hostname: Option<&str>,
         nameservers: Option<Vec<std::net::Ipv4Addr>>,
         ca_certs: Option<&str>,
+        deadline: Duration,
     ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 64];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
@@ -653,7 +653,7 @@ impl AgentClient {
             ca_certs: ca_certs.map(String::from),
         };
         Ok(self
-            .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
+            .call_typed(Op::Identity(spec), &entropy, deadline)
             .await?
             .0)
     }
@@ -662,7 +662,12 @@ impl AgentClient {
     /// a child whose identity was given when it was parked needs at
     /// hand-out (its clock stood still while it was paused); with
     /// `ca_certs` (PEM), the extra CA certificates this hand-out asks for.
-    pub async fn sync_clock(&self, ca_certs: Option<&str>) -> Result<IdentityResult, CallError> {
+    /// `deadline` as for [`Self::identity_with`].
+    pub async fn sync_clock(
+        &self,
+        ca_certs: Option<&str>,
+        deadline: Duration,
+    ) -> Result<IdentityResult, CallError> {
         let mut entropy = [0u8; 32];
         rand::Rng::fill(&mut rand::rngs::OsRng, &mut entropy[..]);
         let spec = IdentitySpec {
@@ -673,7 +678,7 @@ impl AgentClient {
             ca_certs: ca_certs.map(String::from),
         };
         Ok(self
-            .call_typed(Op::Identity(spec), &entropy, Duration::from_secs(30))
+            .call_typed(Op::Identity(spec), &entropy, deadline)
             .await?
             .0)
     }
@@ -927,6 +932,41 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         let r = c.ping(Duration::from_secs(5)).await;
         assert!(matches!(r, Err(CallError::Channel(_))), "{r:?}");
+    }
+
+    /// A hand-out's identity waits as long as its caller allows: a
+    /// browser's reseed takes over 30 s on a busy TCG host, and the call
+    /// used to give up at a fixed 30 s under poold's 60 s bound on a
+    /// child's first answer.
+    #[tokio::test(start_paused = true)]
+    async fn an_identity_waits_for_the_callers_deadline() {
+        let (c, mut agent) = pair();
+        let fake = async {
+            let (h, entropy) = agent.recv().await;
+            assert!(
+                matches!(&h.op, Op::Identity(s) if s.reseed_interpreter),
+                "{h:?}"
+            );
+            assert_eq!(entropy.len(), 64);
+            tokio::time::sleep(Duration::from_secs(45)).await;
+            let r = IdentityResult {
+                hostname: "slow".into(),
+                interpreter_reseeded: true,
+                ..Default::default()
+            };
+            agent.send(h.id, ok(r), &[]).await;
+            agent
+        };
+        let call = c.identity_with(Some("slow"), None, None, Duration::from_secs(60));
+        let (r, mut agent) = tokio::join!(call, fake);
+        assert_eq!(r.unwrap().hostname, "slow");
+        // And no longer than that.
+        let call = c.sync_clock(None, Duration::from_secs(60));
+        let (r, _) = tokio::join!(call, agent.recv());
+        assert!(
+            matches!(r, Err(CallError::Timeout(d)) if d == Duration::from_secs(60)),
+            "{r:?}"
+        );
     }
 
     /// Garbage in front of a reply is skipped and the reply still arrives:

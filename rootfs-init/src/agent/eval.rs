@@ -28,9 +28,10 @@ const NATIVE_DIR: &str = "/run/forkd";
 pub const DEFAULT_EVAL_TIMEOUT: Duration = Duration::from_secs(300);
 /// Bound on a reseed, warm-up modules' `forkd_reseed` hooks included. A
 /// hook may do real work (the browser image's reseeds every Chromium
-/// process and opens a page in a new renderer: seconds under TCG), yet
-/// the whole identity request must answer within the host's 30 s.
-pub const RESEED_TIMEOUT: Duration = Duration::from_secs(25);
+/// process and opens a page in a new renderer: up to 25 s under TCG on a
+/// busy host), yet the whole identity request must answer within the
+/// host's 60 s (poold's `restore::READY_TIMEOUT`).
+pub const RESEED_TIMEOUT: Duration = Duration::from_secs(50);
 
 /// What ping reports about the interpreter.
 #[derive(Debug, Clone, Default)]
