@@ -19,6 +19,12 @@
 //! - another filesystem mounted there, or a recovery that fails: reported
 //!   (`/healthz` answers 503), retried at the next check.
 //!
+//! A verdict one look can get wrong waits for a second: a control socket
+//! is quiet for the few hundred ms a worker restart takes, and `statfs`
+//! can miss its deadline on a loaded host. "Hung" and "silent" act (abort
+//! the connection, answer 503) only when the look [`CONFIRM_AFTER`] later
+//! agrees; ENOTCONN and an empty mount table are facts and act at once.
+//!
 //! Invariants: this loop is the only thing that recovers the mount after
 //! start (one recovery at a time); every recovery is counted
 //! (`forkd_mount_recoveries_total{cause}`, `forkd_sandboxes_lost_total`)
@@ -35,6 +41,9 @@ use std::time::{Duration, Instant};
 
 /// How often the mount is looked at without a reason to.
 pub(crate) const CHECK_EVERY: Duration = Duration::from_secs(2);
+
+/// How soon a doubtful verdict is looked at again.
+const CONFIRM_AFTER: Duration = Duration::from_millis(500);
 
 /// What the last check found, and the last recovery.
 #[derive(Debug, Clone, Default, Serialize)]
@@ -95,13 +104,41 @@ impl Cause {
 }
 
 /// What a look at the mount found.
+#[derive(Debug)]
 enum Verdict {
     Live,
     /// What happened, and the broken mount's device (`major:minor`) when
     /// it is still in the mount table.
     Broken(Cause, Option<String>),
+    /// It serves files but its control socket does not answer.
+    Silent(String),
     /// Not serving, and not something to recover by ourselves.
     Refused(String),
+}
+
+impl Verdict {
+    /// Whether one look can be wrong about it (module doc).
+    fn doubtful(&self) -> bool {
+        matches!(self, Verdict::Broken(Cause::Hung, _) | Verdict::Silent(_))
+    }
+}
+
+/// What the watch does with a verdict, given whether the previous look
+/// was doubtful too.
+#[derive(Debug, PartialEq, Eq)]
+enum Step {
+    /// Act on it.
+    Act,
+    /// Look again in [`CONFIRM_AFTER`] before acting.
+    LookAgain,
+}
+
+fn step(v: &Verdict, doubted: bool) -> Step {
+    if v.doubtful() && !doubted {
+        Step::LookAgain
+    } else {
+        Step::Act
+    }
 }
 
 /// Looks at the mount (blocking: control socket and statfs with timeouts).
@@ -114,7 +151,7 @@ fn look(n: &Node) -> anyhow::Result<Verdict> {
             let cause = if hung { Cause::Hung } else { Cause::Dead };
             Verdict::Broken(cause, Some(entry.dev))
         }
-        State::Silent => Verdict::Refused(format!(
+        State::Silent => Verdict::Silent(format!(
             "the forkd-fs mount at {} serves files but its control socket {} does not answer; \
              unmount it (`forkd-fs unmount {}`) so poold can mount it again",
             n.mount.display(),
@@ -139,29 +176,44 @@ pub(crate) fn suspect(n: &Node, err: &str) {
 
 /// Checks the mount every [`CHECK_EVERY`] (or when woken) and heals it.
 pub(crate) async fn watch_loop(n: Arc<Node>) {
+    let mut doubted = false;
     loop {
+        let wait = if doubted { CONFIRM_AFTER } else { CHECK_EVERY };
         tokio::select! {
             _ = n.mount_wake.notified() => {}
-            _ = tokio::time::sleep(CHECK_EVERY) => {}
+            _ = tokio::time::sleep(wait) => {}
         }
-        check_once(&n).await;
+        let started = Instant::now();
+        let verdict = look_async(&n).await;
+        match step(&verdict, doubted) {
+            Step::LookAgain => {
+                tracing::debug!("the forkd-fs mount looks {verdict:?}; looking again");
+                doubted = true;
+            }
+            Step::Act => {
+                doubted = false;
+                act(&n, verdict, started).await;
+            }
+        }
     }
 }
 
-async fn check_once(n: &Arc<Node>) {
-    let n2 = n.clone();
-    let started = Instant::now();
-    let verdict = match tokio::task::spawn_blocking(move || look(&n2)).await {
+async fn look_async(n: &Arc<Node>) -> Verdict {
+    let n = n.clone();
+    match tokio::task::spawn_blocking(move || look(&n)).await {
         Ok(Ok(v)) => v,
         Ok(Err(e)) => Verdict::Refused(format!("checking the forkd-fs mount: {e:#}")),
         Err(e) => Verdict::Refused(format!("checking the forkd-fs mount: {e}")),
-    };
+    }
+}
+
+async fn act(n: &Arc<Node>, verdict: Verdict, started: Instant) {
     match verdict {
         Verdict::Live => record(n, |h| {
             h.ok = true;
             h.error = None;
         }),
-        Verdict::Refused(why) => {
+        Verdict::Silent(why) | Verdict::Refused(why) => {
             tracing::error!("{why}");
             record(n, |h| {
                 h.ok = false;
@@ -301,5 +353,24 @@ mod tests {
         assert!(!maps_device(u32::MAX, dev), "no such process");
         assert_eq!(parse_dev("0:45"), Some((0, 45)));
         assert_eq!(parse_dev("0"), None);
+    }
+
+    #[test]
+    fn hung_and_silent_act_only_when_a_second_look_agrees() {
+        let hung = || Verdict::Broken(Cause::Hung, Some("0:45".into()));
+        let silent = || Verdict::Silent("quiet".into());
+        for v in [hung(), silent()] {
+            assert_eq!(step(&v, false), Step::LookAgain, "{v:?}");
+            assert_eq!(step(&v, true), Step::Act, "{v:?}");
+        }
+        // Facts act at once.
+        for v in [
+            Verdict::Live,
+            Verdict::Broken(Cause::Dead, Some("0:45".into())),
+            Verdict::Broken(Cause::Unmounted, None),
+            Verdict::Refused("foreign".into()),
+        ] {
+            assert_eq!(step(&v, false), Step::Act, "{v:?}");
+        }
     }
 }
