@@ -1,11 +1,14 @@
 //! Soak and chaos: spawns, execs, branches, deletes (of sandboxes and
 //! snapshots) and hub round trips (push a branch snapshot to a `file://`
 //! hub, delete it, pull it back while poold runs, spawn from it) in a loop
-//! against a real poold, while poold, the forkd-fs
-//! worker and single QEMUs are killed with SIGKILL, some of them in the
+//! against a real poold, while poold, the forkd-fs worker, the forkd-fs
+//! holder and single QEMUs are killed with SIGKILL, some of them in the
 //! middle of a request. After every fault, and every 20 operations, the
 //! invariants are checked:
 //!
+//! - after a holder kill, poold has mounted the store again within 30 s
+//!   without a restart (`/healthz` counts the recovery); the sandboxes that
+//!   mapped the dead connection are reported lost and leave the list;
 //! - every sandbox poold lists answers an exec;
 //! - the pool is refilled to its size;
 //! - the QEMUs of the data dir are exactly the listed sandboxes and the
@@ -47,6 +50,8 @@ struct Tally {
     recoveries: u32,
     /// Requests that failed while a fault was being injected (expected).
     cut: u32,
+    /// Sandboxes reported lost by a mount recovery (a holder kill).
+    lost: usize,
     violations: Vec<String>,
 }
 
@@ -254,9 +259,10 @@ impl Soak {
 
     /// One random fault, then recovery and the invariants.
     fn fault(&mut self) {
-        match self.rng.gen_range(0..3) {
+        match self.rng.gen_range(0..4) {
             0 => self.kill_poold(),
             1 => self.kill_fs_worker(),
+            2 => self.kill_fs_holder(),
             _ => self.kill_qemu(),
         }
         self.check("after a fault");
@@ -349,6 +355,66 @@ impl Soak {
         }
         self.t.time("forkd-fs worker replaced", t0);
         self.t.recoveries += 1;
+    }
+
+    /// The holder (the process that opened /dev/fuse) dies, and the mount's
+    /// connection with it: poold must mount again by itself
+    /// (docs/design.md, "The mount, healed").
+    fn kill_fs_holder(&mut self) {
+        *self.t.faults.entry("forkd-fs holder kill -9").or_default() += 1;
+        let holder = match forkd_fs(&self.home.dir, &["status"]) {
+            Ok(st) => st["holder_pid"].as_u64(),
+            Err(e) => return self.t.violation(format!("forkd-fs status: {e}")),
+        };
+        let Some(holder) = holder else {
+            return self.t.violation("forkd-fs status names no holder".into());
+        };
+        let before = self.mount_health()["recoveries"].as_u64().unwrap_or(0);
+        let listed = self.sandboxes();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(holder as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+        let t0 = Instant::now();
+        let mount = loop {
+            let m = self.mount_health();
+            if m["ok"] == true && m["recoveries"].as_u64().unwrap_or(0) > before {
+                break m;
+            }
+            if t0.elapsed() > Duration::from_secs(30) {
+                return self.t.violation(format!(
+                    "the mount was not recovered within 30 s of a holder kill: {m}"
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        self.t.time("mount recovered (holder killed)", t0);
+        self.t.recoveries += 1;
+        if mount["last_recovery"]["cause"] != "dead" {
+            self.t.violation(format!(
+                "a holder kill recovered as something other than a dead connection: {mount}"
+            ));
+        }
+        // Lost sandboxes left the list (a QEMU that met the dead mount on
+        // its own before the recovery may have left it too; any sandbox
+        // still listed answers an exec in the check that follows).
+        let lost = mount["last_recovery"]["lost_sandboxes"]
+            .as_u64()
+            .unwrap_or(0) as usize;
+        self.t.lost += lost;
+        let live = self.sandboxes();
+        let gone = listed.iter().filter(|id| !live.contains(id)).count();
+        if gone < lost {
+            self.t.violation(format!(
+                "{gone} sandboxes left the list after a holder kill, {lost} reported lost: {mount}"
+            ));
+        }
+    }
+
+    /// `/healthz`'s `mount` (answered with 503 while the mount is down).
+    fn mount_health(&self) -> serde_json::Value {
+        let (_, v) = block_on(self.p().get("/healthz"));
+        v["mount"].clone()
     }
 
     fn kill_qemu(&mut self) {
@@ -456,9 +522,10 @@ impl Soak {
             eprintln!("fault: {f:<28} {n}");
         }
         eprintln!(
-            "recoveries {}, requests cut by a fault {}, invariant violations {}",
+            "recoveries {}, requests cut by a fault {}, sandboxes lost with a mount {}, invariant violations {}",
             self.t.recoveries,
             self.t.cut,
+            self.t.lost,
             self.t.violations.len()
         );
     }
