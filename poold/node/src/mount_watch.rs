@@ -32,6 +32,7 @@
 //! doctor`.
 
 use crate::node::Node;
+use crate::pool::Parked;
 use crate::teardown::{destroy, discard_pooled};
 use forkd_fs::mount::State;
 use forkd_snapshot::unix_now;
@@ -244,12 +245,14 @@ async fn recover(n: &Arc<Node>, cause: Cause, dev: Option<String>, started: Inst
         .and_then(|d| parse_dev(&d));
     let (lost, discarded) = match dead {
         Some(dev) => {
-            let pooled = n.pools.drain_where(|v| maps_device(v.vm.pid(), dev));
+            let pooled = n
+                .pools
+                .drain_where(|v| went_with(dev, v.is_alive(), Some(v.vm.pid())));
             let lost: Vec<String> = n
                 .sandboxes
                 .all()
                 .iter()
-                .filter(|s| s.qemu_pid().is_some_and(|p| maps_device(p, dev)))
+                .filter(|s| went_with(dev, s.is_alive(), s.qemu_pid()))
                 .map(|s| s.record().id)
                 .collect();
             (lost, pooled)
@@ -310,6 +313,13 @@ async fn recover(n: &Arc<Node>, cause: Cause, dev: Option<String>, started: Inst
     }
 }
 
+/// Whether a VM goes with the dead connection `dev`: its QEMU maps a file
+/// of it, or already died (at its first page from that connection, most
+/// likely) and has no maps left to read. Either way it cannot serve again.
+fn went_with(dev: (u32, u32), alive: bool, qemu: Option<u32>) -> bool {
+    !alive || qemu.is_some_and(|p| maps_device(p, dev))
+}
+
 /// `major:minor` as mountinfo writes it (decimal).
 fn parse_dev(s: &str) -> Option<(u32, u32)> {
     let (a, b) = s.split_once(':')?;
@@ -352,6 +362,25 @@ mod tests {
         assert!(!maps_device(std::process::id(), (dev.0, dev.1 + 1000)));
         assert!(!maps_device(u32::MAX, dev), "no such process");
         assert_eq!(parse_dev("0:45"), Some((0, 45)));
+    }
+
+    #[test]
+    fn a_vm_that_died_before_the_scan_goes_with_the_connection() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let md = std::fs::metadata(&exe).unwrap();
+        let dev = {
+            use std::os::unix::fs::MetadataExt;
+            (
+                nix::sys::stat::major(md.dev()) as u32,
+                nix::sys::stat::minor(md.dev()) as u32,
+            )
+        };
+        let me = Some(std::process::id());
+        assert!(went_with(dev, true, me), "maps the dead device");
+        assert!(!went_with((dev.0, dev.1 + 1000), true, me), "maps another");
+        // Its QEMU gone, its maps with it: lost, not left listed.
+        assert!(went_with(dev, false, Some(u32::MAX)));
+        assert!(went_with(dev, false, None));
         assert_eq!(parse_dev("0"), None);
     }
 
