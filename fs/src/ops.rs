@@ -17,7 +17,10 @@
 //! is noted.
 //! Files are opened with FOPEN_KEEP_CACHE (the content of an inode never
 //! changes), so the kernel page cache survives across opens and is shared by
-//! every process mapping the file.
+//! every process mapping the file, and with FOPEN_NOFLUSH: a read-only file
+//! has nothing to flush, and a close must never wait for the daemon (a
+//! QEMU exiting, or a process exec'ing with a file of the mount open, while
+//! the worker restarts or a holder is adopted would hang in `close`).
 
 use std::cell::RefCell;
 use std::ffi::OsStr;
@@ -423,7 +426,10 @@ impl Filesystem for ForkdFs {
                 if let (Some(lazy), Content::Stored(_)) = (self.shared.lazy.get(), &f.content) {
                     lazy.on_open(f.snap, first);
                 }
-                reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+                reply.opened(
+                    FileHandle(fh),
+                    FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_NOFLUSH,
+                );
             }
             Err(Refusal::Hidden) | Err(Refusal::InUse(_)) => reply.error(Errno::ENOENT),
         }

@@ -589,6 +589,35 @@ fn a_hung_daemon_is_aborted_and_replaced() {
 /// the mount stays, a new worker answers that request, a mapping made
 /// before the crash reads right after it, and the open-file count the
 /// delete protocol relies on survives (journal).
+/// Closing a file of the mount never waits for its daemon: a QEMU that
+/// exits, or a process that execs with a file of the mount open, while the
+/// worker restarts (or a holder is adopted) would hang in `close` on a
+/// FUSE_FLUSH nobody answers.
+#[test]
+fn a_close_does_not_wait_for_a_stopped_worker() {
+    if no_fuse() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let ts = TestStore::new();
+    let d = synth::mixed_file(5, MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    m.note_pid();
+    let worker = m.client().status().unwrap().pid as i32;
+    let f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    stop(worker);
+    let closed = std::thread::spawn(move || drop(f));
+    let prompt = wait_for(Duration::from_secs(5), || closed.is_finished());
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(worker),
+        nix::sys::signal::Signal::SIGCONT,
+    )
+    .unwrap();
+    closed.join().unwrap();
+    assert!(prompt, "close waited for the stopped worker (FUSE_FLUSH)");
+}
+
 #[test]
 fn a_killed_worker_is_replaced_and_its_unanswered_requests_replayed() {
     if no_fuse() || !nix::unistd::geteuid().is_root() {
