@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 use crate::holder::{self, WorkerCommand};
 use crate::journal::{Entry, Journal};
+use crate::keeper;
 use crate::mount::{self, State};
 use crate::ops::{ForkdFs, KernelTuning};
 use crate::shared::{Shared, WorkerOf};
@@ -291,21 +292,54 @@ fn worker_tuning(opts: &ServeOptions) -> KernelTuning {
 /// starts a worker (`binary worker ...`, a forkd-fs binary) and relays to
 /// it, restarting it as long as the mount lives. `ready` runs once the
 /// first worker serves.
-pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Result<()> {
-    std::fs::create_dir_all(&opts.mountpoint)
-        .with_context(|| format!("creating mount point {}", opts.mountpoint.display()))?;
-    let mp = opts.mountpoint.canonicalize()?;
-    check_mountpoint(&mp, &opts.control_socket)?;
+pub fn hold(
+    opts: &ServeOptions,
+    binary: &Path,
+    adopt: Option<&Path>,
+    ready: impl FnOnce(&Path),
+) -> Result<()> {
+    // Adopting, the mount is there and waits for us: anything that looks
+    // at it through the filesystem (a stat, a probe) would wait too
+    // (keeper's invariants); the keeper gives its path as mounted.
+    let mp = match adopt {
+        Some(_) => opts.mountpoint.clone(),
+        None => {
+            std::fs::create_dir_all(&opts.mountpoint)
+                .with_context(|| format!("creating mount point {}", opts.mountpoint.display()))?;
+            let mp = opts.mountpoint.canonicalize()?;
+            check_mountpoint(&mp, &opts.control_socket)?;
+            mp
+        }
+    };
     // Each holder its own journal: a mount detached lazily keeps serving
-    // its open files (and restarting its worker) beside the next one.
-    mount::remove_dead_journals(&opts.control_socket);
+    // its open files (and restarting its worker) beside the next one. An
+    // adopting holder takes the dead one's over.
     let journal = mount::journal_path(&opts.control_socket, std::process::id());
-    Journal::create(&journal)?;
-    let m = holder::mount(&mp, opts.gid)?;
+    match adopt {
+        Some(old) => std::fs::rename(old, &journal)
+            .with_context(|| format!("taking over the dead holder's journal {}", old.display()))?,
+        None => Journal::create(&journal)?,
+    }
+    mount::remove_dead_journals(&opts.control_socket);
+    let m = match adopt {
+        Some(_) => adopted_connection()?,
+        None => holder::mount(&mp, opts.gid)?,
+    };
     let dev = mount::mount_at(&mp)?.map(|e| e.dev);
     let cmd = WorkerCommand {
         binary: binary.to_path_buf(),
         args: worker_args(opts, &mp, &journal, dev.as_deref()),
+    };
+    let keep = keeper::bind(&mp)?;
+    // Removed at the end only while it is still ours: a mount detached
+    // (`umount -l`) outlives the next one's holder binding the same path.
+    let keep_id = std::fs::symlink_metadata(keeper::keep_path(&mp))
+        .map(|md| (md.dev(), md.ino()))
+        .unwrap_or_default();
+    let info = keeper::Info {
+        holder_pid: std::process::id(),
+        journal: journal.clone(),
+        dev: dev.clone(),
     };
     let worker_pid: holder::WorkerPid = Default::default();
     if opts.handle_signals {
@@ -316,7 +350,7 @@ pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Re
     }
     let control = opts.control_socket.clone();
     let (mp2, readahead_kib) = (mp.clone(), opts.readahead_kib);
-    let res = holder::run(m, &cmd, worker_pid, move || {
+    let res = holder::run(m, &cmd, worker_pid, Some((keep, info)), move || {
         wait_serving(&mp2, &control)?;
         // After the INIT answer, which caps it at what the kernel offered.
         set_readahead(&mp2, readahead_kib);
@@ -329,7 +363,29 @@ pub fn hold(opts: &ServeOptions, binary: &Path, ready: impl FnOnce(&Path)) -> Re
         let _ = mount::sys_unmount(&mp, true);
     }
     let _ = std::fs::remove_file(&journal);
+    remove_own_socket(&keeper::keep_path(&mp), keep_id);
     res
+}
+
+/// The connection and arena a keeper handed an adopting holder
+/// ([`keeper::ADOPT_DEV_FD`], [`keeper::ADOPT_ARENA_FD`]).
+fn adopted_connection() -> Result<holder::Mounted> {
+    use std::os::fd::FromRawFd;
+    let take = |fd: i32| -> Result<std::os::fd::OwnedFd> {
+        nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD)
+            .with_context(|| format!("--adopt-journal needs the keeper's fd {fd}"))?;
+        // SAFETY: the keeper passed this fd for us alone.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    };
+    let dev = take(keeper::ADOPT_DEV_FD)?;
+    let st = nix::sys::stat::fstat(std::os::fd::AsRawFd::as_raw_fd(&dev))?;
+    // /dev/fuse is the character device 10:229.
+    if st.st_mode & libc::S_IFMT != libc::S_IFCHR || st.st_rdev != nix::sys::stat::makedev(10, 229)
+    {
+        bail!("fd {} is not a /dev/fuse connection", keeper::ADOPT_DEV_FD);
+    }
+    let arena = crate::arena::Arena::adopt(take(keeper::ADOPT_ARENA_FD)?)?;
+    Ok(holder::Mounted { dev, arena })
 }
 
 /// The `forkd-fs worker` command line for a mount.

@@ -35,8 +35,12 @@
 //!   protocol's state) is journaled before the kernel learns it
 //!   (`journal`); a new worker replays it.
 //!
-//! Killing the holder itself ends the mount as before; it holds no store,
-//! no cache and no parser beyond the FUSE headers.
+//! - Every request is read straight into a slot of the request arena
+//!   (`arena`), shared memory a keeper holds with a duplicate of the
+//!   connection (`keeper`): when the holder itself dies, a holder started
+//!   by the keeper adopts both and replays what was pending. Without a
+//!   keeper, the holder's death ends the mount. It holds no store, no
+//!   cache and no parser beyond the FUSE headers.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -48,6 +52,8 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+
+use crate::arena::{in_header, Arena};
 use nix::sys::socket::{self, AddressFamily, MsgFlags, SockFlag, SockType};
 use tracing::{error, info, warn};
 
@@ -57,9 +63,6 @@ const FUSE_INIT: u32 = 26;
 const FUSE_INTERRUPT: u32 = 36;
 const FUSE_BATCH_FORGET: u32 = 42;
 
-/// Largest request the kernel sends (fuser's max_write, 16 MiB) plus room
-/// for headers. Reads of `/dev/fuse` need a buffer this big.
-const REQUEST_BUF: usize = (16 << 20) + 8192;
 /// The largest read a worker behind a holder answers. The worker socket is
 /// `SOCK_SEQPACKET`: the kernel copies each packet's head into one
 /// physically contiguous buffer (`unix_dgram_sendmsg`), so a 256 KiB
@@ -91,9 +94,10 @@ pub struct WorkerCommand {
     pub args: Vec<OsString>,
 }
 
-/// A request read from the kernel and not yet answered.
+/// A request read from the kernel and not yet answered: its arena slot.
 struct Pending {
-    bytes: Arc<[u8]>,
+    slot: usize,
+    len: usize,
     /// The worker generation it was last sent to.
     sent_to: u64,
 }
@@ -106,6 +110,8 @@ struct Tx {
 
 struct Relay {
     dev: OwnedFd,
+    /// Where requests are read to, shared with a keeper (`arena`).
+    arena: Arena,
     pending: Mutex<BTreeMap<u64, Pending>>,
     /// Held while sending to a worker: a request's send and a new worker's
     /// replay never interleave.
@@ -121,71 +127,42 @@ struct Relay {
     worker_pid: WorkerPid,
 }
 
-/// The fuse_in_header fields the holder needs: (len, opcode, unique).
-fn in_header(b: &[u8]) -> Option<(u32, u32, u64)> {
-    Some((
-        u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?),
-        u32::from_ne_bytes(b.get(4..8)?.try_into().ok()?),
-        u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?),
-    ))
-}
-
 /// The fuse_out_header's `unique` (0 for a notification).
 fn out_unique(b: &[u8]) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(8..16)?.try_into().ok()?))
 }
 
 impl Relay {
-    /// Kernel → worker, until the connection ends.
+    /// Kernel → worker, until the connection ends. Each request is read
+    /// straight into an arena slot, so it outlives this process.
     fn read_kernel(self: &Arc<Self>) {
-        let mut buf = vec![0u8; REQUEST_BUF];
         loop {
-            let n = match nix::unistd::read(self.dev.as_raw_fd(), &mut buf) {
+            let slot = self.arena.take();
+            let read = {
+                // SAFETY: just taken; only this thread touches the slot
+                // until it is pending or released.
+                let buf = unsafe { self.arena.slot_mut(slot) };
+                nix::unistd::read(self.dev.as_raw_fd(), buf)
+            };
+            let n = match read {
                 Ok(n) => n,
-                Err(nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN) => continue,
-                // The request was interrupted before we read it.
-                Err(nix::errno::Errno::ENOENT) => continue,
-                Err(nix::errno::Errno::ENODEV) => break,
                 Err(e) => {
-                    error!("reading /dev/fuse: {e}; ending the mount's relay");
-                    break;
+                    self.arena.release(slot);
+                    match e {
+                        nix::errno::Errno::EINTR | nix::errno::Errno::EAGAIN => continue,
+                        // The request was interrupted before we read it.
+                        nix::errno::Errno::ENOENT => continue,
+                        nix::errno::Errno::ENODEV => break,
+                        e => {
+                            error!("reading /dev/fuse: {e}; ending the mount's relay");
+                            break;
+                        }
+                    }
                 }
             };
-            let req = &buf[..n];
-            let Some((len, opcode, unique)) = in_header(req) else {
-                warn!("a {n}-byte FUSE request without a header; dropped");
-                continue;
-            };
-            if len as usize != n {
-                warn!("FUSE request {unique}: header says {len} bytes, read {n}; dropped");
-                continue;
+            if !self.take_request(slot, n) {
+                self.arena.release(slot);
             }
-            let bytes: Arc<[u8]> = req.into();
-            let answered = !matches!(opcode, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT);
-            if opcode == FUSE_INIT {
-                *self.init.lock().unwrap() = Some((unique, bytes.clone()));
-            }
-            if answered {
-                self.pending.lock().unwrap().insert(
-                    unique,
-                    Pending {
-                        bytes: bytes.clone(),
-                        sent_to: 0,
-                    },
-                );
-            }
-            let tx = self.tx.lock().unwrap();
-            let Some(sock) = &tx.sock else { continue };
-            if answered {
-                let mut p = self.pending.lock().unwrap();
-                match p.get_mut(&unique) {
-                    Some(e) if e.sent_to != tx.generation => e.sent_to = tx.generation,
-                    // Answered already, or replayed to this worker.
-                    _ => continue,
-                }
-            }
-            // A dead worker's socket fails; its successor gets the replay.
-            let _ = send(sock, &bytes);
         }
         self.ended.store(true, Ordering::SeqCst);
         // The worker reads EOF and exits; one that is hung is killed.
@@ -204,6 +181,51 @@ impl Relay {
                 nix::sys::signal::Signal::SIGKILL,
             );
         }
+    }
+
+    /// Handles the `n`-byte request just read into `slot`: pending until
+    /// answered (when it wants an answer), sent to the current worker.
+    /// False when the slot can be released at once.
+    fn take_request(&self, slot: usize, n: usize) -> bool {
+        let req = self.arena.request(slot, n);
+        let Some((len, opcode, unique)) = in_header(req) else {
+            warn!("a {n}-byte FUSE request without a header; dropped");
+            return false;
+        };
+        if len as usize != n {
+            warn!("FUSE request {unique}: header says {len} bytes, read {n}; dropped");
+            return false;
+        }
+        let answered = !matches!(opcode, FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT);
+        if opcode == FUSE_INIT {
+            self.arena.set_init(req);
+            *self.init.lock().unwrap() = Some((unique, req.into()));
+        }
+        if answered {
+            self.pending.lock().unwrap().insert(
+                unique,
+                Pending {
+                    slot,
+                    len: n,
+                    sent_to: 0,
+                },
+            );
+        }
+        let tx = self.tx.lock().unwrap();
+        let Some(sock) = &tx.sock else {
+            return answered;
+        };
+        if answered {
+            let mut p = self.pending.lock().unwrap();
+            match p.get_mut(&unique) {
+                Some(e) if e.sent_to != tx.generation => e.sent_to = tx.generation,
+                // Answered already, or replayed to this worker.
+                _ => return true,
+            }
+        }
+        // A dead worker's socket fails; its successor gets the replay.
+        let _ = send(sock, req);
+        answered
     }
 
     /// Worker → kernel, until the worker's socket closes.
@@ -229,20 +251,22 @@ impl Relay {
                 let _ = self.notify.lock().unwrap().try_send(answer.to_vec());
                 continue;
             }
-            if self.pending.lock().unwrap().remove(&unique).is_none() {
+            let Some(done) = self.pending.lock().unwrap().remove(&unique) else {
                 if Some(unique) != init_unique() {
                     tracing::debug!(
                         "worker {generation}: answer to {unique} dropped (already answered)"
                     );
                 }
                 continue;
-            }
+            };
             match nix::unistd::write(&self.dev, answer) {
                 Ok(_) => {}
                 // The request was interrupted and is gone.
                 Err(nix::errno::Errno::ENOENT) => {}
                 Err(e) => warn!("writing an answer to /dev/fuse: {e}"),
             }
+            // Only now: a holder dying before this replays it once more.
+            self.arena.release(done.slot);
         }
     }
 
@@ -262,7 +286,7 @@ impl Relay {
         let mut replayed = 0;
         for e in p.values_mut() {
             e.sent_to = generation;
-            let _ = send(&sock, &e.bytes);
+            let _ = send(&sock, self.arena.request(e.slot, e.len));
             replayed += 1;
         }
         if generation > 1 {
@@ -332,6 +356,9 @@ fn spawn_worker(cmd: &WorkerCommand, theirs: &OwnedFd, generation: u64) -> Resul
 pub struct Mounted {
     /// The `/dev/fuse` connection of the mount.
     pub dev: OwnedFd,
+    /// Its request arena: new for a new mount, a dead holder's when
+    /// adopting one (its pending requests are replayed).
+    pub arena: Arena,
 }
 
 /// Shared with the signal thread: the current worker's pid, to kill it on
@@ -345,22 +372,35 @@ pub fn run(
     m: Mounted,
     cmd: &WorkerCommand,
     worker_pid: WorkerPid,
+    keep: Option<(std::os::unix::net::UnixListener, crate::keeper::Info)>,
     ready: impl FnOnce() -> Result<()>,
 ) -> Result<()> {
+    let (keep, keep_info) = match keep {
+        Some((l, i)) => (Some(l), i),
+        None => (None, Default::default()),
+    };
     let (ntx, nrx) = mpsc::sync_channel(1024);
+    let (pending, init) = adopted(&m.arena);
     let relay = Arc::new(Relay {
         dev: m.dev,
-        pending: Mutex::new(BTreeMap::new()),
+        arena: m.arena,
+        pending: Mutex::new(pending),
         tx: Mutex::new(Tx {
             sock: None,
             generation: 0,
         }),
-        init: Mutex::new(None),
+        init: Mutex::new(init),
         notify: Mutex::new(ntx),
         ended: AtomicBool::new(false),
         generation: AtomicU64::new(0),
         worker_pid: worker_pid.clone(),
     });
+    if let Some(l) = keep {
+        let r = relay.clone();
+        std::thread::Builder::new()
+            .name("holder-keeper".into())
+            .spawn(move || crate::keeper::serve(l, &r.dev, r.arena.fd(), &keep_info))?;
+    }
     let r = relay.clone();
     std::thread::Builder::new()
         .name("holder-notify".into())
@@ -416,6 +456,32 @@ pub fn run(
     Ok(())
 }
 
+/// What an arena holds from a holder before: its pending requests (none
+/// for a new arena) and the mount's INIT.
+#[allow(clippy::type_complexity)]
+fn adopted(arena: &Arena) -> (BTreeMap<u64, Pending>, Option<(u64, Arc<[u8]>)>) {
+    let pending: BTreeMap<u64, Pending> = arena
+        .pending()
+        .into_iter()
+        .map(|(slot, (len, _, unique))| {
+            let p = Pending {
+                slot,
+                len: len as usize,
+                sent_to: 0,
+            };
+            (unique, p)
+        })
+        .collect();
+    let init = arena.init().map(|(u, b)| (u, Arc::<[u8]>::from(b)));
+    if !pending.is_empty() {
+        info!(
+            "adopted {} unanswered requests from the holder before",
+            pending.len()
+        );
+    }
+    (pending, init)
+}
+
 /// Opens `/dev/fuse` and mounts it at `mp` as a read-only forkd-fs mount
 /// (root only: an unprivileged mount goes through fusermount3, which keeps
 /// the connection itself).
@@ -445,7 +511,10 @@ pub fn mount(mp: &Path, gid: Option<u32>) -> Result<Mounted> {
         Some(data.as_str()),
     )
     .with_context(|| format!("mounting FUSE at {}", mp.display()))?;
-    Ok(Mounted { dev })
+    Ok(Mounted {
+        dev,
+        arena: Arena::create()?,
+    })
 }
 
 /// Whether this process can hold a mount itself (mount(2) needs root).

@@ -20,6 +20,7 @@
 
 #![warn(missing_docs)]
 
+mod arena;
 mod catchup;
 pub mod control;
 pub mod daemon;
@@ -27,6 +28,7 @@ mod handles;
 pub mod holder;
 mod inode;
 mod journal;
+pub mod keeper;
 pub mod lazy;
 pub mod mount;
 mod ops;

@@ -75,6 +75,10 @@ enum Cmd {
         /// Internal: print "ready" on stdout once live (daemonizing parent).
         #[arg(long, hide = true)]
         notify_ready: bool,
+        /// Internal: adopt a dead holder's connection and arena (fds 3 and
+        /// 4, from a keeper) and take over its journal at this path.
+        #[arg(long, hide = true)]
+        adopt_journal: Option<PathBuf>,
     },
     /// Internal: serve a held mount's connection (started by `mount`).
     #[command(hide = true)]
@@ -205,6 +209,7 @@ fn run(cli: Cli) -> Result<()> {
             no_fill,
             foreground,
             notify_ready,
+            adopt_journal,
         } => {
             let abs = |p: PathBuf| -> Result<PathBuf> {
                 Ok(if p.is_absolute() {
@@ -243,12 +248,12 @@ fn run(cli: Cli) -> Result<()> {
                     // The path, not /proc/self/exe: an upgrade replaces the
                     // file there and the next worker runs the new one.
                     let me = std::env::current_exe().context("finding the forkd-fs binary")?;
-                    daemon::hold(&opts, &me, ready)
+                    daemon::hold(&opts, &me, adopt_journal.as_deref(), ready)
                 } else {
                     daemon::serve(&opts, ready)
                 }
             } else {
-                daemonize(&opts)
+                daemonize(&opts, adopt_journal.as_deref())
             }
         }
         Cmd::Worker {
@@ -372,7 +377,7 @@ const READY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
 /// Re-executes this program in the foreground in a new session, logging to
 /// the log file, and returns once it reports the mount live (or fails with
 /// the tail of its log).
-fn daemonize(opts: &ServeOptions) -> Result<()> {
+fn daemonize(opts: &ServeOptions, adopt_journal: Option<&Path>) -> Result<()> {
     let log_path = mount::log_path(&opts.control_socket);
     if let Some(d) = log_path.parent() {
         std::fs::create_dir_all(d)?;
@@ -407,6 +412,7 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
         .arg("--foreground")
         .arg("--notify-ready")
         .args(opts.gid.map(|g| format!("--gid={g}")))
+        .args(adopt_journal.map(|j| format!("--adopt-journal={}", j.display())))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(log);
@@ -416,9 +422,12 @@ fn daemonize(opts: &ServeOptions) -> Result<()> {
     // or a pipe the caller's caller waits on would otherwise stay held for
     // as long as the mount lives).
     unsafe {
-        cmd.pre_exec(|| {
+        // Adopting, fds 3 and 4 are the keeper's (the connection and its
+        // arena) and must reach the daemon.
+        let first = if adopt_journal.is_some() { 5 } else { 3 };
+        cmd.pre_exec(move || {
             libc::setsid();
-            cloexec_from(3);
+            cloexec_from(first);
             Ok(())
         });
     }

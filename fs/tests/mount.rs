@@ -663,6 +663,68 @@ fn a_killed_worker_is_replaced_and_its_unanswered_requests_replayed() {
     assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
 }
 
+/// The holder killed (-9) while a keeper (this test, as poold does) holds
+/// duplicates of its connection and request arena, with a request in the
+/// stopped worker's hands: the mount stays, a holder started by the
+/// keeper adopts both and answers that request, a mapping made before the
+/// kill reads after it, and the open-file count survives (the dead
+/// holder's journal, taken over).
+#[test]
+fn a_killed_holder_is_adopted_through_its_keeper_and_nothing_is_lost() {
+    if no_fuse() || !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    use nix::sys::signal::{kill, Signal};
+    let ts = TestStore::new();
+    let d = synth::mixed_file(13, 4 * MIB, 65536);
+    let p = ts.source("memory.bin", &d);
+    let rec = ts.commit(&[("memory.bin", &p)], None);
+    let mut m = ts.mount();
+    let holder = m.note_pid();
+    let worker = m.client().status().unwrap().pid as i32;
+    let kept = forkd_fs::keeper::fetch(&m.mountpoint).unwrap();
+    assert_eq!(kept.info.holder_pid, holder as u32);
+
+    let f = File::open(m.file(&rec.id, "memory.bin")).unwrap();
+    let map = Map::private(&f, d.len(), libc::PROT_READ);
+    stop(worker);
+    let path = m.path("by-id");
+    let pending = std::thread::spawn(move || std::fs::read_dir(path).unwrap().count());
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!pending.is_finished(), "a stopped worker answered");
+    kill(nix::unistd::Pid::from_raw(holder), Signal::SIGKILL).unwrap();
+    assert!(wait_for(Duration::from_secs(10), || {
+        forkd_fs::keeper::holder_gone(holder as u32) && !alive(worker)
+    }));
+    assert!(
+        mount::mount_at(&m.mountpoint).unwrap().is_some(),
+        "the kept connection keeps the mount"
+    );
+
+    forkd_fs::keeper::adopt(&ts.config(), &kept).unwrap();
+    drop(kept);
+    assert_eq!(pending.join().unwrap(), 1, "the replayed readdir");
+    assert_eq!(map.bytes(), &d[..], "the mapping after the holder died");
+    let st = m.client().status().unwrap();
+    let new_holder = m.note_pid();
+    assert_ne!(new_holder, holder);
+    assert_eq!(st.open_handles.get(&rec.id.to_string()), Some(&1), "{st:?}");
+    assert!(!mount::journal_path(&m.control, holder as u32).exists());
+    assert!(mount::journal_path(&m.control, new_holder as u32).exists());
+    assert_eq!(std::fs::read(m.file(&rec.id, "memory.bin")).unwrap(), d);
+    // The new holder serves its own keeper socket.
+    let again = forkd_fs::keeper::fetch(&m.mountpoint).unwrap();
+    assert_eq!(again.info.holder_pid, new_holder as u32);
+    drop(again);
+    drop(map);
+    drop(f);
+    let mut c = m.client();
+    assert!(wait_for(Duration::from_secs(5), || c
+        .begin_delete(&rec.id)
+        .is_ok()));
+    c.end_delete(&rec.id, false).unwrap();
+}
+
 #[test]
 fn sigterm_unmounts_cleanly() {
     if no_fuse() {

@@ -83,7 +83,7 @@ impl Served {
                 let _ = tx.send(());
             };
             match held {
-                Some(bin) => hold(&o, &bin, ready),
+                Some(bin) => hold(&o, &bin, None, ready),
                 None => serve(&o, ready),
             }
         });
