@@ -501,8 +501,102 @@ async fn wait_recovery(p: &Poold, count: u64) -> serde_json::Value {
     }
 }
 
+/// Waits until `/healthz` says poold keeps holder `pid`'s connection.
+async fn wait_kept(p: &Poold, pid: i32) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, h) = p.get("/healthz").await;
+        if h["mount"]["kept_holder"] == pid {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "poold keeps no connection of holder {pid}: {h}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn holder_pid(home: &std::path::Path) -> i32 {
     fs_status(home)["holder_pid"].as_i64().unwrap() as i32
+}
+
+/// Aborts the FUSE connection mounted at `mnt` (`/sys/fs/fuse/connections`):
+/// the kernel ends it for good, as when a holder dies with nobody keeping
+/// its connection.
+fn abort_connection(mnt: &std::path::Path) {
+    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let dev = info
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            (std::path::Path::new(f.get(4)?) == mnt).then(|| f[2].to_string())
+        })
+        .next_back()
+        .expect("the mount is in the mount table");
+    let minor = dev.split_once(':').unwrap().1;
+    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1").unwrap();
+}
+
+/// The holder of the mount killed (-9; an OOM kill, an operator's `pkill
+/// forkd-fs`) under a full pool and five running sandboxes. Before, the
+/// connection died with it: every VM mapping the mount died at its next
+/// uncached page, and poold mounted again and reported them lost. Now
+/// poold keeps a duplicate of the connection and of the holder's request
+/// arena: a new holder adopts both, replays what the dead one had read and
+/// not answered, and nothing is lost: every sandbox answers with new
+/// memory, the pool hands out, a spawn works within the watch's 5 s, and
+/// `/healthz` and the metrics say what happened.
+#[test]
+fn a_killed_holder_is_adopted_and_nothing_is_lost() {
+    use nix::sys::signal::{kill, Signal};
+    let home = Home::new();
+    let p = Poold::start(&home.dir, &[], None);
+    let running = block_on(async {
+        p.snapshot("r", "minimal", 256).await;
+        let (st, v) = p.put("/v1/pools/r", json!({"min_ready": 2})).await;
+        assert_eq!(st, 200, "{v}");
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 5}))
+            .await;
+        assert_eq!(st, 201, "{v}");
+        p.wait_pool("r", 2).await;
+        ids(&v)
+    });
+    let holder = holder_pid(&home.dir);
+    block_on(wait_kept(&p, holder));
+    kill(nix::unistd::Pid::from_raw(holder), Signal::SIGKILL).unwrap();
+    block_on(async {
+        let r = wait_recovery(&p, 1).await;
+        assert_eq!(r["cause"], "holder_died", "{r}");
+        assert_eq!(r["lost_sandboxes"], 0, "{r}");
+        assert_eq!(r["discarded_pooled"], 0, "{r}");
+        // Two pool hits (pooled before the kill) and one restore.
+        let (st, v) = p
+            .post("/v1/sandboxes", json!({"snapshot_tag": "r", "n": 3}))
+            .await;
+        assert_eq!(st, 201, "spawning after the holder died: {v}");
+        let (_, list) = p.get("/v1/sandboxes").await;
+        assert_eq!(ids(&list).len(), 8, "{list}");
+        touch_new_memory(&p, &running).await;
+        touch_new_memory(&p, &ids(&v)).await;
+        assert_eq!(p.metric("forkd_sandboxes_lost_total", "").await, 0.0);
+        assert_eq!(
+            p.metric("forkd_mount_recoveries_total", r#"cause="holder_died""#)
+                .await,
+            1.0
+        );
+    });
+    let new_holder = holder_pid(&home.dir);
+    assert_ne!(new_holder, holder, "a new holder serves the mount");
+    // It is kept in turn: a second kill is adopted too.
+    block_on(wait_kept(&p, new_holder));
+    kill(nix::unistd::Pid::from_raw(new_holder), Signal::SIGKILL).unwrap();
+    block_on(async {
+        let r = wait_recovery(&p, 2).await;
+        assert_eq!(r["cause"], "holder_died", "{r}");
+        touch_new_memory(&p, &running).await;
+    });
 }
 
 /// The mount dies under a running poold. Before, poold mounted only at
@@ -511,13 +605,13 @@ fn holder_pid(home: &std::path::Path) -> i32 {
 /// ENOTCONN. Now the mount watch notices within seconds and mounts again:
 /// - `umount -l`: the detached mount keeps serving its VMs, so nothing is
 ///   lost; spawns (pool hits and restores on the new mount) work;
-/// - the new mount's holder killed (-9): the VMs that mapped it (the one
+/// - the new mount's connection aborted (its holder alive, but the kernel
+///   ended it: nothing can adopt it): the VMs that mapped it (the one
 ///   sandbox restored on it; the children pooled on it) cannot live on,
 ///   so they are destroyed and reported lost, and the rest, still on the
 ///   detached mount, answer with new memory; a spawn works again.
 #[test]
-fn poold_mounts_again_after_an_unmount_or_a_dead_holder() {
-    use nix::sys::signal::{kill, Signal};
+fn poold_mounts_again_after_an_unmount_or_a_dead_connection() {
     let home = Home::new();
     let p = Poold::start(&home.dir, &[], None);
     let first = block_on(async {
@@ -558,7 +652,7 @@ fn poold_mounts_again_after_an_unmount_or_a_dead_holder() {
         "the detached mount's holder still serves its VMs"
     );
 
-    kill(nix::unistd::Pid::from_raw(new_holder), Signal::SIGKILL).unwrap();
+    abort_connection(&home.dir.join("mnt"));
     block_on(async {
         let r = wait_recovery(&p, 2).await;
         assert_eq!(r["cause"], "dead", "{r}");

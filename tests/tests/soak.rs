@@ -6,9 +6,11 @@
 //! middle of a request. After every fault, and every 20 operations, the
 //! invariants are checked:
 //!
-//! - after a holder kill, poold has mounted the store again within 30 s
-//!   without a restart (`/healthz` counts the recovery); the sandboxes that
-//!   mapped the dead connection are reported lost and leave the list;
+//! - after a holder kill, the mount serves again within 30 s without a
+//!   restart (`/healthz` counts the recovery): a new holder adopted the
+//!   connection poold kept and nothing was lost, or (a holder poold did
+//!   not keep yet) poold mounted again and the sandboxes that mapped the
+//!   dead connection are reported lost and leave the list;
 //! - every sandbox poold lists answers an exec;
 //! - the pool is refilled to its size;
 //! - the QEMUs of the data dir are exactly the listed sandboxes and the
@@ -52,6 +54,8 @@ struct Tally {
     cut: u32,
     /// Sandboxes reported lost by a mount recovery (a holder kill).
     lost: usize,
+    /// Holder kills survived by adopting the kept connection.
+    adopted: u32,
     violations: Vec<String>,
 }
 
@@ -357,8 +361,11 @@ impl Soak {
         self.t.recoveries += 1;
     }
 
-    /// The holder (the process that opened /dev/fuse) dies, and the mount's
-    /// connection with it: poold must mount again by itself
+    /// The holder (the process that opened /dev/fuse) dies. When poold
+    /// keeps its connection (`kept_holder`), a new holder adopts it and
+    /// nothing is lost; otherwise (a holder not kept yet: just started, or
+    /// poold just restarted) the connection dies with it and poold mounts
+    /// again by itself, reporting the VMs that mapped it lost
     /// (docs/design.md, "The mount, healed").
     fn kill_fs_holder(&mut self) {
         *self.t.faults.entry("forkd-fs holder kill -9").or_default() += 1;
@@ -369,7 +376,9 @@ impl Soak {
         let Some(holder) = holder else {
             return self.t.violation("forkd-fs status names no holder".into());
         };
-        let before = self.mount_health()["recoveries"].as_u64().unwrap_or(0);
+        let health = self.mount_health();
+        let before = health["recoveries"].as_u64().unwrap_or(0);
+        let kept = health["kept_holder"].as_u64() == Some(holder);
         let listed = self.sandboxes();
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(holder as i32),
@@ -388,9 +397,23 @@ impl Soak {
             }
             std::thread::sleep(Duration::from_millis(100));
         };
-        self.t.time("mount recovered (holder killed)", t0);
         self.t.recoveries += 1;
-        if mount["last_recovery"]["cause"] != "dead" {
+        let r = &mount["last_recovery"];
+        let lost = r["lost_sandboxes"].as_u64().unwrap_or(0) as usize;
+        if kept {
+            self.t.time("holder adopted (killed)", t0);
+            self.t.adopted += 1;
+            let live = self.sandboxes();
+            let gone: Vec<&String> = listed.iter().filter(|id| !live.contains(id)).collect();
+            if r["cause"] != "holder_died" || lost != 0 || !gone.is_empty() {
+                self.t.violation(format!(
+                    "a kept holder's death lost something: {mount}; gone from the list: {gone:?}"
+                ));
+            }
+            return;
+        }
+        self.t.time("mount recovered (holder killed)", t0);
+        if r["cause"] != "dead" && r["cause"] != "hung" {
             self.t.violation(format!(
                 "a holder kill recovered as something other than a dead connection: {mount}"
             ));
@@ -398,9 +421,6 @@ impl Soak {
         // Lost sandboxes left the list (a QEMU that met the dead mount on
         // its own before the recovery may have left it too; any sandbox
         // still listed answers an exec in the check that follows).
-        let lost = mount["last_recovery"]["lost_sandboxes"]
-            .as_u64()
-            .unwrap_or(0) as usize;
         self.t.lost += lost;
         let live = self.sandboxes();
         let gone = listed.iter().filter(|id| !live.contains(id)).count();
@@ -522,9 +542,10 @@ impl Soak {
             eprintln!("fault: {f:<28} {n}");
         }
         eprintln!(
-            "recoveries {}, requests cut by a fault {}, sandboxes lost with a mount {}, invariant violations {}",
+            "recoveries {}, requests cut by a fault {}, holder kills adopted {}, sandboxes lost with a mount {}, invariant violations {}",
             self.t.recoveries,
             self.t.cut,
+            self.t.adopted,
             self.t.lost,
             self.t.violations.len()
         );

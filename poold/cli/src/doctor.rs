@@ -677,11 +677,14 @@ fn check_poold_mount(name: &'static str, what: String, m: &serde_json::Value) ->
     if count == 0 || last.is_null() {
         return Check::pass(name, what);
     }
+    let why = match last["cause"].as_str().unwrap_or("?") {
+        "holder_died" => "its holder died and a new holder adopted the connection".to_string(),
+        cause => format!("the mount was {cause}"),
+    };
     Check::warn(
         name,
         format!(
-            "{what}; it mounted the layer store again {count} time(s), last because the mount was {} ({} sandboxes lost, {} pooled children discarded) at {}",
-            last["cause"].as_str().unwrap_or("?"),
+            "{what}; its forkd-fs mount recovered {count} time(s), last because {why} ({} sandboxes lost, {} pooled children discarded) at {}",
             last["lost_sandboxes"],
             last["discarded_pooled"],
             forkd_snapshot::format_unix(last["at_unix"].as_u64().unwrap_or(0)),
@@ -1202,6 +1205,17 @@ mod tests {
         let c = check_poold(u, &healed);
         assert!(
             c.verdict == Verdict::Warn && c.detail.contains("was dead (2 sandboxes lost"),
+            "{c:?}"
+        );
+        let adopted = seen(
+            serde_json::json!({"ok": true, "recoveries": 1, "last_recovery":
+            {"at_unix": 1, "cause": "holder_died", "took_ms": 300, "lost_sandboxes": 0, "discarded_pooled": 0}}),
+        );
+        let c = check_poold(u, &adopted);
+        assert!(
+            c.verdict == Verdict::Warn
+                && c.detail
+                    .contains("new holder adopted the connection (0 sandboxes lost"),
             "{c:?}"
         );
         let down = seen(serde_json::json!({"ok": false, "error": "mounting failed: x"}));

@@ -5,14 +5,21 @@
 //! mount that stops serving stops the host: every spawn and refill fails
 //! with ENOTCONN. [`watch_loop`] looks at it every [`CHECK_EVERY`], and at
 //! once when an operation met ENOTCONN ([`suspect`]):
-//! - live: nothing to do;
+//! - live: nothing to do, but poold takes (and keeps) duplicates of the
+//!   holder's connection and request arena from its keeper socket
+//!   (`forkd_fs::keeper`), and watches the holder's process;
+//! - its holder gone while poold keeps its connection (killed, OOM): the
+//!   mount stays and its callers wait; a new holder adopts the connection
+//!   and replays what the dead one had not answered. Nothing is lost;
 //! - gone from the mount table (unmounted behind poold's back, `umount
 //!   -l`): a new mount is started. The detached one keeps serving the files
 //!   VMs have open, so every sandbox and pooled child lives on;
-//! - dead (its holder killed: ENOTCONN) or hung: the connection is
-//!   aborted, the mount detached and a new one started. Every VM that
-//!   mapped the old connection (its QEMU maps a file of that device, read
-//!   from `/proc/<pid>/maps`) dies at its next uncached page, so such
+//! - dead (ENOTCONN: its connection aborted, or its holder killed before
+//!   poold kept the connection, or an adoption failed) or hung: the
+//!   connection is aborted, the mount detached and a new one started.
+//!   Every VM that mapped the old connection (its QEMU maps a file of that
+//!   device, read from `/proc/<pid>/maps`, or already died) dies at its
+//!   next uncached page, so such
 //!   pooled children are discarded (the pools refill on the new mount) and
 //!   such sandboxes are destroyed and reported lost, not left listed as
 //!   zombies. VMs of an earlier, detached mount are not touched;
@@ -26,7 +33,9 @@
 //! agrees; ENOTCONN and an empty mount table are facts and act at once.
 //!
 //! Invariants: this loop is the only thing that recovers the mount after
-//! start (one recovery at a time); every recovery is counted
+//! start (one recovery at a time); a kept connection is adopted only once
+//! its holder's process is gone (`forkd_fs::keeper`); every recovery,
+//! adoptions included, is counted
 //! (`forkd_mount_recoveries_total{cause}`, `forkd_sandboxes_lost_total`)
 //! and the last one kept in [`MountHealth`] for `/healthz` and `forkd
 //! doctor`.
@@ -59,6 +68,10 @@ pub struct MountHealth {
     pub recoveries: u64,
     /// The last recovery, if any.
     pub last_recovery: Option<Recovery>,
+    /// The holder whose connection poold keeps: its death is survived (a
+    /// new holder adopts the connection). None: a holder death would lose
+    /// every VM mapping the mount.
+    pub kept_holder: Option<u32>,
 }
 
 /// One recovery of the mount.
@@ -80,6 +93,9 @@ pub struct Recovery {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Cause {
+    /// Its holder died; the connection poold kept was adopted by a new
+    /// holder, so every VM lives on.
+    HolderDied,
     /// No longer in the mount table (unmounted behind poold's back); its
     /// connection, if it lives, still serves the VMs that use it.
     Unmounted,
@@ -92,6 +108,7 @@ pub enum Cause {
 impl Cause {
     fn as_str(self) -> &'static str {
         match self {
+            Cause::HolderDied => "holder_died",
             Cause::Unmounted => "unmounted",
             Cause::Dead => "dead",
             Cause::Hung => "hung",
@@ -100,14 +117,15 @@ impl Cause {
 
     /// Whether the VMs that mapped the old mount lost it.
     fn loses_vms(self) -> bool {
-        self != Cause::Unmounted
+        matches!(self, Cause::Dead | Cause::Hung)
     }
 }
 
 /// What a look at the mount found.
 #[derive(Debug)]
 enum Verdict {
-    Live,
+    /// Serving; its holder's pid.
+    Live(Option<u32>),
     /// What happened, and the broken mount's device (`major:minor`) when
     /// it is still in the mount table.
     Broken(Cause, Option<String>),
@@ -146,7 +164,7 @@ fn step(v: &Verdict, doubted: bool) -> Step {
 fn look(n: &Node) -> anyhow::Result<Verdict> {
     let cfg = forkd_snapshot::mount_config(&n.paths)?;
     Ok(match forkd_fs::mount::state(&n.mount, &cfg.control())? {
-        State::Live(_) => Verdict::Live,
+        State::Live(st) => Verdict::Live(st.holder_pid),
         State::Free => Verdict::Broken(Cause::Unmounted, None),
         State::Stale { entry, hung } => {
             let cause = if hung { Cause::Hung } else { Cause::Dead };
@@ -175,24 +193,31 @@ pub(crate) fn suspect(n: &Node, err: &str) {
     }
 }
 
-/// Checks the mount every [`CHECK_EVERY`] (or when woken) and heals it.
+/// Checks the mount at once, then every [`CHECK_EVERY`] (or when woken),
+/// and heals it.
 pub(crate) async fn watch_loop(n: Arc<Node>) {
     let mut doubted = false;
+    // The first look at once: poold keeps the holder's connection from then.
+    let mut wait = Duration::ZERO;
     loop {
-        let wait = if doubted { CONFIRM_AFTER } else { CHECK_EVERY };
         tokio::select! {
             _ = n.mount_wake.notified() => {}
             _ = tokio::time::sleep(wait) => {}
         }
         let started = Instant::now();
+        if adopt_if_holder_gone(&n, started).await {
+            // Look at once: the new holder's connection is kept from then.
+            (doubted, wait) = (false, Duration::ZERO);
+            continue;
+        }
         let verdict = look_async(&n).await;
         match step(&verdict, doubted) {
             Step::LookAgain => {
                 tracing::debug!("the forkd-fs mount looks {verdict:?}; looking again");
-                doubted = true;
+                (doubted, wait) = (true, CONFIRM_AFTER);
             }
             Step::Act => {
-                doubted = false;
+                (doubted, wait) = (false, CHECK_EVERY);
                 act(&n, verdict, started).await;
             }
         }
@@ -210,10 +235,15 @@ async fn look_async(n: &Arc<Node>) -> Verdict {
 
 async fn act(n: &Arc<Node>, verdict: Verdict, started: Instant) {
     match verdict {
-        Verdict::Live => record(n, |h| {
-            h.ok = true;
-            h.error = None;
-        }),
+        Verdict::Live(holder) => {
+            record(n, |h| {
+                h.ok = true;
+                h.error = None;
+            });
+            if let Some(pid) = holder {
+                keep_connection(n, pid).await;
+            }
+        }
         Verdict::Silent(why) | Verdict::Refused(why) => {
             tracing::error!("{why}");
             record(n, |h| {
@@ -229,6 +259,118 @@ fn record(n: &Node, f: impl FnOnce(&mut MountHealth)) {
     let mut h = n.mount_health.lock().unwrap();
     h.checked_unix = unix_now();
     f(&mut h);
+}
+
+/// Takes duplicates of holder `pid`'s connection and arena, unless poold
+/// keeps them already, and wakes the watch the moment that process ends.
+async fn keep_connection(n: &Arc<Node>, pid: u32) {
+    let kept = n.keeper.lock().unwrap().as_ref().map(|k| k.info.holder_pid);
+    if kept == Some(pid) {
+        return;
+    }
+    let mount = n.mount.clone();
+    match tokio::task::spawn_blocking(move || forkd_fs::keeper::fetch(&mount)).await {
+        Ok(Ok(k)) if k.info.holder_pid == pid => {
+            tracing::info!("keeping the forkd-fs connection of holder {pid}");
+            *n.keeper.lock().unwrap() = Some(k);
+            record(n, |h| h.kept_holder = Some(pid));
+            wake_on_exit(n, pid);
+        }
+        Ok(Ok(k)) => tracing::debug!(
+            "keeper socket answered for holder {}, not {pid}",
+            k.info.holder_pid
+        ),
+        // A holder from before keepers, or one starting: its mount works,
+        // it just does not outlive its holder.
+        Ok(Err(e)) => tracing::debug!("not keeping the forkd-fs connection: {e:#}"),
+        Err(e) => tracing::warn!("keeper task: {e}"),
+    }
+}
+
+/// Wakes the watch when process `pid` exits (a pidfd, on its own thread),
+/// so an adoption starts at once rather than at the next check.
+fn wake_on_exit(n: &Arc<Node>, pid: u32) {
+    let n = n.clone();
+    let _ = std::thread::Builder::new()
+        .name("forkd-fs-holder-watch".into())
+        .spawn(move || {
+            // SAFETY: pidfd_open takes a pid and flags and returns a new fd.
+            let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+            if fd < 0 {
+                return; // the periodic check notices instead
+            }
+            // SAFETY: a new fd we own.
+            let fd =
+                unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd as i32) };
+            let mut p = [nix::poll::PollFd::new(
+                std::os::fd::AsFd::as_fd(&fd),
+                nix::poll::PollFlags::POLLIN,
+            )];
+            while nix::poll::poll(&mut p, nix::poll::PollTimeout::NONE).is_err() {}
+            n.mount_wake.notify_one();
+        });
+}
+
+/// When the holder whose connection poold keeps is gone, starts a holder
+/// that adopts it. True when one did; false when there was nothing to
+/// adopt or the adoption failed (the kept connection is dropped, and the
+/// look that follows recovers the mount).
+async fn adopt_if_holder_gone(n: &Arc<Node>, started: Instant) -> bool {
+    let kept = {
+        let mut k = n.keeper.lock().unwrap();
+        if !k
+            .as_ref()
+            .is_some_and(|k| forkd_fs::keeper::holder_gone(k.info.holder_pid))
+        {
+            return false;
+        }
+        k.take().expect("checked above")
+    };
+    record(n, |h| h.kept_holder = None);
+    let dead = kept.info.holder_pid;
+    tracing::warn!("the forkd-fs holder (pid {dead}) died; a new holder adopts its connection");
+    let n2 = n.clone();
+    let res = tokio::task::spawn_blocking(move || {
+        let cfg = forkd_snapshot::mount_config(&n2.paths)?;
+        // The connection is dropped here, after the new holder has its own
+        // copy, or after it failed (the mount then dies: the next check
+        // recovers it).
+        forkd_fs::keeper::adopt(&cfg, &kept)
+    })
+    .await;
+    match res {
+        Ok(Ok(())) => {
+            let took_ms = started.elapsed().as_millis() as u64;
+            tracing::warn!(
+                "a new forkd-fs holder serves the mount after {took_ms} ms; nothing was lost"
+            );
+            n.metrics
+                .mount_recoveries
+                .with_label_values(&[Cause::HolderDied.as_str()])
+                .inc();
+            record(n, |h| {
+                h.ok = true;
+                h.error = None;
+                h.recoveries += 1;
+                h.last_recovery = Some(Recovery {
+                    at_unix: unix_now(),
+                    cause: Cause::HolderDied,
+                    took_ms,
+                    lost_sandboxes: Vec::new(),
+                    discarded_pooled: 0,
+                });
+            });
+        }
+        Ok(Err(e)) => {
+            tracing::error!("adopting the dead holder's connection: {e:#}; looking at the mount");
+            return false;
+        }
+        Err(e) => {
+            tracing::error!("adoption task: {e}");
+            return false;
+        }
+    }
+    true
 }
 
 /// Mounts again; then, when the old connection died, lets go of every VM
@@ -362,6 +504,7 @@ mod tests {
         assert!(!maps_device(std::process::id(), (dev.0, dev.1 + 1000)));
         assert!(!maps_device(u32::MAX, dev), "no such process");
         assert_eq!(parse_dev("0:45"), Some((0, 45)));
+        assert_eq!(parse_dev("0"), None);
     }
 
     #[test]
@@ -381,7 +524,6 @@ mod tests {
         // Its QEMU gone, its maps with it: lost, not left listed.
         assert!(went_with(dev, false, Some(u32::MAX)));
         assert!(went_with(dev, false, None));
-        assert_eq!(parse_dev("0"), None);
     }
 
     #[test]
@@ -394,7 +536,7 @@ mod tests {
         }
         // Facts act at once.
         for v in [
-            Verdict::Live,
+            Verdict::Live(Some(7)),
             Verdict::Broken(Cause::Dead, Some("0:45".into())),
             Verdict::Broken(Cause::Unmounted, None),
             Verdict::Refused("foreign".into()),

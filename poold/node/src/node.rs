@@ -49,6 +49,9 @@ pub struct Node {
     pub(crate) mount_wake: Notify,
     /// What `mount_watch` last found.
     pub(crate) mount_health: Mutex<crate::mount_watch::MountHealth>,
+    /// The forkd-fs holder's connection and arena, kept so a new holder
+    /// can adopt them when it dies (`mount_watch`).
+    pub(crate) keeper: Mutex<Option<forkd_fs::keeper::Kept>>,
     pub(crate) refill_slots: Arc<Semaphore>,
     pub(crate) branch_slots: Arc<Semaphore>,
     /// One permit per snapshot creation in flight (`snapshot_concurrency`).
@@ -316,6 +319,7 @@ async fn assemble(
             ok: true,
             ..Default::default()
         }),
+        keeper: Mutex::new(None),
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         id_token: cfg.node_name.as_deref().map(forkd_api::ids::node_token),

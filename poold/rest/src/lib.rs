@@ -194,7 +194,7 @@ pub fn routes(d: Arc<Node>, transfers: Arc<forkd_edge::transfers::Transfers>) ->
 /// (503 when it does not: every spawn would fail). No token needed, so no
 /// sandbox ids: the lost ones are counted, and named in poold's log.
 #[utoipa::path(get, path = "/healthz", tag = "status", security(()),
-    responses((status = 200, description = "`{\"ok\": true, \"mount\": {ok, checked_unix, error, recoveries, last_recovery: {at_unix, cause, took_ms, lost_sandboxes, discarded_pooled}}}`", body = Object),
+    responses((status = 200, description = "`{\"ok\": true, \"mount\": {ok, checked_unix, error, recoveries, last_recovery: {at_unix, cause, took_ms, lost_sandboxes, discarded_pooled}, kept_holder}}`", body = Object),
         (status = 503, description = "The same with `ok: false`: the mount does not serve and could not be mounted again (`mount.error` says why)", body = Object)))]
 async fn healthz(State(d): State<Arc<Node>>) -> impl IntoResponse {
     health_answer(&d)
@@ -232,6 +232,7 @@ fn health_answer(d: &Node) -> (StatusCode, Json<serde_json::Value>) {
             "error": m.error,
             "recoveries": m.recoveries,
             "last_recovery": last,
+            "kept_holder": m.kept_holder,
         },
     });
     (code, Json(body))
