@@ -18,7 +18,11 @@
 //!   zeroes it once the request is answered (or, for one that wants no
 //!   answer, forwarded). A request is never lost; one answered and not yet
 //!   zeroed when the holder died is replayed once more, and the kernel
-//!   drops its second answer (unknown unique);
+//!   drops its second answer (unknown unique). That window is one write:
+//!   an OPEN caught in it counts its handle twice, and its snapshot cannot
+//!   be deleted until the mount is restarted. Slots of requests that want
+//!   no answer (forgets, interrupts) are let go by an adopter, not
+//!   replayed;
 //! - a slot is written only by the read that takes it from the free list,
 //!   and freed only once no pending entry names it.
 

@@ -358,9 +358,17 @@ pub fn hold(
         ready(&mp2);
         Ok(())
     });
-    if let Err(e) = &res {
-        warn!("{e:#}; detaching {}", mp.display());
-        let _ = mount::sys_unmount(&mp, true);
+    match (&res, adopt) {
+        (Err(e), None) => {
+            warn!("{e:#}; detaching {}", mp.display());
+            let _ = mount::sys_unmount(&mp, true);
+        }
+        // Not detached: once the keeper lets go too, the connection ends
+        // and the mount is found dead (ENOTCONN, its device known), so the
+        // VMs that mapped it are counted lost, not taken for a clean
+        // unmount's.
+        (Err(e), Some(_)) => warn!("{e:#}; the adoption of {} failed", mp.display()),
+        (Ok(()), _) => {}
     }
     let _ = std::fs::remove_file(&journal);
     remove_own_socket(&keeper::keep_path(&mp), keep_id);
@@ -374,6 +382,11 @@ fn adopted_connection() -> Result<holder::Mounted> {
     let take = |fd: i32| -> Result<std::os::fd::OwnedFd> {
         nix::fcntl::fcntl(fd, nix::fcntl::FcntlArg::F_GETFD)
             .with_context(|| format!("--adopt-journal needs the keeper's fd {fd}"))?;
+        // Ours alone: not for the workers and helpers this holder starts.
+        nix::fcntl::fcntl(
+            fd,
+            nix::fcntl::FcntlArg::F_SETFD(nix::fcntl::FdFlag::FD_CLOEXEC),
+        )?;
         // SAFETY: the keeper passed this fd for us alone.
         Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
     };

@@ -460,18 +460,26 @@ pub fn run(
 /// for a new arena) and the mount's INIT.
 #[allow(clippy::type_complexity)]
 fn adopted(arena: &Arena) -> (BTreeMap<u64, Pending>, Option<(u64, Arc<[u8]>)>) {
-    let pending: BTreeMap<u64, Pending> = arena
-        .pending()
-        .into_iter()
-        .map(|(slot, (len, _, unique))| {
-            let p = Pending {
-                slot,
-                len: len as usize,
-                sent_to: 0,
-            };
-            (unique, p)
-        })
-        .collect();
+    let mut pending = BTreeMap::new();
+    for (slot, (len, opcode, unique)) in arena.pending() {
+        match opcode {
+            // They want no answer, so nothing would ever free their slot;
+            // a forget not passed on only keeps an inode cached.
+            FUSE_FORGET | FUSE_BATCH_FORGET | FUSE_INTERRUPT => arena.release(slot),
+            _ => {
+                if opcode == FUSE_INIT && arena.init().is_none() {
+                    // The holder died between reading INIT and keeping it.
+                    arena.set_init(arena.request(slot, len as usize));
+                }
+                let p = Pending {
+                    slot,
+                    len: len as usize,
+                    sent_to: 0,
+                };
+                pending.insert(unique, p);
+            }
+        }
+    }
     let init = arena.init().map(|(u, b)| (u, Arc::<[u8]>::from(b)));
     if !pending.is_empty() {
         info!(
@@ -546,5 +554,36 @@ mod tests {
         assert_eq!(in_header(&b), Some((40, FUSE_INIT, 77)));
         assert_eq!(out_unique(&b[..16]), Some(77));
         assert_eq!(in_header(&b[..10]), None);
+    }
+
+    /// Reads a request into a fresh slot, as the kernel reader does.
+    fn read_in(a: &Arena, unique: u64, opcode: u32) -> usize {
+        let i = a.take();
+        // SAFETY: just taken.
+        let s = unsafe { a.slot_mut(i) };
+        s[0..4].copy_from_slice(&64u32.to_ne_bytes());
+        s[4..8].copy_from_slice(&opcode.to_ne_bytes());
+        s[8..16].copy_from_slice(&unique.to_ne_bytes());
+        i
+    }
+
+    #[test]
+    fn an_adopter_replays_what_wants_an_answer_and_lets_go_of_forgets() {
+        const LOOKUP: u32 = 1;
+        let a = Arena::create().unwrap();
+        // The holder died after reading INIT, before keeping a copy.
+        read_in(&a, 1, FUSE_INIT);
+        read_in(&a, 5, LOOKUP);
+        let forget = read_in(&a, 6, FUSE_FORGET);
+        read_in(&a, 7, FUSE_INTERRUPT);
+        let (pending, init) = adopted(&a);
+        assert_eq!(pending.keys().copied().collect::<Vec<_>>(), vec![1, 5]);
+        assert_eq!(init.map(|(u, _)| u), Some(1), "INIT kept for later workers");
+        let left: Vec<u64> = a.pending().iter().map(|(_, h)| h.2).collect();
+        assert_eq!(left, vec![1, 5], "forgets and interrupts freed");
+        assert!(
+            a.take() == forget || a.take() == forget,
+            "their slots reused"
+        );
     }
 }

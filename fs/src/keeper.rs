@@ -11,8 +11,10 @@
 //! the mount never notice, as with a worker's death.
 //!
 //! Invariants:
-//! - only root reaches the socket (0600, in root's data dir); it answers
-//!   with the fds and nothing else, and reads nothing;
+//! - only root reaches the socket (0600, beside the mount point); it
+//!   answers with the fds and nothing else, and reads nothing; a keeper
+//!   believes only the holder itself, as root (`SO_PEERCRED`), and only
+//!   the journal path of that holder;
 //! - [`adopt`] never probes the mount through the filesystem: with no
 //!   holder reading, such a probe waits, and a caller that took the wait
 //!   for a hung daemon would abort the connection;
@@ -124,6 +126,19 @@ pub fn fetch(mountpoint: &Path) -> Result<Kept> {
     };
     let info: Info = serde_json::from_slice(&buf[..n])
         .with_context(|| format!("{} sent no holder description", p.display()))?;
+    // Only the holder itself, as root, is believed: what it names is
+    // renamed and served by root later.
+    let peer = socket::getsockopt(&c, socket::sockopt::PeerCredentials)
+        .with_context(|| format!("reading the peer of {}", p.display()))?;
+    if peer.uid() != 0 || peer.pid() as u32 != info.holder_pid {
+        bail!(
+            "{} is served by pid {} (uid {}), not by the holder it names (pid {}) as root; remove it",
+            p.display(),
+            peer.pid(),
+            peer.uid(),
+            info.holder_pid
+        );
+    }
     let mut fds = fds.into_iter();
     match (fds.next(), fds.next()) {
         (Some(dev), Some(arena)) => Ok(Kept { info, dev, arena }),
@@ -165,6 +180,13 @@ pub fn adopt(cfg: &MountConfig, kept: &Kept) -> Result<()> {
             cfg.mountpoint.display()
         );
     }
+    let control = cfg.control();
+    if kept.info.journal != mount::journal_path(&control, kept.info.holder_pid) {
+        bail!(
+            "the kept holder names the journal {}, not its own; nothing to adopt",
+            kept.info.journal.display()
+        );
+    }
     let mounted = mount::mount_at(&cfg.mountpoint)?.map(|e| e.dev);
     if kept.info.dev.is_none() || mounted != kept.info.dev {
         bail!(
@@ -181,7 +203,6 @@ pub fn adopt(cfg: &MountConfig, kept: &Kept) -> Result<()> {
         );
     }
     let bin = mount::find_binary(cfg.binary.as_deref());
-    let control = cfg.control();
     let mut cmd = Command::new(&bin);
     cmd.arg("mount")
         .arg(&cfg.mountpoint)
@@ -253,5 +274,29 @@ pub fn adopt(cfg: &MountConfig, kept: &Kept) -> Result<()> {
             ),
             Err(e) => return Err(e.context("the adopting holder does not answer")),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A keeper believes only the holder it was told of: a socket served
+    /// by another process (here this test, naming pid 1) is refused.
+    #[test]
+    fn a_keeper_refuses_fds_from_anyone_but_the_holder() {
+        let dir = tempfile::tempdir().unwrap();
+        let mp = dir.path().join("mnt");
+        let l = bind(&mp).unwrap();
+        let null = || OwnedFd::from(std::fs::File::open("/dev/null").unwrap());
+        let (dev, arena) = (null(), null());
+        let lie = Info {
+            holder_pid: 1,
+            journal: dir.path().join("mnt.journal.1"),
+            dev: Some("0:1".into()),
+        };
+        std::thread::spawn(move || serve(l, &dev, &arena, &lie));
+        let e = fetch(&mp).unwrap_err().to_string();
+        assert!(e.contains("not by the holder it names (pid 1)"), "{e}");
     }
 }

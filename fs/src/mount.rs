@@ -4,8 +4,10 @@
 //! A mount is *live* when its control socket answers `status` for that
 //! mount point. It is *stale* when the kernel still has a forkd-fs mount
 //! there but no process serves it: `stat` fails with ENOTCONN (the daemon
-//! died, e.g. `kill -9`) or hangs (the daemon is stuck; its FUSE connection
-//! is then aborted through `/sys/fs/fuse/connections/<dev>/abort`). A stale
+//! died, e.g. `kill -9`, with nobody keeping its connection) or hangs (the
+//! daemon is stuck, or its holder died and a keeper has not had a new one
+//! adopt the connection yet; its FUSE connection is then aborted through
+//! `/sys/fs/fuse/connections/<dev>/abort`). A stale
 //! mount is detached lazily (`umount2(MNT_DETACH)`, or `fusermount3 -uz`)
 //! and a fresh `forkd-fs mount` is started.
 

@@ -333,8 +333,8 @@ async fn adopt_if_holder_gone(n: &Arc<Node>, started: Instant) -> bool {
     let res = tokio::task::spawn_blocking(move || {
         let cfg = forkd_snapshot::mount_config(&n2.paths)?;
         // The connection is dropped here, after the new holder has its own
-        // copy, or after it failed (the mount then dies: the next check
-        // recovers it).
+        // copy, or after it failed (the mount then dies: the look that
+        // follows recovers it).
         forkd_fs::keeper::adopt(&cfg, &kept)
     })
     .await;
