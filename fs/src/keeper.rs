@@ -25,7 +25,6 @@ use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
@@ -202,28 +201,8 @@ pub fn adopt(cfg: &MountConfig, kept: &Kept) -> Result<()> {
             cfg.mountpoint.display()
         );
     }
-    let bin = mount::find_binary(cfg.binary.as_deref());
-    let mut cmd = Command::new(&bin);
-    cmd.arg("mount")
-        .arg(&cfg.mountpoint)
-        .arg("--store")
-        .arg(&cfg.store_dir)
-        .arg("--control")
-        .arg(&control)
-        .arg("--adopt-journal")
-        .arg(&kept.info.journal);
-    if let Some(d) = &cfg.secondary_dir {
-        cmd.arg("--secondary-dir").arg(d);
-    }
-    if let Some(g) = cfg.gid {
-        cmd.arg("--gid").arg(g.to_string());
-    }
-    if cfg.no_fill {
-        cmd.arg("--no-fill");
-    }
-    if let Some(d) = cfg.remote_deadline_secs {
-        cmd.arg("--remote-deadline-secs").arg(d.to_string());
-    }
+    let (mut cmd, bin) = mount::mount_command(cfg, &cfg.mountpoint, &control)?;
+    cmd.arg("--adopt-journal").arg(&kept.info.journal);
     let (dev, arena) = (kept.dev.as_raw_fd(), kept.arena.as_raw_fd());
     // SAFETY: fcntl, dup2 and close are async-signal-safe. Both fds are
     // first copied above the targets (either may sit on 3 or 4, and dup2

@@ -493,9 +493,14 @@ fn ensure_mounted_locked(cfg: &MountConfig, mp: &Path, control: &Path) -> Result
     start(cfg, &mp, &control)
 }
 
-fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
-    std::fs::create_dir_all(mp)
-        .with_context(|| format!("creating mount point {}", mp.display()))?;
+/// The `forkd-fs mount` command line for `cfg`'s mount at `mp` (a new
+/// mount, or an adoption: `keeper::adopt` adds its own flag), and the
+/// binary it runs.
+pub(crate) fn mount_command(
+    cfg: &MountConfig,
+    mp: &Path,
+    control: &Path,
+) -> Result<(Command, PathBuf)> {
     let bin = find_binary(cfg.binary.as_deref());
     let mut cmd = Command::new(&bin);
     cmd.arg("mount")
@@ -516,6 +521,13 @@ fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
     if let Some(d) = cfg.remote_deadline_secs {
         cmd.arg("--remote-deadline-secs").arg(d.to_string());
     }
+    Ok((cmd, bin))
+}
+
+fn start(cfg: &MountConfig, mp: &Path, control: &Path) -> Result<()> {
+    std::fs::create_dir_all(mp)
+        .with_context(|| format!("creating mount point {}", mp.display()))?;
+    let (mut cmd, bin) = mount_command(cfg, mp, control)?;
     let out = cmd.output().with_context(|| {
         format!(
             "starting {} (set MountConfig::binary, or put forkd-fs next to this program or on PATH)",

@@ -488,18 +488,19 @@ fn maps_device(pid: u32, dev: (u32, u32)) -> bool {
 mod tests {
     use super::*;
 
+    /// The device of this process's own binary, which it maps.
+    fn own_binary_dev() -> (u32, u32) {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(std::fs::read_link("/proc/self/exe").unwrap()).unwrap();
+        (
+            nix::sys::stat::major(md.dev()) as u32,
+            nix::sys::stat::minor(md.dev()) as u32,
+        )
+    }
+
     #[test]
     fn finds_a_mapping_of_a_device() {
-        // This process maps its own binary; find that file's device.
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let md = std::fs::metadata(&exe).unwrap();
-        let dev = {
-            use std::os::unix::fs::MetadataExt;
-            (
-                nix::sys::stat::major(md.dev()) as u32,
-                nix::sys::stat::minor(md.dev()) as u32,
-            )
-        };
+        let dev = own_binary_dev();
         assert!(maps_device(std::process::id(), dev));
         assert!(!maps_device(std::process::id(), (dev.0, dev.1 + 1000)));
         assert!(!maps_device(u32::MAX, dev), "no such process");
@@ -509,15 +510,7 @@ mod tests {
 
     #[test]
     fn a_vm_that_died_before_the_scan_goes_with_the_connection() {
-        let exe = std::fs::read_link("/proc/self/exe").unwrap();
-        let md = std::fs::metadata(&exe).unwrap();
-        let dev = {
-            use std::os::unix::fs::MetadataExt;
-            (
-                nix::sys::stat::major(md.dev()) as u32,
-                nix::sys::stat::minor(md.dev()) as u32,
-            )
-        };
+        let dev = own_binary_dev();
         let me = Some(std::process::id());
         assert!(went_with(dev, true, me), "maps the dead device");
         assert!(!went_with((dev.0, dev.1 + 1000), true, me), "maps another");
