@@ -82,6 +82,10 @@ pub struct Args {
     /// File holding the E2B API key (X-API-KEY); default: the bearer token.
     #[arg(long)]
     pub e2b_api_key_file: Option<PathBuf>,
+    /// Domain of sandbox URLs (`get_host(port)` is PORT-ID.DOMAIN);
+    /// default localhost:<sandbox plane port> (docs/e2b.md, "Ports").
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub e2b_sandbox_domain: Option<String>,
 }
 
 impl Args {
@@ -135,6 +139,9 @@ impl Args {
         }
         if let Some(v) = &self.e2b_api_key_file {
             c.e2b.api_key_file = Some(v.clone());
+        }
+        if let Some(v) = &self.e2b_sandbox_domain {
+            c.e2b.sandbox_domain = Some(v.clone());
         }
         c.allowed_paths.extend(self.allowed_paths.iter().cloned());
         c.volume_roots.extend(self.volume_roots.iter().cloned());

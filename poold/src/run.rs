@@ -16,7 +16,7 @@ fn host_policy(cfg: &Config) -> hosts::HostPolicy {
     if cfg.unix.is_some() {
         hosts::HostPolicy {
             any: true,
-            names: Vec::new(),
+            ..Default::default()
         }
     } else {
         hosts::HostPolicy::tcp(&cfg.allowed_hosts)

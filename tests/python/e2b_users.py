@@ -8,6 +8,7 @@ raises on failure; the last line printed is `E2B USERS OK` when all passed.
 """
 
 import asyncio
+import os
 import re
 import sys
 import threading
@@ -325,6 +326,140 @@ def killed_mid_command(template):
     print(f"    cell: {type(cell).__name__}: {cell}", flush=True)
 
 
+# A guest web server: answers GET with the headers it got, and switches
+# an `Upgrade: echo` request to a byte stream it echoes upper-cased.
+PORT_SERVER = r"""
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    def do_GET(self):
+        if self.headers.get("Upgrade") == "echo":
+            self.send_response(101)
+            self.send_header("Connection", "Upgrade")
+            self.send_header("Upgrade", "echo")
+            self.end_headers()
+            self.wfile.flush()
+            while True:
+                d = self.connection.recv(4096)
+                if not d:
+                    break
+                self.connection.sendall(d.upper())
+            self.close_connection = True
+            return
+        h = self.headers
+        body = f"host={h.get('Host')} token={h.get('e2b-traffic-access-token')} access={h.get('x-access-token')}".encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def plane_request(host, path="/", headers=None, upgrade=None):
+    """A raw HTTP/1.1 request to the sandbox plane naming `host`, as a
+    client that resolves the sandbox URL (wildcard DNS) would send it:
+    (status, headers text, body or the upgraded socket)."""
+    import socket
+    from urllib.parse import urlsplit
+
+    addr = urlsplit(os.environ["E2B_SANDBOX_URL"])
+    s = socket.create_connection((addr.hostname, addr.port), timeout=20)
+    lines = [f"GET {path} HTTP/1.1", f"Host: {host}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    if upgrade:
+        lines += ["Connection: Upgrade", f"Upgrade: {upgrade}"]
+    else:
+        lines += ["Connection: close"]
+    s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        d = s.recv(4096)
+        if not d:
+            break
+        buf += d
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    status = int(head.split(b" ")[1])
+    if upgrade and status == 101:
+        return status, head.decode(), s
+    while True:
+        d = s.recv(4096)
+        if not d:
+            break
+        rest += d
+    s.close()
+    if b"transfer-encoding: chunked" in head.lower():
+        rest = dechunk(rest)
+    return status, head.decode(), rest.decode()
+
+
+def dechunk(b):
+    out = b""
+    while b:
+        size, _, b = b.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            break
+        out, b = out + b[:n], b[n + 2:]
+    return out
+
+
+def start_server(sbx, port):
+    sbx.files.write("/tmp/port_server.py", PORT_SERVER)
+    sbx.commands.run(f"python3 /tmp/port_server.py {port}", background=True)
+    host = sbx.get_host(port)
+    wait_for(f"the guest server on {port}", lambda: plane_request(host)[0] == 200)
+    return host
+
+
+def ports(template):
+    step("get_host(port) reaches a guest server by URL, HTTP and upgrades")
+    sbx = Sandbox.create(template=template, timeout=120)
+    try:
+        host = start_server(sbx, 8000)
+        check(host.startswith(f"8000-{sbx.sandbox_id}."), f"get_host: {host}")
+        status, _, body = plane_request(host, headers={"X-Access-Token": "stripped"})
+        check(status == 200, f"public port: {status} {body}")
+        check(body == f"host={host} token=None access=None", f"the guest saw {body!r}")
+        status, _, body = plane_request(sbx.get_host(8001))
+        check(status == 502 and "nothing listens on port 8001" in body, f"closed port: {status} {body}")
+        status, head, sock = plane_request(host, "/ws", upgrade="echo")
+        check(status == 101, f"upgrade: {status} {head}")
+        sock.sendall(b"hello over the tunnel")
+        got = b""
+        while len(got) < 21:
+            got += sock.recv(64)
+        sock.close()
+        check(got == b"HELLO OVER THE TUNNEL", f"upgraded stream: {got!r}")
+    finally:
+        sbx.kill()
+    status, _, body = plane_request(host)
+    check(status == 502 and "was not found" in body, f"a killed sandbox's URL: {status} {body}")
+
+    step("allow_public_traffic=False wants the traffic token; mask_request_host is the Host the guest sees")
+    sbx = Sandbox.create(
+        template=template,
+        timeout=120,
+        network={"allow_public_traffic": False, "mask_request_host": "app.internal:${PORT}"},
+    )
+    try:
+        sbx.files.write("/tmp/port_server.py", PORT_SERVER)
+        sbx.commands.run("python3 /tmp/port_server.py 8000", background=True)
+        host = sbx.get_host(8000)
+        token = {"e2b-traffic-access-token": sbx.traffic_access_token}
+        wait_for("the guest server", lambda: plane_request(host, headers=token)[0] == 200)
+        status, _, body = plane_request(host)
+        check(status == 403 and "e2b-traffic-access-token" in body, f"no token: {status} {body}")
+        status, _, body = plane_request(host, headers={"e2b-traffic-access-token": "wrong"})
+        check(status == 403, f"a wrong token: {status} {body}")
+        status, _, body = plane_request(host, headers=token)
+        check(status == 200 and body == "host=app.internal:8000 token=None access=None", f"with the token: {status} {body!r}")
+    finally:
+        sbx.kill()
+
+
 def main():
     template = sys.argv[1]
     step("create")
@@ -341,6 +476,7 @@ def main():
         step("kill")
         sbx.kill()
     killed_mid_command(template)
+    ports(template)
     print("E2B USERS OK", flush=True)
 
 

@@ -18,6 +18,13 @@ pub struct E2bConfig {
     /// poold's bearer token is the key (and without one, any key is taken,
     /// which only a loopback bind allows).
     pub api_key_file: Option<PathBuf>,
+    /// The domain sandbox URLs live under (E2B's `domain`): the SDK's
+    /// `get_host(port)` is `<port>-<sandbox id>.<domain>`, a name the
+    /// sandbox plane routes to that guest port. Unset:
+    /// `localhost:<sandbox_bind's port>` (`*.localhost` is loopback to
+    /// browsers and curl). Point a wildcard DNS name (or a TLS proxy) at
+    /// the sandbox plane and name it here for other hosts.
+    pub sandbox_domain: Option<String>,
 }
 
 impl E2bConfig {
@@ -36,8 +43,25 @@ impl E2bConfig {
         }
     }
 
+    /// The domain sandbox URLs are answered under, for a sandbox plane
+    /// bound to `plane_port`; checked: `host[:port]`, nothing else.
+    pub fn domain(&self, plane_port: u16) -> Result<String> {
+        let Some(d) = &self.sandbox_domain else {
+            return Ok(format!("localhost:{plane_port}"));
+        };
+        let d = d.trim().trim_end_matches('.').to_ascii_lowercase();
+        let ok = d
+            .parse::<axum::http::uri::Authority>()
+            .is_ok_and(|a| a.as_str() == d && !d.contains('@') && !a.host().is_empty());
+        if !ok || d.starts_with('.') || d.contains('/') {
+            bail!("bad e2b.sandbox_domain {d:?}: want a DNS name with an optional port, e.g. sandboxes.example.com or localhost:3001");
+        }
+        Ok(d)
+    }
+
     /// Checks the addresses and that a non-loopback one has a key.
     pub fn validate(&self, has_token: bool) -> Result<()> {
+        self.domain(0)?;
         if let Some((a, b)) = self.addrs()? {
             let loopback = a.ip().is_loopback() && b.ip().is_loopback();
             if !loopback && self.api_key_file.is_none() && !has_token {

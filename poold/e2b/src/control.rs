@@ -27,6 +27,7 @@ use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use forkd_api::BranchBody;
 use forkd_node::limits::{check_env, check_metadata, MAX_TTL_SECS};
+use forkd_node::PortAccess;
 use forkd_node::{SandboxRecord, SpawnRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -119,9 +120,8 @@ struct NewSandbox {
 /// CIDRs and domain names and allow wins, as in E2B; `allowOut` is also
 /// how an internal address is opened, as in `/v1`. Without them the
 /// sandbox gets the pool's or the config's policy: the public internet,
-/// nothing internal. What poold cannot honour is refused: a traffic token
-/// on the sandbox's URLs (`allowPublicTraffic: false`), `maskRequestHost`,
-/// unknown keys.
+/// nothing internal. Unknown keys are refused; the port keys are
+/// [`port_access_of`]'s.
 fn egress_of(
     internet: Option<bool>,
     network: Option<&Value>,
@@ -154,19 +154,14 @@ fn egress_of(
         allow_out: list("allowOut")?,
         deny_out: list("denyOut")?,
     };
-    for (k, v) in obj {
-        match (k.as_str(), v) {
-            ("allowOut" | "denyOut", _) | ("allowPublicTraffic", Value::Bool(true) | Value::Null) => {}
-            ("allowPublicTraffic", _) => {
-                return Err(bad(
-                    "network.allowPublicTraffic: poold does not gate sandbox URLs with a traffic token; leave it out (the sandbox plane's auth applies)",
-                ))
-            }
-            ("maskRequestHost", Value::Null) => {}
-            ("maskRequestHost", _) => {
-                return Err(bad("network.maskRequestHost is not supported by poold; leave it out"))
-            }
-            _ => return Err(bad(format!("network.{k} is not an E2B network setting poold knows"))),
+    for k in obj.keys() {
+        if !matches!(
+            k.as_str(),
+            "allowOut" | "denyOut" | "allowPublicTraffic" | "maskRequestHost"
+        ) {
+            return Err(bad(format!(
+                "network.{k} is not an E2B network setting poold knows"
+            )));
         }
     }
     if no_internet {
@@ -181,6 +176,53 @@ fn egress_of(
         .validate()
         .map_err(|e| bad(format!("network: {e}")))?;
     Ok((None, Some(policy)))
+}
+
+/// How clients reach the sandbox's ports by URL, from E2B's `network`
+/// (docs/e2b.md, "Ports"): `allowPublicTraffic: false` makes every
+/// request need the traffic token; `maskRequestHost` (with `${PORT}`) is
+/// the `Host` the guest's server sees.
+fn port_access_of(network: Option<&Value>) -> R<PortAccess> {
+    let Some(obj) = network.and_then(Value::as_object) else {
+        return Ok(PortAccess::default());
+    };
+    let token_required = match obj.get("allowPublicTraffic") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(public)) => !public,
+        Some(v) => {
+            return Err(bad(format!(
+                "network.allowPublicTraffic must be true or false, not {v}"
+            )))
+        }
+    };
+    let mask_host = match obj.get("maskRequestHost") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(m)) => Some(check_mask(m)?),
+        Some(v) => {
+            return Err(bad(format!(
+                "network.maskRequestHost must be a string, not {v}"
+            )))
+        }
+    };
+    Ok(PortAccess {
+        token_required,
+        mask_host,
+    })
+}
+
+/// A `maskRequestHost`: a `host[:port]` once `${PORT}` is replaced.
+fn check_mask(m: &str) -> R<String> {
+    let sample = m.replace(crate::ports::PORT_PLACEHOLDER, "80");
+    let ok = m.len() <= 255
+        && sample
+            .parse::<axum::http::uri::Authority>()
+            .is_ok_and(|a| a.as_str() == sample && !sample.contains('@'));
+    if !ok {
+        return Err(bad(format!(
+            "network.maskRequestHost {m:?} is not a host[:port] (with ${{PORT}} for the port), e.g. \"localhost:${{PORT}}\""
+        )));
+    }
+    Ok(m.to_string())
 }
 
 pub(crate) fn bad(m: impl Into<String>) -> E2bError {
@@ -234,6 +276,7 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
         return Err(bad("volumeMounts are not supported by poold (docs/e2b.md)"));
     }
     let (net, network) = egress_of(b.allow_internet_access, b.network.as_ref())?;
+    let port_access = port_access_of(b.network.as_ref())?;
     // The metadata, envs and template alias are the node's, persisted
     // with the sandbox: they survive a poold restart.
     let req = SpawnRequest {
@@ -246,6 +289,7 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
         net,
         network,
         auto_pause: b.auto_pause == Some(true),
+        port_access,
         ..Default::default()
     };
     let recs = e.node.spawn(req).await?;
@@ -254,11 +298,12 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
             "spawn returned no sandbox",
         )));
     };
-    Ok((StatusCode::CREATED, Json(sandbox_json(&rec))))
+    Ok((StatusCode::CREATED, Json(sandbox_json(&e, &rec))))
 }
 
-/// The `Sandbox` answer of create and connect.
-pub(crate) fn sandbox_json(rec: &SandboxRecord) -> Value {
+/// The `Sandbox` answer of create and connect. Its `domain` makes the
+/// SDK's `get_host(port)` a name the sandbox plane routes to the port.
+pub(crate) fn sandbox_json(e: &E2b, rec: &SandboxRecord) -> Value {
     let template = rec.alias.as_deref().unwrap_or(&rec.snapshot_tag);
     json!({
         "templateID": template,
@@ -270,7 +315,7 @@ pub(crate) fn sandbox_json(rec: &SandboxRecord) -> Value {
         // interpreter's /contexts calls, which carry no X-Access-Token: the
         // sandbox plane takes either header (crate::sandbox).
         "trafficAccessToken": rec.access_token.as_str(),
-        "domain": null,
+        "domain": e.domain,
         "alias": template,
     })
 }
@@ -399,7 +444,7 @@ async fn connect(
             e.node.set_ttl(&id, t).await?;
         }
     }
-    Ok((StatusCode::OK, Json(sandbox_json(&sb.rec))))
+    Ok((StatusCode::OK, Json(sandbox_json(&e, &sb.rec))))
 }
 
 /// Most children of one fork (the SDK's own bound).
@@ -447,6 +492,7 @@ async fn fork(
         metadata: parent.rec.metadata.clone(),
         envs: parent.rec.envs.clone(),
         alias: Some(parent.template().to_string()),
+        port_access: parent.rec.port_access.clone(),
         ..Default::default()
     };
     let spawned = e.node.spawn(req).await;
@@ -456,7 +502,7 @@ async fn fork(
     let out = match spawned {
         Ok(recs) => recs
             .iter()
-            .map(|r| json!({"sandbox": sandbox_json(r)}))
+            .map(|r| json!({"sandbox": sandbox_json(&e, r)}))
             .collect(),
         Err(err) => {
             let err = E2bError::from(err);
@@ -665,12 +711,33 @@ mod tests {
             (json!({"allowOut": ["10.0.0.1/8"]}), "host bits"),
             (json!({"allowOut": "1.2.3.4"}), "a list of strings"),
             (json!({"denyOut": [7]}), "not a string"),
-            (json!({"allowPublicTraffic": false}), "traffic token"),
-            (json!({"maskRequestHost": "x.${PORT}"}), "maskRequestHost"),
             (json!({"allowOutt": []}), "allowOutt"),
             (json!(["1.2.3.4"]), "an object"),
         ] {
             let e = egress_of(None, Some(&bad)).unwrap_err();
+            assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn port_access_maps_public_traffic_and_the_host_mask() {
+        assert!(port_access_of(None).unwrap().is_default());
+        let open = json!({"allowPublicTraffic": true, "allowOut": ["1.2.3.4"]});
+        assert!(port_access_of(Some(&open)).unwrap().is_default());
+        let closed = json!({"allowPublicTraffic": false, "maskRequestHost": "app.local:${PORT}"});
+        let a = port_access_of(Some(&closed)).unwrap();
+        assert!(a.token_required);
+        assert_eq!(a.mask_host.as_deref(), Some("app.local:${PORT}"));
+        // Both keys pass the egress mapping untouched.
+        assert_eq!(egress_of(None, Some(&closed)).unwrap(), (None, None));
+        for (bad, why) in [
+            (json!({"allowPublicTraffic": "no"}), "true or false"),
+            (json!({"maskRequestHost": 7}), "a string"),
+            (json!({"maskRequestHost": "a b"}), "host[:port]"),
+            (json!({"maskRequestHost": "u@h"}), "host[:port]"),
+            (json!({"maskRequestHost": "h/${PORT}"}), "host[:port]"),
+        ] {
+            let e = port_access_of(Some(&bad)).unwrap_err();
             assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
         }
     }

@@ -30,7 +30,6 @@ use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkd_node::error::GuestErrorKind;
 use forkd_node::{Error, EvalResult};
-use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -126,55 +125,10 @@ async fn send_envs(g: Guest<'_>) -> Result<(), E2bError> {
     Ok(())
 }
 
-/// Headers that describe one hop, not the message (RFC 9110, 7.6.1), and
-/// the sandbox's credential.
-const NOT_FORWARDED: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "x-access-token",
-    "e2b-traffic-access-token",
-    "host",
-];
-
 /// One request to the guest's code interpreter over tunnel `t`.
 async fn proxy(t: forkd_node::Tunnel, req: Request) -> Result<Response, E2bError> {
-    let gone = |e: hyper::Error| {
-        E2bError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("the sandbox's code interpreter did not answer: {e}"),
-        )
-    };
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
-        .await
-        .map_err(gone)?;
-    tokio::spawn(async move {
-        if let Err(e) = conn.await {
-            tracing::debug!("code interpreter connection: {e}");
-        }
-    });
-    let (mut parts, body) = req.into_parts();
-    for h in NOT_FORWARDED {
-        parts.headers.remove(h);
-    }
-    parts
-        .headers
-        .insert(header::HOST, HeaderValue::from_static("localhost:49999"));
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    parts.uri = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
-    let resp = send
-        .send_request(Request::from_parts(parts, body))
-        .await
-        .map_err(gone)?;
-    let (mut parts, body) = resp.into_parts();
-    for h in NOT_FORWARDED {
-        parts.headers.remove(h);
-    }
-    Ok(Response::from_parts(parts, Body::new(body)))
+    let host = HeaderValue::from_static("localhost:49999");
+    crate::ports::forward(t, req, host, "the sandbox's code interpreter").await
 }
 
 /// The warm interpreter's `/health` and `/execute`.

@@ -40,6 +40,7 @@ pub mod interpreter;
 pub mod metrics;
 pub mod paging;
 pub mod pause;
+pub mod ports;
 pub mod process;
 pub mod sandbox;
 pub mod signed;
@@ -74,13 +75,14 @@ pub async fn bind(
     let Some((api, sbx)) = cfg.addrs()? else {
         return Ok(None);
     };
-    let e = E2b::new(node.clone(), cfg, token, hosts, transfers)?;
     let control = tokio::net::TcpListener::bind(api)
         .await
         .with_context(|| format!("binding the E2B API on {api}"))?;
     let plane = tokio::net::TcpListener::bind(sbx)
         .await
         .with_context(|| format!("binding the E2B sandbox plane on {sbx}"))?;
+    let domain = cfg.domain(plane.local_addr()?.port())?;
+    let e = E2b::new(node.clone(), cfg, token, hosts, transfers, domain)?;
     Ok(Some(Bound { e, control, plane }))
 }
 

@@ -108,7 +108,7 @@ pub(crate) async fn resume_paused(
 ) -> R<Value> {
     e.forget(id);
     let rec = e.node.resume(id, timeout, auto_pause).await?;
-    Ok(sandbox_json(&rec))
+    Ok(sandbox_json(e, &rec))
 }
 
 /// The `state` E2B lists a paused sandbox with, and its `SandboxDetail`.

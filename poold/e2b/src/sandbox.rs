@@ -52,15 +52,16 @@ pub fn routes(e: Arc<E2b>, transfers: Arc<Transfers>) -> Router {
         .with_state(e)
 }
 
-/// The sandbox and port a request is for, after the token check.
-fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
-    let port = match h.get("e2b-sandbox-port") {
-        None => ENVD_PORT,
-        Some(v) => v
-            .to_str()
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or_else(|| E2bError::bad_request("E2b-Sandbox-Port must be a port number"))?,
+/// The sandbox and port a request is for, after the token check: those
+/// its `Host` names (`addressed`, [`crate::ports`]), else its headers'.
+fn route(
+    e: &E2b,
+    h: &HeaderMap,
+    addressed: Option<(u16, String)>,
+) -> Result<(E2bSandbox, u16), E2bError> {
+    let (port, host_id) = match addressed {
+        Some((port, id)) => (port, Some(id)),
+        None => (header_port(h)?, None),
     };
     // The SDKs send the sandbox's token as X-Access-Token, or, on the code
     // interpreter's context calls, only as the traffic token (which
@@ -74,9 +75,12 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
             "missing or wrong X-Access-Token: use the envdAccessToken the create (or connect) answered",
         )
     };
-    let sb = match h.get("e2b-sandbox-id") {
+    let named = host_id.or_else(|| {
+        h.get("e2b-sandbox-id")
+            .map(|v| v.to_str().unwrap_or("").to_string())
+    });
+    let sb = match named.as_deref() {
         Some(id) => {
-            let id = id.to_str().unwrap_or("");
             let sb = e.sandbox(id).ok_or_else(|| {
                 E2bError::sandbox_gone(format!(
                     "sandbox {id:?} was not found: killed, expired, or never created"
@@ -90,6 +94,18 @@ fn route(e: &E2b, h: &HeaderMap) -> Result<(E2bSandbox, u16), E2bError> {
         None => token.and_then(|t| e.by_token(t)).ok_or_else(unauthorized)?,
     };
     Ok((sb, port))
+}
+
+/// The service `E2b-Sandbox-Port` names; envd without it.
+fn header_port(h: &HeaderMap) -> Result<u16, E2bError> {
+    match h.get("e2b-sandbox-port") {
+        None => Ok(ENVD_PORT),
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or_else(|| E2bError::bad_request("E2b-Sandbox-Port must be a port number")),
+    }
 }
 
 /// A `/files` request by signed URL ([`crate::signed`]): no token header,
@@ -108,9 +124,15 @@ fn signed_file_request(e: &E2b, req: &Request) -> Option<Result<E2bSandbox, E2bE
 }
 
 async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
+    let addressed = crate::ports::addressed(&e.domain, req.headers());
+    if let Some((port, id)) = &addressed {
+        if *port != ENVD_PORT && *port != INTERPRETER_PORT {
+            return crate::ports::handle(&e, id, *port, req).await;
+        }
+    }
     let routed = match signed_file_request(&e, &req) {
         Some(signed) => signed.map(|sb| (sb, ENVD_PORT)),
-        None => route(&e, req.headers()),
+        None => route(&e, req.headers(), addressed),
     };
     let (sb, port) = match routed {
         Ok(x) => x,
@@ -123,9 +145,9 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
     match port {
         ENVD_PORT => envd(g, req).await,
         INTERPRETER_PORT => crate::interpreter::handle(g, req).await,
-        p => E2bError::sandbox_gone(
-            format!("port {p} is not open: poold serves envd ({ENVD_PORT}) and the code interpreter ({INTERPRETER_PORT})"),
-        )
+        p => E2bError::bad_request(format!(
+            "E2b-Sandbox-Port {p}: this header names envd ({ENVD_PORT}) or the code interpreter ({INTERPRETER_PORT}); reach other ports by their sandbox URL, the SDK's get_host({p}) (docs/e2b.md, \"Ports\")"
+        ))
         .into_response(),
     }
 }

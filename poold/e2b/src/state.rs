@@ -75,6 +75,16 @@ pub struct E2b {
     pub(crate) hosts: HostPolicy,
     /// The large-request slots (shared with `/v1`).
     pub(crate) transfers: Arc<Transfers>,
+    /// Sandbox URLs' domain (`E2bConfig::domain`), lowercase.
+    pub(crate) domain: String,
+}
+
+/// The host part of a `host[:port]` domain.
+fn domain_host(domain: &str) -> &str {
+    match domain.rsplit_once(':') {
+        Some((h, p)) if p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => domain,
+    }
 }
 
 impl E2b {
@@ -86,6 +96,7 @@ impl E2b {
         token: Option<String>,
         hosts: HostPolicy,
         transfers: Arc<Transfers>,
+        domain: String,
     ) -> Result<Arc<E2b>> {
         let api_key = match &cfg.api_key_file {
             Some(f) => {
@@ -99,8 +110,9 @@ impl E2b {
             node,
             api_key,
             sessions: RwLock::new(HashMap::new()),
-            hosts,
+            hosts: hosts.with_suffix(domain_host(&domain)),
             transfers,
+            domain,
         }))
     }
 

@@ -33,6 +33,9 @@ pub struct HostPolicy {
     pub any: bool,
     /// Extra names (`allowed_hosts`), lowercased, without trailing dot.
     pub names: Vec<String>,
+    /// Domains whose every subdomain is allowed (the E2B sandbox URLs'
+    /// `<port>-<id>.<domain>`), lowercased, without trailing dot.
+    pub suffixes: Vec<String>,
 }
 
 /// Why a host was refused, for the error body.
@@ -49,7 +52,14 @@ impl HostPolicy {
         HostPolicy {
             any: false,
             names: names.iter().map(|n| normalize(n)).collect(),
+            suffixes: Vec::new(),
         }
+    }
+
+    /// This policy, also allowing every subdomain of `domain`.
+    pub fn with_suffix(mut self, domain: &str) -> HostPolicy {
+        self.suffixes.push(normalize(domain));
+        self
     }
 
     /// Decides on the host a request names (`Host` header or the URI's
@@ -66,6 +76,10 @@ impl HostPolicy {
             || name.ends_with(".localhost")
             || bare.parse::<std::net::IpAddr>().is_ok()
             || self.names.contains(&name)
+            || self.suffixes.iter().any(|s| {
+                name.strip_suffix(s.as_str())
+                    .is_some_and(|l| l.len() > 1 && l.ends_with('.'))
+            })
         {
             Ok(())
         } else {
@@ -174,7 +188,13 @@ mod tests {
         let unix = HostPolicy {
             any: true,
             names: vec![],
+            suffixes: vec![],
         };
+        let sbx = HostPolicy::tcp(&[]).with_suffix("Sbx.Example.");
+        assert_eq!(sbx.check(Some("8080-sb-1.sbx.example:443")), Ok(()));
+        for bad in ["sbx.example", "xsbx.example", "sbx.example.evil"] {
+            assert!(sbx.check(Some(bad)).is_err(), "{bad}");
+        }
         assert_eq!(unix.check(Some("evil.example")), Ok(()));
         assert_eq!(unix.check(None), Ok(()));
     }

@@ -556,6 +556,7 @@ mod tests {
             alias: Some("code-interpreter-v1".into()),
             access_token: AccessToken::mint(),
             auto_pause: false,
+            port_access: Default::default(),
         }
     }
 

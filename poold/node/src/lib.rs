@@ -64,6 +64,6 @@ pub use pool::PoolStatus;
 pub use sandbox::Phase;
 pub use snapshots::SnapshotDetails;
 pub use spawn::SpawnRequest;
-pub use state::SandboxRecord;
+pub use state::{PortAccess, SandboxRecord};
 pub use token::AccessToken;
 pub use workspace::paused::PausedSandbox;

@@ -74,6 +74,8 @@ pub struct SpawnRequest {
     /// Paused, not killed, when the TTL passes (E2B's `autoPause`;
     /// `SandboxRecord::auto_pause`).
     pub auto_pause: bool,
+    /// How clients reach the guest ports by URL (`SandboxRecord::port_access`).
+    pub port_access: crate::state::PortAccess,
 }
 
 impl SpawnRequest {
@@ -521,6 +523,7 @@ async fn spawn_hits_and_misses(
                 .kept
                 .map_or_else(AccessToken::mint, |k| k.access_token.clone()),
             auto_pause: plan.req.auto_pause,
+            port_access: plan.req.port_access.clone(),
         };
         let source = if hit { "pool" } else { "restore" };
         n.metrics

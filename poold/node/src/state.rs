@@ -96,6 +96,31 @@ pub struct SandboxRecord {
     /// Paused (`crate::workspace::paused`), not killed, when its TTL passes.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub auto_pause: bool,
+    /// How clients may reach its guest ports by URL (E2B's `get_host`).
+    #[serde(default, skip_serializing_if = "PortAccess::is_default")]
+    pub port_access: PortAccess,
+}
+
+/// How a front-end lets clients reach a sandbox's guest ports by URL
+/// (E2B's `get_host(port)` hosts, docs/e2b.md "Ports"): kept with the
+/// sandbox like its metadata, never interpreted by the node.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortAccess {
+    /// Each request must carry the sandbox's access token (E2B's
+    /// `allowPublicTraffic: false`); false: the URL alone is enough.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub token_required: bool,
+    /// The `Host` the guest's server sees instead of the client's, with
+    /// `${PORT}` replaced by the port (E2B's `maskRequestHost`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mask_host: Option<String>,
+}
+
+impl PortAccess {
+    /// No token, no mask: what a sandbox has unless asked.
+    pub fn is_default(&self) -> bool {
+        *self == PortAccess::default()
+    }
 }
 
 impl SandboxRecord {
@@ -322,6 +347,10 @@ mod tests {
                 alias: Some("code-interpreter-v1".into()),
                 access_token: AccessToken::mint(),
                 auto_pause: true,
+                port_access: PortAccess {
+                    token_required: true,
+                    mask_host: Some("app:${PORT}".into()),
+                },
             },
         );
         f.save(&s, Sync::Durable).unwrap();

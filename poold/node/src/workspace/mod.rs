@@ -139,6 +139,7 @@ async fn spawn_for(n: &Arc<Node>, w: &WorkspaceRecord, tag: &str) -> Result<Sand
         metadata: s.metadata.clone(),
         envs: s.envs.clone(),
         alias: s.alias.clone(),
+        port_access: s.port_access.clone(),
         // A workspace's snapshots keep what its first sandbox installed.
         ca_certs: None,
         auto_pause: w.kept.as_ref().is_some_and(|k| k.auto_pause),

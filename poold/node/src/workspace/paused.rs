@@ -64,6 +64,7 @@ fn settings_of(r: &SandboxRecord) -> Settings {
         metadata: r.metadata.clone(),
         envs: r.envs.clone(),
         alias: r.alias.clone(),
+        port_access: r.port_access.clone(),
     }
 }
 

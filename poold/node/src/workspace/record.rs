@@ -151,6 +151,9 @@ pub struct Settings {
     /// The name its sandboxes were asked for by (`SandboxRecord::alias`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<String>,
+    /// How clients reach its sandboxes' ports (`SandboxRecord::port_access`).
+    #[serde(default, skip_serializing_if = "crate::state::PortAccess::is_default")]
+    pub port_access: crate::state::PortAccess,
 }
 
 /// What a paused sandbox keeps so that its resume is the same sandbox to

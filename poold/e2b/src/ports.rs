@@ -1,0 +1,262 @@
+//! Sandbox URLs: any guest port by name (E2B's `get_host(port)`).
+//!
+//! The SDK's `get_host(port)` is `<port>-<sandbox id>.<domain>`, where
+//! `domain` is what create and connect answered ([`crate::E2bConfig::domain`]).
+//! A request to the sandbox plane whose `Host` names a sandbox that way
+//! goes to that guest port: envd's and the code interpreter's ports as if
+//! the headers had named them (their token checks apply), any other port
+//! proxied through the agent's tunnel to the guest's loopback, HTTP and
+//! upgrades (WebSocket) alike, streamed both ways.
+//!
+//! Invariants:
+//! - As in E2B, a port is public by default: the URL is enough. A sandbox
+//!   created with `allowPublicTraffic: false` answers only requests
+//!   carrying its traffic token (`e2b-traffic-access-token`, compared in
+//!   constant time); others get 403.
+//! - Credentials never reach the guest: both token headers are stripped.
+//! - The guest's server sees the client's `Host`, or the sandbox's
+//!   `maskRequestHost` with `${PORT}` replaced.
+//! - Nothing listening there is a 502 naming the port, as a closed port
+//!   is for E2B; a sandbox that is gone is the plane's usual 502.
+
+use crate::error::E2bError;
+use crate::state::E2b;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use forkd_node::error::GuestErrorKind;
+use hyper_util::rt::TokioIo;
+
+/// What `maskRequestHost` writes for the port.
+pub const PORT_PLACEHOLDER: &str = "${PORT}";
+/// The header E2B's clients send a sandbox's traffic token in.
+pub const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
+
+/// Headers that describe one hop, not the message (RFC 9110, 7.6.1), and
+/// the sandbox's credentials: never forwarded either way.
+const NOT_FORWARDED: [&str; 10] = [
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "x-access-token",
+    TRAFFIC_TOKEN,
+    "host",
+];
+
+/// The guest port and sandbox id a request's `Host` names under `domain`
+/// (`<port>-<id>.<domain>`, ports and case ignored); None: it names none.
+pub fn addressed(domain: &str, headers: &HeaderMap) -> Option<(u16, String)> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let host = strip_port(host.trim().trim_end_matches('.')).to_ascii_lowercase();
+    let (label, rest) = host.split_once('.')?;
+    if rest != strip_port(domain) {
+        return None;
+    }
+    let (port, id) = label.split_once('-')?;
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    (!id.is_empty()).then(|| (port, id.to_string()))
+}
+
+/// `host` without a trailing `:port`.
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// Serves a request for guest port `port` of sandbox `id`.
+pub async fn handle(e: &E2b, id: &str, port: u16, req: Request) -> Response {
+    serve(e, id, port, req)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn serve(e: &E2b, id: &str, port: u16, req: Request) -> Result<Response, E2bError> {
+    let sb = e.sandbox(id).ok_or_else(|| {
+        E2bError::sandbox_gone(format!(
+            "sandbox {id:?} was not found: killed, paused, expired, or never created"
+        ))
+    })?;
+    let access = &sb.rec.port_access;
+    if access.token_required {
+        let token = req.headers().get(TRAFFIC_TOKEN).map(|v| v.as_bytes());
+        if !token.is_some_and(|t| sb.rec.access_token.matches(t)) {
+            return Err(E2bError::new(
+                StatusCode::FORBIDDEN,
+                format!(
+                    "sandbox {id} was created with allowPublicTraffic: false: send its trafficAccessToken in the {TRAFFIC_TOKEN} header"
+                ),
+            ));
+        }
+    }
+    let tunnel = e.node.open_tunnel(id, port).await.map_err(|err| match err {
+        forkd_node::Error::Guest(g) if matches!(g.kind, GuestErrorKind::NotFound) => {
+            E2bError::sandbox_gone(format!(
+                "nothing listens on port {port} in sandbox {id}: start a server there (on 0.0.0.0 or 127.0.0.1) first"
+            ))
+        }
+        other => E2bError::sandbox_gone(format!(
+            "port {port} of sandbox {id} cannot be reached: {other}"
+        )),
+    })?;
+    let host = match &access.mask_host {
+        Some(m) => HeaderValue::from_str(&m.replace(PORT_PLACEHOLDER, &port.to_string())).ok(),
+        None => req.headers().get(header::HOST).cloned(),
+    };
+    let host = host.unwrap_or_else(|| HeaderValue::from_static("localhost"));
+    forward(tunnel, req, host, &format!("port {port} of sandbox {id}")).await
+}
+
+/// One HTTP/1.1 exchange with a guest server over tunnel `t`, the guest
+/// seeing `host`; an upgrade (WebSocket) the guest accepts is then copied
+/// both ways until either side closes. `what` names the server in errors.
+pub(crate) async fn forward(
+    t: forkd_node::Tunnel,
+    mut req: Request,
+    host: HeaderValue,
+    what: &str,
+) -> Result<Response, E2bError> {
+    let gone = |e: hyper::Error| {
+        E2bError::new(
+            StatusCode::BAD_GATEWAY,
+            format!("{what} did not answer: {e}"),
+        )
+    };
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
+        .await
+        .map_err(gone)?;
+    let label = what.to_string();
+    tokio::spawn(async move {
+        if let Err(e) = conn.with_upgrades().await {
+            tracing::debug!("{label}: {e}");
+        }
+    });
+    let upgrade = upgrade_of(req.headers());
+    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
+    let (mut parts, body) = req.into_parts();
+    strip(&mut parts.headers, upgrade.as_ref());
+    parts.headers.insert(header::HOST, host);
+    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+    parts.uri = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
+    let mut resp = send
+        .send_request(Request::from_parts(parts, body))
+        .await
+        .map_err(gone)?;
+    let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
+    let upgrade = upgrade.filter(|_| switched);
+    if let (Some(_), Some(client_side)) = (&upgrade, client_side) {
+        let guest_side = hyper::upgrade::on(&mut resp);
+        let label = what.to_string();
+        tokio::spawn(async move {
+            match tokio::try_join!(client_side, guest_side) {
+                Ok((c, g)) => {
+                    let (mut c, mut g) = (TokioIo::new(c), TokioIo::new(g));
+                    if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut g).await {
+                        tracing::debug!("{label} upgraded stream: {e}");
+                    }
+                }
+                Err(e) => tracing::debug!("{label} upgrade: {e}"),
+            }
+        });
+    }
+    let (mut parts, body) = resp.into_parts();
+    strip(&mut parts.headers, upgrade.as_ref());
+    Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// The protocol a request asks to switch to (`Connection: upgrade` and
+/// `Upgrade: <protocol>`), if any.
+fn upgrade_of(h: &HeaderMap) -> Option<HeaderValue> {
+    let asks = h
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| h.get(header::UPGRADE).cloned()).flatten()
+}
+
+/// Removes [`NOT_FORWARDED`], keeping an upgrade's two headers.
+fn strip(h: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
+    for name in NOT_FORWARDED {
+        h.remove(name);
+    }
+    if let Some(u) = upgrade {
+        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        h.insert(header::UPGRADE, u.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host(h: &str) -> HeaderMap {
+        let mut m = HeaderMap::new();
+        m.insert(header::HOST, HeaderValue::from_str(h).unwrap());
+        m
+    }
+
+    #[test]
+    fn a_host_names_a_port_and_a_sandbox_under_the_domain() {
+        let d = "localhost:3001";
+        assert_eq!(
+            addressed(d, &host("8080-sb-00ab.localhost:3001")),
+            Some((8080, "sb-00ab".into()))
+        );
+        assert_eq!(
+            addressed("sbx.example.com", &host("49999-SB-1.Sbx.Example.com.")),
+            Some((49999, "sb-1".into()))
+        );
+        for other in [
+            "localhost:3001",
+            "127.0.0.1:3001",
+            "8080-sb-1.evil.example",
+            "8080-sb-1.x.localhost",
+            "sb-1.localhost",
+            "0-sb-1.localhost",
+            "70000-sb-1.localhost",
+            "-sb-1.localhost",
+            "8080-.localhost",
+            "80a-sb-1.localhost",
+        ] {
+            assert_eq!(addressed(d, &host(other)), None, "{other}");
+        }
+        assert_eq!(addressed(d, &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn upgrades_keep_their_headers_and_nothing_else_hops() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONNECTION,
+            HeaderValue::from_static("keep-alive, Upgrade"),
+        );
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        h.insert("x-access-token", HeaderValue::from_static("secret"));
+        h.insert(TRAFFIC_TOKEN, HeaderValue::from_static("secret"));
+        h.insert("x-app", HeaderValue::from_static("kept"));
+        let u = upgrade_of(&h);
+        assert_eq!(u.as_ref().map(|v| v.as_bytes()), Some(&b"websocket"[..]));
+        strip(&mut h, u.as_ref());
+        assert_eq!(h[header::CONNECTION], "upgrade");
+        assert_eq!(h[header::UPGRADE], "websocket");
+        assert_eq!(h["x-app"], "kept");
+        assert!(!h.contains_key("x-access-token") && !h.contains_key(TRAFFIC_TOKEN));
+        // An Upgrade without `Connection: upgrade` asks for nothing.
+        let mut h = HeaderMap::new();
+        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+        assert!(upgrade_of(&h).is_none());
+        strip(&mut h, None);
+        assert!(h.is_empty());
+    }
+}
