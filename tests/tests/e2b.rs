@@ -484,17 +484,26 @@ fn e2b_users_files_terminals_and_snapshots() {
 /// with E2B's chart data, errors, a timeout after which the kernel still
 /// runs cells, JavaScript and bash, per-call envs, the sandbox's create-time
 /// envs in every context, and contexts.
+///
+/// Run with the newest pinned SDK and the oldest supported one (2.9.0, the
+/// first to honour `E2B_SANDBOX_URL`; tests/python/requirements-e2b-code-interpreter-oldest.txt).
 #[test]
 fn e2b_code_interpreter_template_runs_jupyter_through_poold() {
-    let py = client("FORKD_TEST_PYTHON");
+    let sdks = [
+        (client("FORKD_TEST_PYTHON"), "2.11.5"),
+        (client("FORKD_TEST_PYTHON_CI_OLDEST"), "2.9.0"),
+    ];
     let home = Home::new();
     let (p, key) = e2b_poold(&home);
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
     block_on(p.snapshot("ci-rich", "code-interpreter", 1024));
     let script = r#"
+import importlib.metadata
 import sys
 from e2b import TimeoutException
 from e2b_code_interpreter import Sandbox
+
+print("e2b-code-interpreter", importlib.metadata.version("e2b-code-interpreter"))
 
 sbx = Sandbox.create(template="ci-rich", timeout=300, envs={"SBX_ENV": "from-create"})
 try:
@@ -531,13 +540,19 @@ finally:
     sbx.kill()
 print("CI OK")
 "#;
-    let out = sdk_client(&py, &api, &sbx, &key)
-        .args(["-c", script])
-        .output()
-        .expect("running the code interpreter SDK");
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && text.contains("CI OK"), "{text}");
+    for (py, version) in &sdks {
+        let out = sdk_client(py, &api, &sbx, &key)
+            .args(["-c", script])
+            .output()
+            .expect("running the code interpreter SDK");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            text.contains(&format!("e2b-code-interpreter {version}\n")),
+            "not the pinned SDK {version}: {text}"
+        );
+        assert!(out.status.success() && text.contains("CI OK"), "{version}: {text}");
+    }
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "sandboxes left behind");
 }
