@@ -101,6 +101,26 @@ def commands(sbx):
     res = h.wait()
     check(res.stdout == "got:hello\n", f"stdin echo {res.stdout!r}")
 
+    if hasattr(sbx.commands, "stream_input"):  # newer SDKs: envd's client stream
+        step("commands: stream_input")
+        h = sbx.commands.run("head -c 17 | tr a-z A-Z; echo", background=True, stdin=True)
+
+        def chunks():
+            for part in ["streamed ", b"in ", "order"]:
+                time.sleep(0.2)  # sent as the iterable yields them
+                yield part
+
+        sbx.commands.stream_input(h.pid, chunks())
+        res = h.wait()
+        check(res.stdout == "STREAMED IN ORDER\n", f"stream_input {res.stdout!r}")
+        try:
+            sbx.commands.stream_input(999999, ["x"])
+            raise AssertionError("stream_input to a missing process succeeded")
+        except AssertionError:
+            raise
+        except Exception as e:
+            check("999999" in str(e) or "not found" in str(e).lower(), f"missing process: {e}")
+
 
 def files(sbx):
     step("files.write / read / list")

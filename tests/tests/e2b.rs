@@ -551,7 +551,10 @@ print("CI OK")
             text.contains(&format!("e2b-code-interpreter {version}\n")),
             "not the pinned SDK {version}: {text}"
         );
-        assert!(out.status.success() && text.contains("CI OK"), "{version}: {text}");
+        assert!(
+            out.status.success() && text.contains("CI OK"),
+            "{version}: {text}"
+        );
     }
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "sandboxes left behind");

@@ -83,6 +83,52 @@ pub fn single_message(body: &[u8]) -> RpcResult<&[u8]> {
     Ok(&body[5..])
 }
 
+/// The request messages of a client stream (`StreamInput`), taken from
+/// the body as its chunks arrive: at most [`MAX_REQUEST_BYTES`] per
+/// message, and never more than one message buffered past that.
+#[derive(Default)]
+pub struct Envelopes {
+    buf: BytesMut,
+}
+
+impl Envelopes {
+    /// Adds a chunk of the body.
+    pub fn push(&mut self, chunk: &[u8]) {
+        self.buf.extend_from_slice(chunk);
+    }
+
+    /// The next whole data message, if one has arrived.
+    pub fn next_message(&mut self) -> RpcResult<Option<Bytes>> {
+        if self.buf.len() < 5 {
+            return Ok(None);
+        }
+        let flags = self.buf[0];
+        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
+        if flags != FLAG_DATA {
+            return Err(RpcError::invalid(format!(
+                "a request envelope has flags {flags:#04x}; want uncompressed data messages (0x00)"
+            )));
+        }
+        if len > MAX_REQUEST_BYTES {
+            return Err(RpcError::new(
+                Code::ResourceExhausted,
+                format!("request message of {len} bytes; at most {MAX_REQUEST_BYTES}"),
+            ));
+        }
+        if self.buf.len() < 5 + len {
+            return Ok(None);
+        }
+        let mut m = self.buf.split_to(5 + len);
+        Ok(Some(m.split_off(5).freeze()))
+    }
+
+    /// Whether bytes of an unfinished message are left (at the body's end:
+    /// a truncated stream).
+    pub fn has_partial(&self) -> bool {
+        !self.buf.is_empty()
+    }
+}
+
 /// Parses a request message as JSON into `T`.
 pub fn parse<T: serde::de::DeserializeOwned>(msg: &[u8]) -> RpcResult<T> {
     let msg = if msg.iter().all(u8::is_ascii_whitespace) {
@@ -91,6 +137,11 @@ pub fn parse<T: serde::de::DeserializeOwned>(msg: &[u8]) -> RpcResult<T> {
         msg
     };
     serde_json::from_slice(msg).map_err(|e| RpcError::invalid(format!("bad request message: {e}")))
+}
+
+/// The answer of a client stream: its one message, then the end.
+pub fn client_stream_ok(msg: &impl Serialize) -> Vec<Bytes> {
+    vec![message(msg), end_ok()]
 }
 
 /// A unary success answer: 200 with `msg` as JSON.
@@ -134,6 +185,30 @@ pub async fn next_or_tick<T>(
 mod tests {
     use super::*;
     use serde_json::{json, Value};
+
+    #[test]
+    fn a_client_stream_is_cut_into_messages_as_it_arrives() {
+        let mut e = Envelopes::default();
+        let (a, b) = (message(&json!({"start": 1})), message(&json!({"data": 2})));
+        let both = [a.as_ref(), b.as_ref()].concat();
+        // Split mid-header and mid-message.
+        e.push(&both[..3]);
+        assert!(e.next_message().unwrap().is_none());
+        e.push(&both[3..a.len() + 7]);
+        assert_eq!(&e.next_message().unwrap().unwrap()[..], br#"{"start":1}"#);
+        assert!(e.next_message().unwrap().is_none());
+        assert!(e.has_partial());
+        e.push(&both[a.len() + 7..]);
+        assert_eq!(&e.next_message().unwrap().unwrap()[..], br#"{"data":2}"#);
+        assert!(!e.has_partial());
+        // Compressed, or larger than the bound: refused from the header.
+        let mut e = Envelopes::default();
+        e.push(&envelope(FLAG_COMPRESSED, b"x"));
+        assert!(e.next_message().is_err());
+        let mut e = Envelopes::default();
+        e.push(&[0, 0xff, 0xff, 0xff, 0xff]);
+        assert!(e.next_message().is_err());
+    }
 
     #[test]
     fn envelope_round_trip() {

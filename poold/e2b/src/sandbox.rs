@@ -260,6 +260,15 @@ async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Respons
         .and_then(|s| s.parse::<u64>().ok())
         .filter(|s| (1..=3600).contains(s))
         .map_or(Duration::from_secs(50), Duration::from_secs);
+    if process && method == "StreamInput" {
+        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
+        return match stream_input(g, req.into_body(), deadline).await {
+            Ok(()) => stream_response(futures::stream::iter(
+                connect::client_stream_ok(&json!({})).into_iter().map(Ok),
+            )),
+            Err(e) => fail(e),
+        };
+    }
     let body = match axum::body::to_bytes(req.into_body(), connect::MAX_REQUEST_BYTES + 5).await {
         Ok(b) => b,
         Err(e) => {
@@ -297,6 +306,85 @@ async fn rpc(g: Guest<'_>, method: &str, process: bool, req: Request) -> Respons
             .map(|v| connect::unary_ok(&v))
     };
     out.unwrap_or_else(fail)
+}
+
+/// `process.Process/StreamInput`, envd's client stream: a `start`
+/// naming the process, then `data` messages whose input (`stdin`, or
+/// `pty` for a terminal) is handed to the process in order as each one
+/// arrives, and `keepalive`s; done when the client ends its stream.
+async fn stream_input(
+    g: Guest<'_>,
+    body: Body,
+    deadline: Option<tokio::time::Instant>,
+) -> RpcResult<()> {
+    use futures::StreamExt;
+    #[derive(Deserialize)]
+    struct Msg {
+        #[serde(default)]
+        start: Option<Selector>,
+        #[serde(default)]
+        data: Option<Value>,
+    }
+    let mut chunks = body.into_data_stream();
+    let mut envelopes = connect::Envelopes::default();
+    let mut target = None;
+    loop {
+        while let Some(m) = envelopes.next_message()? {
+            let m: Msg = connect::parse(&m)?;
+            if let Some(s) = m.start {
+                target = Some(g.sb.session.processes.find(&s.process)?);
+            } else if let Some(d) = m.data {
+                let p = target.as_ref().ok_or_else(|| {
+                    RpcError::invalid(
+                        "StreamInput: the first message must be `start`, naming the process",
+                    )
+                })?;
+                let input = d.get("input").unwrap_or(&Value::Null);
+                process::input(p, &input_bytes(input)?, false).await?;
+            }
+            // Anything else is a keepalive.
+        }
+        let next = match deadline {
+            Some(d) => tokio::time::timeout_at(d, chunks.next())
+                .await
+                .map_err(|_| {
+                    RpcError::new(
+                        Code::DeadlineExceeded,
+                        "StreamInput: the call's deadline passed",
+                    )
+                })?,
+            None => chunks.next().await,
+        };
+        match next {
+            Some(Ok(chunk)) => envelopes.push(&chunk),
+            Some(Err(e)) => {
+                return Err(RpcError::invalid(format!(
+                    "StreamInput: reading the request: {e}"
+                )))
+            }
+            None if envelopes.has_partial() => {
+                return Err(RpcError::invalid(
+                    "StreamInput: the request ended inside a message",
+                ))
+            }
+            None => return Ok(()),
+        }
+    }
+}
+
+/// The bytes of a `ProcessInput` (`{"stdin": b64}` or `{"pty": b64}`).
+fn input_bytes(input: &Value) -> RpcResult<Vec<u8>> {
+    let (key, text) = match (input.get("pty"), input.get("stdin")) {
+        (Some(v), _) => ("pty", v),
+        (None, Some(v)) => ("stdin", v),
+        (None, None) => return Ok(Vec::new()),
+    };
+    match text.as_str() {
+        Some(b) => base64::engine::general_purpose::STANDARD
+            .decode(b)
+            .map_err(|e| RpcError::invalid(format!("input.{key} is not base64: {e}"))),
+        None => Ok(Vec::new()),
+    }
 }
 
 fn stream_response(
@@ -377,18 +465,7 @@ async fn process_rpc(
             let p = g.sb.session.processes.find(&r.process)?;
             // A terminal's input (`pty`) is typed into it; `stdin` is the
             // pipe of a process without one.
-            let (key, text) = match (r.input.get("pty"), r.input.get("stdin")) {
-                (Some(v), _) => ("pty", v),
-                (None, Some(v)) => ("stdin", v),
-                (None, None) => ("stdin", &Value::Null),
-            };
-            let data = match text.as_str() {
-                Some(b) => base64::engine::general_purpose::STANDARD
-                    .decode(b)
-                    .map_err(|e| RpcError::invalid(format!("input.{key} is not base64: {e}")))?,
-                None => Vec::new(),
-            };
-            process::input(&p, &data, false).await?;
+            process::input(&p, &input_bytes(&r.input)?, false).await?;
             Ok(connect::unary_ok(&json!({})))
         }
         "Update" => {
