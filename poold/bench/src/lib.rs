@@ -1,6 +1,6 @@
 //! Benchmarks that print numbers (never assert them): `forkd bench fork`,
-//! `forkd bench spawn`, `forkd bench branch`, `forkd bench e2b` and
-//! `forkd bench browser`. Results and the commands that produced them are
+//! `forkd bench spawn`, `forkd bench branch`, `forkd bench e2b`,
+//! `forkd bench browser` and `forkd bench gateway`. Results and the commands that produced them are
 //! recorded in docs/BENCHMARKS.md.
 
 #![warn(missing_docs)]
@@ -9,6 +9,7 @@ pub mod branch;
 pub mod browser;
 pub mod e2b;
 pub mod fork;
+pub mod gateway;
 pub mod mem;
 pub mod spawn;
 

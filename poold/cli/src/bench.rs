@@ -117,6 +117,31 @@ pub enum BenchCmd {
         #[arg(long)]
         json: Option<std::path::PathBuf>,
     },
+    /// What the cluster gateway adds: a pool-hit spawn and an exec, each
+    /// made to the node and through a gateway in front of it, interleaved.
+    Gateway {
+        /// Snapshot tag with a pool on the node.
+        #[arg(long)]
+        tag: String,
+        /// Samples per call and path (the pool is filled with 2n+1).
+        #[arg(short = 'n', long, default_value_t = 20)]
+        n: usize,
+        /// The node's poold.
+        #[arg(long, env = "FORKD_URL", default_value = "http://127.0.0.1:8889")]
+        direct: String,
+        /// File holding the node's bearer token (its token_file).
+        #[arg(long)]
+        direct_token_file: Option<std::path::PathBuf>,
+        /// The gateway, with the node behind it (alone).
+        #[arg(long)]
+        gateway: String,
+        /// File holding the gateway's bearer token (its --token-file).
+        #[arg(long)]
+        gateway_token_file: Option<std::path::PathBuf>,
+        /// Write the report as JSON here (for scripts/plot-benchmarks.py).
+        #[arg(long)]
+        json: Option<std::path::PathBuf>,
+    },
     /// Create + run code through poold's E2B endpoints next to spawn + eval through /v1.
     E2b {
         /// Snapshot tag (the E2B template).
@@ -287,6 +312,34 @@ pub async fn run(paths: &Paths, cmd: BenchCmd) -> Result<i32> {
                 sandbox_url,
                 api_key,
                 chart_tag,
+            })
+            .await?;
+        }
+        BenchCmd::Gateway {
+            tag,
+            n,
+            direct,
+            direct_token_file,
+            gateway,
+            gateway_token_file,
+            json,
+        } => {
+            if n == 0 || n > 500 {
+                bail!("-n must be 1-500");
+            }
+            let client =
+                |url: &str, token: Option<std::path::PathBuf>| -> Result<forkd_api::Client> {
+                    let token = token
+                        .map(|p| forkd_hub::auth::read_token_file(&p))
+                        .transpose()?;
+                    forkd_api::Client::new(url, token)
+                };
+            bench::gateway::run(bench::gateway::GatewayBench {
+                tag,
+                n,
+                direct: client(&direct, direct_token_file)?,
+                gateway: client(&gateway, gateway_token_file)?,
+                json,
             })
             .await?;
         }
