@@ -82,6 +82,25 @@ fn raw(addr: &str, head: &str, body: &str) -> u16 {
     raw_answer(addr, head, body).0
 }
 
+/// A raw `GET /` naming `host`; the status and the answer.
+fn raw_with_host(addr: &str, host: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    let _ = s.read_to_string(&mut resp);
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
+    (status, resp)
+}
+
 /// One raw HTTP/1.1 request; the status and the body.
 fn raw_answer(addr: &str, head: &str, body: &str) -> (u16, String) {
     let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
@@ -473,6 +492,20 @@ fn e2b_users_files_terminals_and_snapshots() {
         out.status.success() && stdout.contains("E2B USERS OK"),
         "e2b_users.py failed:\n{stdout}\n{stderr}"
     );
+    // A sandbox spawned through /v1 is not opened by its URL alone: its
+    // ports answer only requests with its token.
+    let (st, v) = block_on(p.post(
+        "/v1/sandboxes",
+        json!({"snapshot_tag": "e2b-users", "n": 1}),
+    ));
+    assert_eq!(st, 201, "{v}");
+    let id = v[0]["id"].as_str().expect("a sandbox id").to_string();
+    let plane_port = sbx.rsplit(':').next().expect("IP:PORT");
+    let (status, body) = raw_with_host(&sbx, &format!("8000-{id}.localhost:{plane_port}"));
+    assert_eq!(status, 403, "{body}");
+    assert!(body.contains("not public"), "{body}");
+    let (st, v) = block_on(p.delete(&format!("/v1/sandboxes/{id}")));
+    assert!(st < 300, "{st} {v}");
     let (_, v) = block_on(p.get("/v1/sandboxes"));
     assert_eq!(v, json!([]), "sandboxes left behind");
 }

@@ -107,6 +107,9 @@ struct NewSandbox {
     auto_resume: Option<Value>,
     #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
     volume_mounts: Option<Vec<Value>>,
+    /// E2B's hosted MCP gateway settings (refused: poold does not run it).
+    #[serde(default)]
+    mcp: Option<Value>,
     /// false: the sandbox reaches nothing (E2B's deny-all).
     #[serde(default, alias = "allowInternetAccess")]
     allow_internet_access: Option<bool>,
@@ -179,16 +182,20 @@ fn egress_of(
 }
 
 /// How clients reach the sandbox's ports by URL, from E2B's `network`
-/// (docs/e2b.md, "Ports"): `allowPublicTraffic: false` makes every
-/// request need the traffic token; `maskRequestHost` (with `${PORT}`) is
+/// (docs/e2b.md, "Ports"): public, as in E2B, unless
+/// `allowPublicTraffic: false` makes every request need the traffic token; `maskRequestHost` (with `${PORT}`) is
 /// the `Host` the guest's server sees.
 fn port_access_of(network: Option<&Value>) -> R<PortAccess> {
-    let Some(obj) = network.and_then(Value::as_object) else {
-        return Ok(PortAccess::default());
+    let public = PortAccess {
+        public: true,
+        mask_host: None,
     };
-    let token_required = match obj.get("allowPublicTraffic") {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(public)) => !public,
+    let Some(obj) = network.and_then(Value::as_object) else {
+        return Ok(public);
+    };
+    let public = match obj.get("allowPublicTraffic") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(public)) => *public,
         Some(v) => {
             return Err(bad(format!(
                 "network.allowPublicTraffic must be true or false, not {v}"
@@ -204,10 +211,7 @@ fn port_access_of(network: Option<&Value>) -> R<PortAccess> {
             )))
         }
     };
-    Ok(PortAccess {
-        token_required,
-        mask_host,
-    })
+    Ok(PortAccess { public, mask_host })
 }
 
 /// A `maskRequestHost`: a `host[:port]` once `${PORT}` is replaced.
@@ -270,6 +274,11 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
     if b.auto_resume.as_ref().and_then(|v| v.get("enabled")) == Some(&Value::Bool(true)) {
         return Err(bad(
             "autoResume is not supported by poold: traffic does not wake a paused sandbox; connect to it (Sandbox.connect) to resume it",
+        ));
+    }
+    if b.mcp.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(bad(
+            "mcp: E2B's MCP gateway is an E2B cloud service poold does not run; leave it out and start MCP servers in the sandbox yourself (reach them by get_host(port))",
         ));
     }
     if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
@@ -721,12 +730,16 @@ mod tests {
 
     #[test]
     fn port_access_maps_public_traffic_and_the_host_mask() {
-        assert!(port_access_of(None).unwrap().is_default());
-        let open = json!({"allowPublicTraffic": true, "allowOut": ["1.2.3.4"]});
-        assert!(port_access_of(Some(&open)).unwrap().is_default());
+        let open = PortAccess {
+            public: true,
+            mask_host: None,
+        };
+        assert_eq!(port_access_of(None).unwrap(), open);
+        let net = json!({"allowPublicTraffic": true, "allowOut": ["1.2.3.4"]});
+        assert_eq!(port_access_of(Some(&net)).unwrap(), open);
         let closed = json!({"allowPublicTraffic": false, "maskRequestHost": "app.local:${PORT}"});
         let a = port_access_of(Some(&closed)).unwrap();
-        assert!(a.token_required);
+        assert!(!a.public);
         assert_eq!(a.mask_host.as_deref(), Some("app.local:${PORT}"));
         // Both keys pass the egress mapping untouched.
         assert_eq!(egress_of(None, Some(&closed)).unwrap(), (None, None));

@@ -9,9 +9,10 @@
 //! upgrades (WebSocket) alike, streamed both ways.
 //!
 //! Invariants:
-//! - As in E2B, a port is public by default: the URL is enough. A sandbox
-//!   created with `allowPublicTraffic: false` answers only requests
-//!   carrying its traffic token (`e2b-traffic-access-token`, compared in
+//! - As in E2B, the ports of a sandbox created through E2B are public by
+//!   default: the URL is enough. One created with `allowPublicTraffic:
+//!   false`, and every sandbox spawned otherwise (`/v1`), answers only
+//!   requests carrying its token (`e2b-traffic-access-token`, compared in
 //!   constant time); others get 403.
 //! - Credentials never reach the guest: both token headers are stripped.
 //! - The guest's server sees the client's `Host`, or the sandbox's
@@ -87,13 +88,13 @@ async fn serve(e: &E2b, id: &str, port: u16, req: Request) -> Result<Response, E
         ))
     })?;
     let access = &sb.rec.port_access;
-    if access.token_required {
+    if !access.public {
         let token = req.headers().get(TRAFFIC_TOKEN).map(|v| v.as_bytes());
         if !token.is_some_and(|t| sb.rec.access_token.matches(t)) {
             return Err(E2bError::new(
                 StatusCode::FORBIDDEN,
                 format!(
-                    "sandbox {id} was created with allowPublicTraffic: false: send its trafficAccessToken in the {TRAFFIC_TOKEN} header"
+                    "sandbox {id}'s ports are not public (created with allowPublicTraffic: false, or not through E2B): send its trafficAccessToken in the {TRAFFIC_TOKEN} header"
                 ),
             ));
         }

@@ -106,10 +106,12 @@ pub struct SandboxRecord {
 /// sandbox like its metadata, never interpreted by the node.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PortAccess {
-    /// Each request must carry the sandbox's access token (E2B's
-    /// `allowPublicTraffic: false`); false: the URL alone is enough.
+    /// The URL alone is enough (E2B's default, `allowPublicTraffic`);
+    /// false: each request must carry the sandbox's access token. False
+    /// unless a front-end asked: a sandbox spawned through `/v1` is
+    /// never opened by its id alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub token_required: bool,
+    pub public: bool,
     /// The `Host` the guest's server sees instead of the client's, with
     /// `${PORT}` replaced by the port (E2B's `maskRequestHost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -117,7 +119,7 @@ pub struct PortAccess {
 }
 
 impl PortAccess {
-    /// No token, no mask: what a sandbox has unless asked.
+    /// Token required, no mask: what a sandbox has unless asked.
     pub fn is_default(&self) -> bool {
         *self == PortAccess::default()
     }
@@ -348,7 +350,7 @@ mod tests {
                 access_token: AccessToken::mint(),
                 auto_pause: true,
                 port_access: PortAccess {
-                    token_required: true,
+                    public: true,
                     mask_host: Some("app:${PORT}".into()),
                 },
             },
