@@ -82,15 +82,33 @@ fn raw(addr: &str, head: &str, body: &str) -> u16 {
     raw_answer(addr, head, body).0
 }
 
-/// A raw `GET /` naming `host`; the status and the answer.
+/// A raw `GET /` naming `host`; the status and the whole answer.
 fn raw_with_host(addr: &str, host: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"
+    exchange(
+        addr,
+        &format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n"),
     )
-    .unwrap();
+}
+
+/// One raw HTTP/1.1 request; the status and the body.
+fn raw_answer(addr: &str, head: &str, body: &str) -> (u16, String) {
+    let (status, resp) = exchange(
+        addr,
+        &format!(
+            "{head}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        ),
+    );
+    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+    (status, body.to_string())
+}
+
+/// Sends `request` as is and reads the answer to its end: its status and
+/// the whole answer.
+fn exchange(addr: &str, request: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
     let mut resp = String::new();
     let _ = s.read_to_string(&mut resp);
     let status = resp
@@ -99,27 +117,6 @@ fn raw_with_host(addr: &str, host: &str) -> (u16, String) {
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
     (status, resp)
-}
-
-/// One raw HTTP/1.1 request; the status and the body.
-fn raw_answer(addr: &str, head: &str, body: &str) -> (u16, String) {
-    let mut s = std::net::TcpStream::connect(addr.trim_start_matches("http://")).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(300))).unwrap();
-    write!(
-        s,
-        "{head}\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut resp = String::new();
-    let _ = s.read_to_string(&mut resp);
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no HTTP status in {resp:?}"));
-    let body = resp.split_once("\r\n\r\n").map_or("", |(_, b)| b);
-    (status, body.to_string())
 }
 
 #[test]
