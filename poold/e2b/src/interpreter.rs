@@ -128,7 +128,7 @@ async fn send_envs(g: Guest<'_>) -> Result<(), E2bError> {
 /// One request to the guest's code interpreter over tunnel `t`.
 async fn proxy(t: forkd_node::Tunnel, req: Request) -> Result<Response, E2bError> {
     let host = HeaderValue::from_static("localhost:49999");
-    crate::ports::forward(t, req, host, "the sandbox's code interpreter").await
+    crate::ports::forward(t, req, host, "the sandbox's code interpreter", None).await
 }
 
 /// The warm interpreter's `/health` and `/execute`.

@@ -19,6 +19,9 @@
 //!   `maskRequestHost` with `${PORT}` replaced.
 //! - Nothing listening there is a 502 naming the port, as a closed port
 //!   is for E2B; a sandbox that is gone is the plane's usual 502.
+//! - At most [`MAX_CONNECTIONS`] connections per sandbox are open through
+//!   its URLs at once (each tunnel may hold a window of the guest's bytes
+//!   on the host); past that a request gets 503 until one closes.
 
 use crate::error::E2bError;
 use crate::state::E2b;
@@ -28,6 +31,20 @@ use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use forkd_node::error::GuestErrorKind;
 use hyper_util::rt::TokioIo;
+use std::sync::Arc;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+/// Most connections open at once to one sandbox's ports by URL.
+pub const MAX_CONNECTIONS: usize = 256;
+
+/// A sandbox's connection slots for its ports by URL.
+pub struct Slots(Arc<Semaphore>);
+
+impl Default for Slots {
+    fn default() -> Slots {
+        Slots(Arc::new(Semaphore::new(MAX_CONNECTIONS)))
+    }
+}
 
 /// What `maskRequestHost` writes for the port.
 pub const PORT_PLACEHOLDER: &str = "${PORT}";
@@ -99,6 +116,12 @@ async fn serve(e: &E2b, id: &str, port: u16, req: Request) -> Result<Response, E
             ));
         }
     }
+    let slot = sb.session.port_slots.0.clone().try_acquire_owned().map_err(|_| {
+        E2bError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("sandbox {id} has {MAX_CONNECTIONS} connections open to its ports already; close some and retry"),
+        )
+    })?;
     let tunnel = e.node.open_tunnel(id, port).await.map_err(|err| match err {
         forkd_node::Error::Guest(g) if matches!(g.kind, GuestErrorKind::NotFound) => {
             E2bError::sandbox_gone(format!(
@@ -114,18 +137,22 @@ async fn serve(e: &E2b, id: &str, port: u16, req: Request) -> Result<Response, E
         None => req.headers().get(header::HOST).cloned(),
     };
     let host = host.unwrap_or_else(|| HeaderValue::from_static("localhost"));
-    forward(tunnel, req, host, &format!("port {port} of sandbox {id}")).await
+    let what = format!("port {port} of sandbox {id}");
+    forward(tunnel, req, host, &what, Some(slot)).await
 }
 
 /// One HTTP/1.1 exchange with a guest server over tunnel `t`, the guest
 /// seeing `host`; an upgrade (WebSocket) the guest accepts is then copied
-/// both ways until either side closes. `what` names the server in errors.
+/// both ways until either side closes. `what` names the server in errors;
+/// `slot` is held until the connection (or its upgraded stream) ends.
 pub(crate) async fn forward(
     t: forkd_node::Tunnel,
     mut req: Request,
     host: HeaderValue,
     what: &str,
+    slot: Option<OwnedSemaphorePermit>,
 ) -> Result<Response, E2bError> {
+    let slot = Arc::new(slot);
     let gone = |e: hyper::Error| {
         E2bError::new(
             StatusCode::BAD_GATEWAY,
@@ -136,10 +163,12 @@ pub(crate) async fn forward(
         .await
         .map_err(gone)?;
     let label = what.to_string();
+    let held = slot.clone();
     tokio::spawn(async move {
         if let Err(e) = conn.with_upgrades().await {
             tracing::debug!("{label}: {e}");
         }
+        drop(held);
     });
     let upgrade = upgrade_of(req.headers());
     let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
@@ -157,7 +186,9 @@ pub(crate) async fn forward(
     if let (Some(_), Some(client_side)) = (&upgrade, client_side) {
         let guest_side = hyper::upgrade::on(&mut resp);
         let label = what.to_string();
+        let held = slot.clone();
         tokio::spawn(async move {
+            let _held = held;
             match tokio::try_join!(client_side, guest_side) {
                 Ok((c, g)) => {
                     let (mut c, mut g) = (TokioIo::new(c), TokioIo::new(g));
@@ -233,6 +264,17 @@ mod tests {
             assert_eq!(addressed(d, &host(other)), None, "{other}");
         }
         assert_eq!(addressed(d, &HeaderMap::new()), None);
+    }
+
+    #[test]
+    fn a_sandbox_has_a_bounded_number_of_port_connections() {
+        let s = Slots::default();
+        let held: Vec<_> = (0..MAX_CONNECTIONS)
+            .map(|_| s.0.clone().try_acquire_owned().unwrap())
+            .collect();
+        assert!(s.0.clone().try_acquire_owned().is_err());
+        drop(held);
+        assert!(s.0.clone().try_acquire_owned().is_ok());
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub struct Session {
     pub guest_interpreter: std::sync::OnceLock<bool>,
     /// The guest's interpreter has the create-time envs.
     pub interpreter_envs: std::sync::OnceLock<()>,
+    /// Connections open to its ports by URL (`crate::ports`).
+    pub port_slots: crate::ports::Slots,
 }
 
 /// A live sandbox as the E2B endpoints see it: the node's record and this
