@@ -56,8 +56,22 @@ pub fn single_message(body: &[u8]) -> RpcResult<&[u8]> {
             body.len()
         )));
     }
-    let flags = body[0];
-    let len = u32::from_be_bytes([body[1], body[2], body[3], body[4]]) as usize;
+    let len = checked_len(body)?;
+    if body.len() != 5 + len {
+        return Err(RpcError::invalid(format!(
+            "the envelope says {len} bytes but the body holds {} after the header; send exactly one message",
+            body.len() - 5
+        )));
+    }
+    Ok(&body[5..])
+}
+
+/// The length a request envelope's header (`h`, at least 5 bytes)
+/// announces, once its flags say uncompressed data and the length is
+/// within [`MAX_REQUEST_BYTES`].
+fn checked_len(h: &[u8]) -> RpcResult<usize> {
+    let flags = h[0];
+    let len = u32::from_be_bytes([h[1], h[2], h[3], h[4]]) as usize;
     if flags & FLAG_COMPRESSED != 0 {
         return Err(RpcError::invalid(
             "compressed messages are not accepted; send Connect-Content-Encoding: identity",
@@ -74,13 +88,7 @@ pub fn single_message(body: &[u8]) -> RpcResult<&[u8]> {
             format!("request message of {len} bytes; at most {MAX_REQUEST_BYTES}"),
         ));
     }
-    if body.len() != 5 + len {
-        return Err(RpcError::invalid(format!(
-            "the envelope says {len} bytes but the body holds {} after the header; send exactly one message",
-            body.len() - 5
-        )));
-    }
-    Ok(&body[5..])
+    Ok(len)
 }
 
 /// The request messages of a client stream (`StreamInput`), taken from
@@ -102,19 +110,7 @@ impl Envelopes {
         if self.buf.len() < 5 {
             return Ok(None);
         }
-        let flags = self.buf[0];
-        let len = u32::from_be_bytes([self.buf[1], self.buf[2], self.buf[3], self.buf[4]]) as usize;
-        if flags != FLAG_DATA {
-            return Err(RpcError::invalid(format!(
-                "a request envelope has flags {flags:#04x}; want uncompressed data messages (0x00)"
-            )));
-        }
-        if len > MAX_REQUEST_BYTES {
-            return Err(RpcError::new(
-                Code::ResourceExhausted,
-                format!("request message of {len} bytes; at most {MAX_REQUEST_BYTES}"),
-            ));
-        }
+        let len = checked_len(&self.buf)?;
         if self.buf.len() < 5 + len {
             return Ok(None);
         }
