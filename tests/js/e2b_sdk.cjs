@@ -8,6 +8,7 @@
 
 const { Sandbox } = require('@e2b/code-interpreter')
 const e2b = require('e2b')
+const http = require('node:http')
 
 function check(cond, what) {
   if (!cond) throw new Error(`check failed: ${what}`)
@@ -15,6 +16,25 @@ function check(cond, what) {
 
 function step(what) {
   console.log(`-- ${what}`)
+}
+
+// A GET to the sandbox plane naming `host`, as a client that resolves
+// the sandbox URL (wildcard DNS) would send it: {status, body}.
+function planeGet(host, path) {
+  const plane = new URL(process.env.E2B_SANDBOX_URL)
+  return new Promise((resolve, reject) => {
+    const req = http.get(
+      { host: plane.hostname, port: plane.port, path, headers: { Host: host }, timeout: 20_000 },
+      (res) => {
+        let body = ''
+        res.setEncoding('utf8')
+        res.on('data', (d) => (body += d))
+        res.on('end', () => resolve({ status: res.statusCode, body }))
+      },
+    )
+    req.on('timeout', () => req.destroy(new Error(`GET ${host}${path} timed out`)))
+    req.on('error', reject)
+  })
 }
 
 async function main() {
@@ -37,6 +57,14 @@ async function main() {
     r = await sbx.commands.run('exit 3').catch((e) => e)
     check(r instanceof e2b.CommandExitError && r.exitCode === 3, `exit 3: ${r}`)
 
+    step('commands: sendStdin, closeStdin')
+    const piped = await sbx.commands.run('tr a-z A-Z; echo :eof', { background: true, stdin: true })
+    await sbx.commands.sendStdin(piped.pid, 'typed ')
+    await sbx.commands.sendStdin(piped.pid, 'in')
+    await sbx.commands.closeStdin(piped.pid)
+    r = await piped.wait()
+    check(r.stdout === 'TYPED IN:eof\n', `stdin ${JSON.stringify(r.stdout)}`)
+
     step('files')
     await sbx.files.write('js/note.txt', 'from js')
     check((await sbx.files.read('js/note.txt')) === 'from js', 'read back')
@@ -55,6 +83,20 @@ async function main() {
     for (let i = 0; i < 200 && !wrote(); i++) await new Promise((r) => setTimeout(r, 100))
     await handle.stop()
     check(wrote(), `watch events ${JSON.stringify(seen)}`)
+
+    step('getHost(port) reaches a guest server by URL')
+    await sbx.files.write('/tmp/site/hello.txt', 'served by the guest')
+    await sbx.commands.run('cd /tmp/site && exec python3 -m http.server 8000', { background: true })
+    const host = sbx.getHost(8000)
+    check(host.startsWith(`8000-${sbx.sandboxId}.`), `getHost ${host}`)
+    let web = await planeGet(host, '/hello.txt')
+    for (let i = 0; i < 100 && web.status !== 200; i++) {
+      await new Promise((r) => setTimeout(r, 100))
+      web = await planeGet(host, '/hello.txt')
+    }
+    check(web.status === 200 && web.body === 'served by the guest', `port 8000: ${web.status} ${web.body}`)
+    web = await planeGet(sbx.getHost(8001), '/')
+    check(web.status === 502 && web.body.includes('nothing listens on port 8001'), `closed port: ${web.status} ${web.body}`)
 
     step('run_code keeps state; timeoutMs is honoured')
     let ex = await sbx.runCode('x = 41\nx + 1')
