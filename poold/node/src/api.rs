@@ -96,7 +96,6 @@ impl Node {
     pub fn start_background(self: &Arc<Self>) {
         tokio::spawn(refill::refill_loop(self.clone()));
         tokio::spawn(reaper::reaper_loop(self.clone()));
-        tokio::spawn(paused::expiry_loop(self.clone()));
         tokio::spawn(reaper::reclaim_loop(self.clone()));
         tokio::spawn(mount_watch::watch_loop(self.clone()));
         if self.cfg.auto_gc {

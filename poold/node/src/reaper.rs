@@ -149,12 +149,15 @@ pub(crate) async fn gc_loop(n: Arc<Node>) {
 /// An empty cgroup this old that no VM of ours claims is leaked.
 const CGROUP_SWEEP_AGE: Duration = Duration::from_secs(60);
 
-/// Every second: drops pooled children that died while parked, and
-/// destroys sandboxes whose TTL passed or whose QEMU exited. Every minute:
-/// removes leaked empty cgroups.
+/// Every second: drops pooled children that died while parked, and ends
+/// sandboxes whose QEMU exited (destroyed) or whose TTL passed (destroyed,
+/// or, when a workspace keeps them, paused or killed with it:
+/// `workspace::paused::end`). Every minute: removes leaked empty cgroups.
+///
+/// One loop, one set of sandboxes being ended: a sandbox is never ended
+/// twice at once, whichever way it ends.
 pub(crate) async fn reaper_loop(n: Arc<Node>) {
-    // Sandboxes whose destroy is under way.
-    let reaping = Arc::new(std::sync::Mutex::new(
+    let ending = Arc::new(std::sync::Mutex::new(
         std::collections::HashSet::<String>::new(),
     ));
     let mut tick = 0u64;
@@ -177,30 +180,64 @@ pub(crate) async fn reaper_loop(n: Arc<Node>) {
         for sb in n.sandboxes.all() {
             let r = sb.record();
             rotate_console(&sb.console());
-            let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
-            let dead = !sb.is_alive();
-            // A living sandbox that pauses at its TTL, or is a paused
-            // sandbox resumed, ends through `workspace::paused::expiry_loop`.
-            let expired = expired && (dead || !kept(&n, &r));
-            if (expired || dead) && reaping.lock().unwrap().insert(r.id.clone()) {
-                tracing::info!(
-                    "sandbox {}: {}",
-                    r.id,
-                    if expired {
-                        "TTL expired"
-                    } else {
-                        "QEMU exited"
-                    }
-                );
-                // Each on its own task: one destroy that waits (a branch in
-                // progress holds the VM lock until its QMP calls time out)
-                // must not hold up every other expiry.
-                let (n, reaping) = (n.clone(), reaping.clone());
-                tokio::spawn(async move {
-                    destroy(&n, &r.id).await;
-                    reaping.lock().unwrap().remove(&r.id);
-                });
+            let Some(end) = Ending::of(r.expires_at_unix, !sb.is_alive(), now, || kept(&n, &r))
+            else {
+                continue;
+            };
+            if !ending.lock().unwrap().insert(r.id.clone()) {
+                continue;
             }
+            // Each on its own task: one end that waits (a branch in
+            // progress holds the VM lock until its QMP calls time out)
+            // must not hold up every other.
+            let (n, ending) = (n.clone(), ending.clone());
+            tokio::spawn(async move {
+                match end {
+                    Ending::Destroy(why) => {
+                        tracing::info!("sandbox {}: {why}", r.id);
+                        destroy(&n, &r.id).await;
+                    }
+                    Ending::Kept => crate::workspace::paused::end(&n, &r).await,
+                }
+                ending.lock().unwrap().remove(&r.id);
+            });
+        }
+    }
+}
+
+/// How the reaper ends a sandbox.
+#[derive(Debug, PartialEq)]
+enum Ending {
+    /// Destroyed, for this reason.
+    Destroy(&'static str),
+    /// Its TTL passed and a workspace keeps it: paused or killed with it.
+    Kept,
+}
+
+impl Ending {
+    /// How a sandbox ends at `now`, if it does, given its TTL
+    /// (`expires_at_unix`, 0: none) and whether its QEMU is `dead`: a dead
+    /// one is destroyed whatever keeps it; a passed TTL ends it as `kept`
+    /// ([`kept`]) says.
+    fn of(
+        expires_at_unix: u64,
+        dead: bool,
+        now: u64,
+        kept: impl FnOnce() -> bool,
+    ) -> Option<Ending> {
+        let expired = expires_at_unix != 0 && expires_at_unix <= now;
+        if dead {
+            Some(Ending::Destroy(if expired {
+                "TTL expired"
+            } else {
+                "QEMU exited"
+            }))
+        } else if !expired {
+            None
+        } else if kept() {
+            Some(Ending::Kept)
+        } else {
+            Some(Ending::Destroy("TTL expired"))
         }
     }
 }
@@ -228,7 +265,7 @@ async fn sweep_cgroups(n: &Arc<Node>) {
 }
 
 /// Whether `r` is a paused sandbox's (its workspace keeps it) or pauses
-/// at its TTL: `workspace::paused::expiry_loop` ends those.
+/// at its TTL: `workspace::paused::end` ends those at their TTL.
 pub(crate) fn kept(n: &Node, r: &SandboxRecord) -> bool {
     r.auto_pause
         || r.workspace.is_some()
@@ -259,5 +296,34 @@ fn rotate_console(path: &std::path::Path) {
     let _ = forkd_vmm::private::write(&path.with_extension("log.1"), &tail);
     if let Ok(f) = std::fs::OpenOptions::new().write(true).open(path) {
         let _ = f.set_len(0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Ending;
+
+    #[test]
+    fn a_dead_qemu_is_destroyed_and_a_passed_ttl_ends_as_kept_says() {
+        let kept = || true;
+        let free = || false;
+        // Alive, no TTL or a TTL to come: nothing.
+        assert_eq!(Ending::of(0, false, 100, kept), None);
+        assert_eq!(Ending::of(101, false, 100, free), None);
+        // A passed TTL: paused or killed with its workspace when kept.
+        assert_eq!(Ending::of(100, false, 100, kept), Some(Ending::Kept));
+        assert_eq!(
+            Ending::of(99, false, 100, free),
+            Some(Ending::Destroy("TTL expired"))
+        );
+        // A dead QEMU: destroyed, kept or not, never paused.
+        assert_eq!(
+            Ending::of(0, true, 100, kept),
+            Some(Ending::Destroy("QEMU exited"))
+        );
+        assert_eq!(
+            Ending::of(99, true, 100, kept),
+            Some(Ending::Destroy("TTL expired"))
+        );
     }
 }

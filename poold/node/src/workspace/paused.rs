@@ -192,35 +192,11 @@ pub(crate) async fn kill(n: &Arc<Node>, id: &str) -> Result<bool> {
     Ok(crate::teardown::destroy(n, id).await)
 }
 
-/// Every second: ends the living sandboxes whose TTL passed that the
-/// reaper leaves here (`reaper::kept`): paused when they pause at their
-/// TTL (killed if the pause fails: the TTL bounds what they use), else
-/// killed with their kept workspace.
-pub(crate) async fn expiry_loop(n: Arc<Node>) {
-    let busy = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
-    loop {
-        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-        let now = unix_now();
-        for sb in n.sandboxes.all() {
-            let r = sb.record();
-            let expired = r.expires_at_unix != 0 && r.expires_at_unix <= now;
-            if !expired
-                || !crate::reaper::kept(&n, &r)
-                || !busy.lock().unwrap().insert(r.id.clone())
-            {
-                continue;
-            }
-            let (n, busy) = (n.clone(), busy.clone());
-            tokio::spawn(async move {
-                end(&n, &r).await;
-                busy.lock().unwrap().remove(&r.id);
-            });
-        }
-    }
-}
-
-/// Pauses or kills `r`, whose TTL passed.
-async fn end(n: &Arc<Node>, r: &SandboxRecord) {
+/// Ends `r`, whose TTL passed and which a workspace keeps
+/// (`reaper::kept`; the reaper calls this): paused when it pauses at its
+/// TTL (killed if the pause fails: the TTL bounds what it uses), else
+/// killed with its kept workspace.
+pub(crate) async fn end(n: &Arc<Node>, r: &SandboxRecord) {
     if r.auto_pause {
         match pause(n, &r.id).await {
             Ok(()) => {
