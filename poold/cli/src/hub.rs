@@ -116,10 +116,10 @@ pub enum HubCmd {
     /// Measure push/pull throughput and bytes moved for a base and a chain head.
     Bench {
         /// The base snapshot (tag or id).
-        #[arg(long, required_unless_present = "lazy")]
+        #[arg(long, required_unless_present_any = ["lazy", "propagate"])]
         base: Option<String>,
         /// A descendant of the base (tag or id).
-        #[arg(long, required_unless_present = "lazy")]
+        #[arg(long, required_unless_present_any = ["lazy", "propagate"])]
         head: Option<String>,
         /// Hub to use: a URL, or `serve` for a scratch `forkd hub serve` on
         /// 127.0.0.1 (default: a scratch file:// hub).
@@ -134,6 +134,11 @@ pub enum HubCmd {
         /// in network namespaces, shaped and unshaped.
         #[arg(long, value_name = "TAG", conflicts_with_all = ["base", "head"])]
         lazy: Option<String>,
+        /// Instead: time from a push of TAG to a child answering on each of
+        /// `--nodes` hosts (network namespaces, each its own shaped link)
+        /// that pull it lazily at once.
+        #[arg(long, value_name = "TAG", conflicts_with_all = ["base", "head", "lazy"])]
+        propagate: Option<String>,
         #[command(flatten)]
         lazy_opts: Box<forkd_hub::lazybench::Args>,
         #[command(flatten)]
@@ -301,6 +306,20 @@ pub async fn run(paths: &Paths, cmd: HubCmd) -> Result<()> {
             let h = Hub::open(&hub, hub::read_token(transfer.token_file.as_ref())?)?;
             let r = hub::migrate::migrate(&h, &paths.store_dir(), prune, transfer.jobs).await?;
             println!("migrated {}: {}", h.describe(), r.summary());
+            Ok(())
+        }
+        HubCmd::Bench {
+            propagate: Some(tag),
+            lazy_opts,
+            json,
+            ..
+        } => {
+            let r = forkd_hub::lazybench::propagate::run(paths, &tag, &lazy_opts).await?;
+            print!("{}", r.render());
+            if let Some(path) = &json {
+                r.write(path, std::env::args().collect())?;
+                println!("\nreport written to {}", path.display());
+            }
             Ok(())
         }
         HubCmd::Bench {

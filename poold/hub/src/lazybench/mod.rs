@@ -22,11 +22,15 @@
 //!
 //! Runs alternate lazy and full; the report has every run and the medians.
 
+mod net;
+pub mod propagate;
+
 use anyhow::{anyhow, bail, Context, Result};
 use forkd_snapshot::Paths;
+use net::{wait_port, DelayProxy, Net, Proc};
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// Options of the lazy bench.
@@ -53,6 +57,9 @@ pub struct Args {
     /// The s3s-fs binary.
     #[arg(long, default_value = "/usr/local/bin/s3s-fs")]
     pub s3s_fs: PathBuf,
+    /// `--propagate`: the numbers of nodes to propagate to.
+    #[arg(long, value_delimiter = ',', default_value = "1,3,5")]
+    pub nodes: Vec<usize>,
 }
 
 /// One pull-and-answer on a fresh data dir.
@@ -170,26 +177,11 @@ pub async fn run(paths: &Paths, tag: &str, args: &Args) -> Result<Report> {
             bail!("unknown mode {m:?}: use lazy, full");
         }
     }
-    let (snapshot, stored_bytes, chunks) = {
-        let p = paths.clone();
-        let t = tag.to_string();
-        crate::blocking(move || {
-            let s = forkd_snapshot::store::open_rw(&p)?;
-            let rec = s
-                .resolve(&t)?
-                .ok_or_else(|| anyhow!("no snapshot {t:?} in {}", p.home.display()))?;
-            let r = s.residency(&rec)?;
-            if !r.is_local() {
-                bail!("snapshot {t} is not all local here; it cannot be the bench's source");
-            }
-            Ok((rec.id, r.local_bytes, r.chunks))
-        })
-        .await?
-    };
+    let (snapshot, stored_bytes, chunks) = source(paths, tag).await?;
     let sfx = forkd_snapshot::random_hex(3);
     let work = paths.staging_dir().join(format!("lazybench-{sfx}"));
     std::fs::create_dir_all(work.join("s3").join(BUCKET))?;
-    let net = Net::new(&sfx)?;
+    let net = Net::new(&sfx, 2)?;
     let result = run_in(
         paths,
         tag,
@@ -218,41 +210,21 @@ async fn run_in(
     net: &Net,
 ) -> Result<Report> {
     if args.links.iter().any(|l| l == "shaped") {
-        net.shape("shaped", args.rate_mbit)?;
+        net.shape(link_host("shaped"), args.rate_mbit)?;
     }
-    let _s3 = Proc::spawn(
-        Command::new("ip")
-            .args(["netns", "exec", &net.hub])
-            .arg(&args.s3s_fs)
-            .args(["--host", "127.0.0.1", "--port", &S3_PORT.to_string()])
-            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
-            .arg(work.join("s3")),
+    let _s3 = start_s3(net, args, work)?;
+    let _unshaped_proxy = DelayProxy::start(&net.hub, UNSHAPED_PORT, Duration::ZERO)?;
+    let _shaped_proxy = DelayProxy::start(
+        &net.hub,
+        SHAPED_PORT,
+        Duration::from_millis(args.rtt_ms) / 2,
     )?;
-    let _unshaped_proxy = DelayProxy::start(&net.hub, 9100, Duration::ZERO)?;
-    let _shaped_proxy = DelayProxy::start(&net.hub, 9101, Duration::from_millis(args.rtt_ms) / 2)?;
     wait_port(&net.hub, S3_PORT)?;
     let forkd = std::env::current_exe().context("finding the forkd binary")?;
     let url = format!("s3://{BUCKET}/lazybench");
 
     // Host A pushes (over the unshaped link).
-    let push_out = forkd_cmd(&forkd, &paths.home, net, "unshaped")
-        .args(["push", tag, &url, "-q"])
-        .output()
-        .context("running forkd push")?;
-    if !push_out.status.success() {
-        bail!(
-            "forkd push failed: {}",
-            String::from_utf8_lossy(&push_out.stderr)
-        );
-    }
-    let push_line = String::from_utf8_lossy(&push_out.stdout).to_string();
-    let push = PushFigures {
-        requests: figure(&push_line, " requests").unwrap_or(0),
-        packs: figure(&push_line, " packs").unwrap_or(0),
-        wire_bytes: mib_figure(&push_line, " on the wire").unwrap_or(0),
-        seconds: seconds_figure(&push_line).unwrap_or(0.0),
-        working_set: push_line.contains("with its working set"),
-    };
+    let push = push(forkd_cmd(&forkd, &paths.home, net, "unshaped"), tag, &url)?;
 
     let mut runs = Vec::new();
     for i in 0..args.runs {
@@ -316,21 +288,95 @@ async fn run_in(
     })
 }
 
-/// `forkd` in host namespace `link`, with the S3 environment pointing at
-/// that link's proxy and `home` as the data dir.
+/// The bench's source snapshot `tag` in this data dir, all local: its id,
+/// stored bytes and chunks.
+async fn source(paths: &Paths, tag: &str) -> Result<(forkd_layers::SnapshotId, u64, u64)> {
+    let p = paths.clone();
+    let t = tag.to_string();
+    crate::blocking(move || {
+        let s = forkd_snapshot::store::open_rw(&p)?;
+        let rec = s
+            .resolve(&t)?
+            .ok_or_else(|| anyhow!("no snapshot {t:?} in {}", p.home.display()))?;
+        let r = s.residency(&rec)?;
+        if !r.is_local() {
+            bail!("snapshot {t} is not all local here; it cannot be the bench's source");
+        }
+        Ok((rec.id, r.local_bytes, r.chunks))
+    })
+    .await
+}
+
+/// s3s-fs on the hub's loopback, serving `work`/s3.
+fn start_s3(net: &Net, args: &Args, work: &Path) -> Result<Proc> {
+    Proc::spawn(
+        Command::new("ip")
+            .args(["netns", "exec", &net.hub])
+            .arg(&args.s3s_fs)
+            .args(["--host", "127.0.0.1", "--port", &S3_PORT.to_string()])
+            .args(["--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+            .arg(work.join("s3")),
+    )
+}
+
+/// `forkd push TAG URL` with the command `forkd` (a [`forkd_in`]).
+fn push(mut forkd: Command, tag: &str, url: &str) -> Result<PushFigures> {
+    let t0 = Instant::now();
+    let out = forkd
+        .args(["push", tag, url, "-q"])
+        .output()
+        .context("running forkd push")?;
+    if !out.status.success() {
+        bail!(
+            "forkd push failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let line = String::from_utf8_lossy(&out.stdout).to_string();
+    Ok(PushFigures {
+        requests: figure(&line, " requests").unwrap_or(0),
+        packs: figure(&line, " packs").unwrap_or(0),
+        wire_bytes: mib_figure(&line, " on the wire").unwrap_or(0),
+        seconds: seconds_figure(&line).unwrap_or_else(|| t0.elapsed().as_secs_f64()),
+        working_set: line.contains("with its working set"),
+    })
+}
+
+/// The proxy in front of s3s-fs that adds nothing.
+const UNSHAPED_PORT: u16 = 9100;
+/// The proxy that adds `--rtt-ms`.
+const SHAPED_PORT: u16 = 9101;
+
+/// The host of link `link`: 0 unshaped, 1 shaped.
+fn link_host(link: &str) -> usize {
+    usize::from(link == "shaped")
+}
+
+/// `forkd` in `link`'s host namespace, with the S3 environment pointing
+/// at that link's proxy and `home` as the data dir.
 fn forkd_cmd(forkd: &Path, home: &Path, net: &Net, link: &str) -> Command {
-    let (ns, ip, port) = match link {
-        "shaped" => (&net.shaped, net.hub_ip("shaped"), 9101),
-        _ => (&net.unshaped, net.hub_ip("unshaped"), 9100),
+    let port = if link == "shaped" {
+        SHAPED_PORT
+    } else {
+        UNSHAPED_PORT
     };
+    forkd_in(forkd, home, net, link_host(link), port)
+}
+
+/// `forkd` in host `host`'s namespace, with the S3 environment pointing
+/// at the hub's proxy on `port` and `home` as the data dir.
+fn forkd_in(forkd: &Path, home: &Path, net: &Net, host: usize, port: u16) -> Command {
     let mut c = Command::new("nsenter");
-    c.arg(format!("--net=/run/netns/{ns}"))
+    c.arg(format!("--net=/run/netns/{}", net.host(host)))
         .arg(forkd)
         .env("FORKD_HOME", home)
         .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
         .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
         .env("AWS_REGION", "us-east-1")
-        .env("AWS_ENDPOINT_URL", format!("http://{ip}:{port}"))
+        .env(
+            "AWS_ENDPOINT_URL",
+            format!("http://{}:{port}", net.hub_ip(host)),
+        )
         .stdin(Stdio::null());
     c
 }
@@ -347,14 +393,62 @@ async fn one_run(
     url: &str,
     eval: &str,
 ) -> Result<Run> {
+    let t0 = Instant::now();
+    let pull = || forkd_cmd(forkd, home, net, link);
+    let a = pull_and_answer(forkd, paths, home, pull, mode == "lazy", tag, url, eval, t0)?;
+    let mut run = Run {
+        link: link.into(),
+        mode: mode.into(),
+        pull_s: a.pull_s,
+        first_answer_s: a.first_answer_s,
+        bytes_before_answer: a.bytes,
+        requests_before_answer: a.requests,
+        converged_s: None,
+        answer: a.answer,
+    };
+    if mode == "lazy" {
+        run.converged_s = Some(wait_local(forkd, home, tag, t0).await?);
+    }
+    Ok(run)
+}
+
+/// What one host did from "never seen TAG" to its first child's answer.
+struct Answered {
+    /// The pull's end, s since `t0`.
+    pull_s: f64,
+    /// The answer, s since `t0`.
+    first_answer_s: f64,
+    /// Hub bytes received by then (pull + forkd-fs).
+    bytes: u64,
+    /// Hub requests by then (pull + forkd-fs).
+    requests: u64,
+    /// What the child answered.
+    answer: String,
+}
+
+/// On a fresh data dir `home` (kernel and images linked from `paths`):
+/// `forkd pull [--lazy]` of `tag` from `url` with the command `pull`
+/// makes (in the host's namespace: so runs the forkd-fs it starts), then
+/// `forkd fork --tag TAG -n 1 --eval EVAL`; times since `t0`.
+#[allow(clippy::too_many_arguments)]
+fn pull_and_answer(
+    forkd: &Path,
+    paths: &Paths,
+    home: &Path,
+    pull: impl Fn() -> Command,
+    lazy: bool,
+    tag: &str,
+    url: &str,
+    eval: &str,
+    t0: Instant,
+) -> Result<Answered> {
     std::fs::create_dir_all(home)?;
     for sub in ["kernel", "images"] {
         std::os::unix::fs::symlink(paths.home.join(sub), home.join(sub))?;
     }
-    let t0 = Instant::now();
-    let mut pull = forkd_cmd(forkd, home, net, link);
+    let mut pull = pull();
     pull.args(["pull", url, tag, "-q"]);
-    if mode == "lazy" {
+    if lazy {
         pull.arg("--lazy");
     }
     let out = pull.output().context("running forkd pull")?;
@@ -368,8 +462,8 @@ async fn one_run(
     let line = String::from_utf8_lossy(&out.stdout).to_string();
     let pull_requests = figure(&line, " requests").unwrap_or(0);
     let pull_bytes = mib_figure(&line, " on the wire").unwrap_or(0);
-    // The child: forkd-fs already runs in B's namespace (the pull started
-    // it); QEMU and the CLI need no network.
+    // The child: forkd-fs already runs in the host's namespace (the pull
+    // started it); QEMU and the CLI need no network.
     let out = Command::new(forkd)
         .env("FORKD_HOME", home)
         .args(["fork", "--tag", tag, "-n", "1", "--eval", eval])
@@ -393,20 +487,13 @@ async fn one_run(
     let fs = forkd_fs::Client::connect(&forkd_fs::default_control_socket(&mount))
         .and_then(|mut c| c.status())
         .context("reading forkd-fs's status after the answer")?;
-    let mut run = Run {
-        link: link.into(),
-        mode: mode.into(),
+    Ok(Answered {
         pull_s,
         first_answer_s,
-        bytes_before_answer: pull_bytes + fs.lazy.fetched_bytes,
-        requests_before_answer: pull_requests + fs.lazy.requests,
-        converged_s: None,
+        bytes: pull_bytes + fs.lazy.fetched_bytes,
+        requests: pull_requests + fs.lazy.requests,
         answer,
-    };
-    if mode == "lazy" {
-        run.converged_s = Some(wait_local(forkd, home, tag, t0).await?);
-    }
-    Ok(run)
+    })
 }
 
 /// Waits until `tag` is all local in `home`; the time since `t0`, s.
@@ -546,276 +633,6 @@ impl Report {
         s.push('\n');
         s
     }
-}
-
-/// The namespaces and links of one bench, removed when dropped.
-struct Net {
-    hub: String,
-    unshaped: String,
-    shaped: String,
-    /// Third octet of the 10.254.X.0/24 the links use.
-    octet: u8,
-}
-
-impl Net {
-    fn new(sfx: &str) -> Result<Net> {
-        let octet = 1 + (u32::from_str_radix(&sfx[..2], 16).unwrap_or(0) % 250) as u8;
-        let net = Net {
-            hub: format!("fkbh-{sfx}"),
-            unshaped: format!("fkbu-{sfx}"),
-            shaped: format!("fkbs-{sfx}"),
-            octet,
-        };
-        for ns in [&net.hub, &net.unshaped, &net.shaped] {
-            ip(&["netns", "add", ns])?;
-            ip(&["-n", ns, "link", "set", "lo", "up"])?;
-        }
-        for (i, (ns, kind)) in [(&net.unshaped, "u"), (&net.shaped, "s")]
-            .into_iter()
-            .enumerate()
-        {
-            let (h, b) = (format!("fkh{kind}{sfx}"), format!("fkb{kind}{sfx}"));
-            ip(&["link", "add", &h, "type", "veth", "peer", "name", &b])?;
-            ip(&["link", "set", &h, "netns", &net.hub])?;
-            ip(&["link", "set", &b, "netns", ns])?;
-            let base = 4 * i as u8;
-            ip(&[
-                "-n",
-                &net.hub,
-                "addr",
-                "add",
-                &format!("10.254.{octet}.{}/30", base + 1),
-                "dev",
-                &h,
-            ])?;
-            ip(&[
-                "-n",
-                ns,
-                "addr",
-                "add",
-                &format!("10.254.{octet}.{}/30", base + 2),
-                "dev",
-                &b,
-            ])?;
-            ip(&["-n", &net.hub, "link", "set", &h, "up"])?;
-            ip(&["-n", ns, "link", "set", &b, "up"])?;
-        }
-        Ok(net)
-    }
-
-    /// The hub's address on `link`'s veth.
-    fn hub_ip(&self, link: &str) -> String {
-        let base = if link == "shaped" { 4 } else { 0 };
-        format!("10.254.{}.{}", self.octet, base + 1)
-    }
-
-    /// tc tbf at `mbit` on both ends of the shaped link.
-    fn shape(&self, link: &str, mbit: u32) -> Result<()> {
-        let sfx = self.hub.trim_start_matches("fkbh-");
-        let kind = if link == "shaped" { "s" } else { "u" };
-        let ns_b = if link == "shaped" {
-            &self.shaped
-        } else {
-            &self.unshaped
-        };
-        for (ns, dev) in [
-            (&self.hub, format!("fkh{kind}{sfx}")),
-            (ns_b, format!("fkb{kind}{sfx}")),
-        ] {
-            let status = Command::new("ip")
-                .args([
-                    "netns", "exec", ns, "tc", "qdisc", "add", "dev", &dev, "root",
-                ])
-                .args(["tbf", "rate", &format!("{mbit}mbit"), "burst", "128kb"])
-                .args(["latency", "50ms"])
-                .status()?;
-            if !status.success() {
-                bail!("tc tbf on {dev} in {ns} failed (is sch_tbf available?)");
-            }
-        }
-        Ok(())
-    }
-}
-
-impl Drop for Net {
-    fn drop(&mut self) {
-        for ns in [&self.hub, &self.unshaped, &self.shaped] {
-            let _ = ip(&["netns", "del", ns]);
-        }
-    }
-}
-
-fn ip(args: &[&str]) -> Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
-}
-
-/// Waits until something listens on `port` on the loopback of `ns`.
-fn wait_port(ns: &str, port: u16) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        let ok = in_netns(ns, move || {
-            Ok(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok())
-        })?;
-        if ok {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(20) {
-            bail!("nothing listens on port {port} in {ns} after 20 s");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-/// Runs `f` on a thread that joined network namespace `ns` (sockets it
-/// makes stay in that namespace).
-fn in_netns<T: Send + 'static>(
-    ns: &str,
-    f: impl FnOnce() -> Result<T> + Send + 'static,
-) -> Result<T> {
-    let path = format!("/run/netns/{ns}");
-    std::thread::spawn(move || {
-        let fd = std::fs::File::open(&path).with_context(|| format!("opening {path}"))?;
-        nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("joining {path}"))?;
-        f()
-    })
-    .join()
-    .map_err(|_| anyhow!("a netns thread panicked"))?
-}
-
-/// A child process killed when dropped.
-struct Proc(Child);
-
-impl Proc {
-    fn spawn(c: &mut Command) -> Result<Proc> {
-        Ok(Proc(
-            c.stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .context("starting a bench process")?,
-        ))
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// A TCP proxy in the hub's namespace, from `0.0.0.0:port` to s3s-fs,
-/// holding every piece of data `delay` in each direction (order kept, so
-/// throughput is unchanged and each round trip gains twice `delay`).
-struct DelayProxy {
-    stop: tokio::sync::watch::Sender<bool>,
-}
-
-impl DelayProxy {
-    fn start(ns: &str, port: u16, delay: Duration) -> Result<DelayProxy> {
-        let (stop, rx) = tokio::sync::watch::channel(false);
-        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
-        let path = format!("/run/netns/{ns}");
-        std::thread::Builder::new()
-            .name(format!("delay-proxy-{port}"))
-            .spawn(move || {
-                let run = || -> Result<()> {
-                    let fd = std::fs::File::open(&path)?;
-                    nix::sched::setns(fd, nix::sched::CloneFlags::CLONE_NEWNET)?;
-                    let rt = tokio::runtime::Builder::new_current_thread()
-                        .enable_all()
-                        .build()?;
-                    rt.block_on(proxy(port, delay, rx, ready_tx.clone()))
-                };
-                if let Err(e) = run() {
-                    let _ = ready_tx.send(Err(format!("{e:#}")));
-                }
-            })?;
-        match ready_rx.recv_timeout(Duration::from_secs(10)) {
-            Ok(Ok(())) => Ok(DelayProxy { stop }),
-            Ok(Err(e)) => bail!("the delaying proxy did not start: {e}"),
-            Err(_) => bail!("the delaying proxy did not start within 10 s"),
-        }
-    }
-}
-
-impl Drop for DelayProxy {
-    fn drop(&mut self) {
-        let _ = self.stop.send(true);
-    }
-}
-
-async fn proxy(
-    port: u16,
-    delay: Duration,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-    ready: std::sync::mpsc::Sender<std::result::Result<(), String>>,
-) -> Result<()> {
-    let l = tokio::net::TcpListener::bind(("0.0.0.0", port)).await?;
-    let _ = ready.send(Ok(()));
-    loop {
-        tokio::select! {
-            _ = stop.changed() => return Ok(()),
-            a = l.accept() => {
-                let (client, _) = a?;
-                tokio::spawn(async move {
-                    let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", S3_PORT)).await else {
-                        return;
-                    };
-                    let _ = client.set_nodelay(true);
-                    let _ = server.set_nodelay(true);
-                    let (cr, cw) = client.into_split();
-                    let (sr, sw) = server.into_split();
-                    tokio::join!(pipe(cr, sw, delay), pipe(sr, cw, delay));
-                });
-            }
-        }
-    }
-}
-
-/// Copies `r` to `w`, each piece of data written `delay` after it was read.
-async fn pipe(
-    mut r: tokio::net::tcp::OwnedReadHalf,
-    mut w: tokio::net::tcp::OwnedWriteHalf,
-    delay: Duration,
-) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<(tokio::time::Instant, Vec<u8>)>(4096);
-    let reader = async move {
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            match r.read(&mut buf).await {
-                Ok(0) | Err(_) => break,
-                Ok(n) => {
-                    let due = tokio::time::Instant::now() + delay;
-                    if tx.send((due, buf[..n].to_vec())).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    };
-    let writer = async move {
-        while let Some((due, b)) = rx.recv().await {
-            tokio::time::sleep_until(due).await;
-            if w.write_all(&b).await.is_err() {
-                break;
-            }
-        }
-        let _ = w.shutdown().await;
-    };
-    tokio::join!(reader, writer);
 }
 
 #[cfg(test)]
