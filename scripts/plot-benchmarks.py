@@ -6,6 +6,7 @@
     forkd hub bench --base py --head py-link --json hub-file.json
     forkd hub bench --base py --head py-link --hub serve --json hub-serve.json
     forkd hub bench --lazy py --json hub-lazy.json
+    forkd hub bench --propagate py --json hub-propagate.json
     scripts/plot-benchmarks.py --spawn spawn.json --branch branch.json \
         --hub hub-file.json --hub hub-serve.json --out docs/img
 
@@ -21,7 +22,10 @@ bench, with and without --page-out) writes spawn-parking.svg (RAM per pooled
 child, resident and in compressed swap, next to the pool hit, the first
 eval and the largest fan-out). --hub-lazy writes hub-lazy.svg (time to a
 fresh host's first answer and the bytes fetched before it, lazy vs full
-pull, per link, every run and the medians). Any subset may be given.
+pull, per link, every run and the medians). --hub-propagate writes
+hub-propagate.svg (from a push to every node's first answer, split into the
+push and what follows, per node count, every run and the medians). Any
+subset may be given.
 Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
 a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
@@ -354,6 +358,38 @@ def plot_hub_lazy(plt, r, out):
     return path
 
 
+def plot_hub_propagate(plt, r, out):
+    """From a push to a child answering on each of N nodes: the push, then the rest."""
+    rows = r["summary"]
+    fig, ax = plt.subplots(figsize=(8, 3.4))
+    ys = list(range(len(rows)))
+    push = [s["push_s"] for s in rows]
+    after = [s["all_nodes_s"] - s["push_s"] for s in rows]
+    ax.barh(ys, push, color="C1", alpha=0.8, label="push from the origin")
+    ax.barh(ys, after, left=push, color="C0", alpha=0.8, label="every node's lazy pull and first answer")
+    for y, s in zip(ys, rows):
+        pts = [x["all_nodes_s"] for x in r["runs"] if x["nodes"] == s["nodes"]]
+        ax.scatter(pts, [y] * len(pts), color="0.3", s=12, zorder=3)
+        ax.text(s["all_nodes_s"], y, f"  {s['all_nodes_s']:.2f} s, {s['bytes_to_nodes'] / MIB:.0f} MiB to the nodes", va="center", fontsize=7)
+    ax.set_yticks(ys)
+    ax.set_yticklabels([f"{s['nodes']} node{'s' if s['nodes'] > 1 else ''}" for s in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.margins(x=0.45)
+    ax.grid(alpha=0.3, axis="x")
+    ax.set_xlabel("from before the push until the last node's child answered (s); dots: runs, bars: medians")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.set_title(
+        f"{r['tag']} ({r['stored_bytes'] / MIB:.0f} MiB stored) to N nodes through S3 (s3s-fs); every link "
+        f"{r['rate_mbit']} Mbit/s + {r['rtt_ms']} ms RTT\nnodes pull lazily at once; {r['host_cpus']} host CPUs "
+        f"shared by all nodes, forkd {r['version']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = os.path.join(out, "hub-propagate.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
 def check(r, bench, path):
     """Refuses a report of another bench or of a layout this script does not know."""
     if r.get("bench") != bench or r.get("schema") != 1:
@@ -368,11 +404,13 @@ def main():
     ap.add_argument("--branch", help="JSON of `forkd bench branch --json`")
     ap.add_argument("--hub", action="append", default=[], help="JSON of `forkd hub bench --json`; once per hub kind")
     ap.add_argument("--hub-lazy", help="JSON of `forkd hub bench --lazy TAG --json`")
+    ap.add_argument("--hub-propagate", help="JSON of `forkd hub bench --propagate TAG --json`")
     ap.add_argument("--out", default="docs/img", help="directory for the SVGs (default docs/img)")
     a = ap.parse_args()
-    if not (a.spawn or a.branch or a.hub or a.parking or a.hub_lazy):
-        ap.error("nothing to plot: give --spawn, --parking, --branch, --hub and/or --hub-lazy FILE")
+    if not (a.spawn or a.branch or a.hub or a.parking or a.hub_lazy or a.hub_propagate):
+        ap.error("nothing to plot: give --spawn, --parking, --branch, --hub, --hub-lazy and/or --hub-propagate FILE")
     hub_lazy = check(load(a.hub_lazy), "hub-lazy", a.hub_lazy) if a.hub_lazy else None
+    hub_propagate = check(load(a.hub_propagate), "hub-propagate", a.hub_propagate) if a.hub_propagate else None
     parking = [load(p) for p in a.parking]
     spawn = load(a.spawn) if a.spawn else None
     branch = check(load(a.branch), "branch", a.branch) if a.branch else None
@@ -399,6 +437,8 @@ def main():
         jobs += [(f, hubs) for f in (plot_hub_time, plot_hub_bytes)]
     if hub_lazy:
         jobs.append((plot_hub_lazy, hub_lazy))
+    if hub_propagate:
+        jobs.append((plot_hub_propagate, hub_propagate))
     for f, r in jobs:
         p = f(plt, r, a.out)
         if p:
