@@ -513,7 +513,8 @@ fn e2b_users_files_terminals_and_snapshots() {
 /// what E2B gives: streamed stdout, a matplotlib chart as a PNG result
 /// with E2B's chart data, errors, a timeout after which the kernel still
 /// runs cells, JavaScript and bash, per-call envs, the sandbox's create-time
-/// envs in every context, and contexts.
+/// envs in every context, and contexts; a sandbox killed while a cell runs
+/// ends that cell's call in an error.
 ///
 /// Run with the newest pinned SDK and the oldest supported one (2.9.0, the
 /// first to honour `E2B_SANDBOX_URL`; tests/python/requirements-e2b-code-interpreter-oldest.txt).
@@ -568,6 +569,19 @@ try:
     assert sbx.commands.run("whoami").stdout == "user\n"
 finally:
     sbx.kill()
+
+# A sandbox killed while a cell runs: the cell's stream is cut, not ended
+# (an ended one would read as a finished cell), which the SDK reports as
+# its "sandbox was killed" error, and at once, not at the cell's timeout.
+import threading
+victim = Sandbox.create(template="ci-rich", timeout=300)
+assert victim.run_code("1").text == "1"
+threading.Timer(3, victim.kill).start()
+try:
+    ex = victim.run_code("import time; time.sleep(600)", timeout=120)
+    raise AssertionError(f"a cell of a killed sandbox answered {ex}")
+except TimeoutException as e:
+    assert "sandbox was killed" in str(e), f"not the killed-sandbox error: {e!r}"
 print("CI OK")
 "#;
     for (py, version) in &sdks {
