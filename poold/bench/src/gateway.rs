@@ -56,11 +56,23 @@ pub struct Row {
     pub gateway_p99_ms: f64,
     /// Gateway p50 minus direct p50 (ms): what the extra hop costs.
     pub added_p50_ms: f64,
+    /// Every sample direct to the node, in order (ms).
+    pub direct_ms: Vec<f64>,
+    /// Every sample through the gateway, in order (ms).
+    pub gateway_ms: Vec<f64>,
 }
 
 /// The whole report.
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    /// Always "gateway".
+    pub bench: &'static str,
+    /// Layout version of this report.
+    pub schema: u32,
+    /// forkd's version.
+    pub version: &'static str,
+    /// Host CPUs.
+    pub host_cpus: usize,
     /// The tag spawned.
     pub tag: String,
     /// One row per call.
@@ -109,6 +121,10 @@ pub async fn run(b: GatewayBench) -> Result<Report> {
         row("exec", &exec_d, &exec_g),
     ];
     let report = Report {
+        bench: "gateway",
+        schema: 1,
+        version: env!("CARGO_PKG_VERSION"),
+        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
         tag: b.tag.clone(),
         rows,
         misses,
@@ -162,6 +178,8 @@ fn row(call: &str, d: &[f64], g: &[f64]) -> Row {
         gateway_p50_ms: median(g),
         gateway_p99_ms: pct(g, 99.0),
         added_p50_ms: median(g) - median(d),
+        direct_ms: d.to_vec(),
+        gateway_ms: g.to_vec(),
     }
 }
 
