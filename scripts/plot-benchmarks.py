@@ -7,6 +7,7 @@
     forkd hub bench --base py --head py-link --hub serve --json hub-serve.json
     forkd hub bench --lazy py --json hub-lazy.json
     forkd hub bench --propagate py --json hub-propagate.json
+    forkd bench gateway --tag gb --direct URL --gateway URL --json gw.json
     scripts/plot-benchmarks.py --spawn spawn.json --branch branch.json \
         --hub hub-file.json --hub hub-serve.json --out docs/img
 
@@ -24,8 +25,11 @@ eval and the largest fan-out). --hub-lazy writes hub-lazy.svg (time to a
 fresh host's first answer and the bytes fetched before it, lazy vs full
 pull, per link, every run and the medians). --hub-propagate writes
 hub-propagate.svg (from a push to every node's first answer, split into the
-push and what follows, per node count, every run and the medians). Any
-subset may be given.
+push and what follows, per node count, every run and the medians).
+--gateway (once per run of the gateway bench) writes gateway.svg (every
+sample of a pool-hit spawn and an exec, direct to the node and through the
+gateway, per run, with the medians and what the gateway added). Any subset
+may be given.
 Needs matplotlib (Debian: python3-matplotlib, or `pip install matplotlib` in
 a venv). Every figure drawn comes from the reports: nothing is typed in here.
 """
@@ -390,6 +394,41 @@ def plot_hub_propagate(plt, r, out):
     return path
 
 
+def plot_gateway(plt, rs, out):
+    """Every sample direct and through the gateway, per call and run, with the medians."""
+    calls = [row["call"] for row in rs[0]["rows"]]
+    fig, axes = plt.subplots(1, len(calls), figsize=(10, 1.2 + 0.9 * len(rs)), squeeze=False)
+    for ax, call in zip(axes[0], calls):
+        labels = []
+        for i, r in enumerate(rs):
+            row = next(x for x in r["rows"] if x["call"] == call)
+            for j, (path, key, color) in enumerate([("direct", "direct_ms", "C0"), ("gateway", "gateway_ms", "C1")]):
+                y = 2 * i + j
+                ax.scatter(row[key], [y] * len(row[key]), s=8, alpha=0.5, color=color)
+                med = row[f"{path}_p50_ms"]
+                ax.plot([med, med], [y - 0.35, y + 0.35], color="k", linewidth=1.5)
+                labels.append(f"run {i + 1}, {path}")
+            ax.text(
+                max(row["direct_ms"] + row["gateway_ms"]), 2 * i + 0.5,
+                f" added p50 {row['added_p50_ms']:+.2f} ms", va="center", fontsize=7,
+            )
+        ax.set_yticks(range(len(labels)))
+        ax.set_yticklabels(labels, fontsize=7)
+        ax.invert_yaxis()
+        ax.margins(x=0.35)
+        ax.grid(alpha=0.3, axis="x")
+        ax.set_xlabel(f"{call} (ms, client wall clock); bars: medians")
+    fig.suptitle(
+        f"The cluster gateway's extra hop: {len(rs)} run(s) of n = {rs[0]['rows'][0]['samples']}, "
+        f"tag {rs[0]['tag']}, interleaved; {rs[0]['host_cpus']} host CPUs, forkd {rs[0]['version']}",
+        fontsize=9,
+    )
+    fig.tight_layout()
+    path = os.path.join(out, "gateway.svg")
+    fig.savefig(path, metadata={"Date": None})
+    return path
+
+
 def check(r, bench, path):
     """Refuses a report of another bench or of a layout this script does not know."""
     if r.get("bench") != bench or r.get("schema") != 1:
@@ -405,10 +444,12 @@ def main():
     ap.add_argument("--hub", action="append", default=[], help="JSON of `forkd hub bench --json`; once per hub kind")
     ap.add_argument("--hub-lazy", help="JSON of `forkd hub bench --lazy TAG --json`")
     ap.add_argument("--hub-propagate", help="JSON of `forkd hub bench --propagate TAG --json`")
+    ap.add_argument("--gateway", action="append", default=[], help="JSON of `forkd bench gateway --json`; once per run")
     ap.add_argument("--out", default="docs/img", help="directory for the SVGs (default docs/img)")
     a = ap.parse_args()
-    if not (a.spawn or a.branch or a.hub or a.parking or a.hub_lazy or a.hub_propagate):
-        ap.error("nothing to plot: give --spawn, --parking, --branch, --hub, --hub-lazy and/or --hub-propagate FILE")
+    if not (a.spawn or a.branch or a.hub or a.parking or a.hub_lazy or a.hub_propagate or a.gateway):
+        ap.error("nothing to plot: give --spawn, --parking, --branch, --hub, --hub-lazy, --hub-propagate and/or --gateway FILE")
+    gateway = [check(load(p), "gateway", p) for p in a.gateway]
     hub_lazy = check(load(a.hub_lazy), "hub-lazy", a.hub_lazy) if a.hub_lazy else None
     hub_propagate = check(load(a.hub_propagate), "hub-propagate", a.hub_propagate) if a.hub_propagate else None
     parking = [load(p) for p in a.parking]
@@ -439,6 +480,8 @@ def main():
         jobs.append((plot_hub_lazy, hub_lazy))
     if hub_propagate:
         jobs.append((plot_hub_propagate, hub_propagate))
+    if gateway:
+        jobs.append((plot_gateway, gateway))
     for f, r in jobs:
         p = f(plt, r, a.out)
         if p:
