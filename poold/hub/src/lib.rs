@@ -9,7 +9,8 @@
 //!   check before a pull; [`lazy`]: what a lazy pull leaves behind and how a
 //!   caller (the CLI, poold) asks about it; [`migrate`]: a layout-1 hub to
 //!   layout 2; [`server`]: `forkd hub serve`; [`pack`]: pack files;
-//!   [`bench`]: `forkd hub bench`.
+//!   [`bench`]: `forkd hub bench`; [`lazybench`]: `forkd hub bench --lazy`
+//!   and (`lazybench::propagate`) `--propagate`, in network namespaces.
 
 #![warn(missing_docs)]
 
