@@ -69,10 +69,7 @@ def plot_sequential(plt, r, out):
     ax.set_xlabel("request → agent answered (ms, log scale)")
     ax.set_title("Sequential single spawns\n" + subtitle(r), fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "spawn-sequential.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "spawn-sequential.svg")
 
 
 def plot_fanout_latency(plt, r, out):
@@ -89,10 +86,7 @@ def plot_fanout_latency(plt, r, out):
     ax.set_title("Fan-out latency vs N\n" + subtitle(r), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "spawn-fanout-latency.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "spawn-fanout-latency.svg")
 
 
 def plot_fanout_memory(plt, r, out):
@@ -109,10 +103,7 @@ def plot_fanout_memory(plt, r, out):
     ax.set_title("Host memory per pooled child vs N\n" + subtitle(r), fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "spawn-fanout-memory.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "spawn-fanout-memory.svg")
 
 
 def parking_label(r):
@@ -162,10 +153,7 @@ def plot_parking(plt, rs, out):
     fan.set_xlim(0, max(walls) * 1.2)
     fan.set_xlabel(f"s, request → all {rows[0][1]['n']} answered", fontsize=9)
     fig.suptitle("Parked children: resident or paged out\n" + subtitle(rs[0]), fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "spawn-parking.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "spawn-parking.svg")
 
 
 MIB = 1 << 20
@@ -201,10 +189,7 @@ def plot_branch_pause(plt, r, out):
     right.set_title("Chain links (a child that wrote one file)", fontsize=9)
     right.grid(alpha=0.3)
     fig.suptitle("BRANCH: how long the source sandbox is paused\n" + branch_subtitle(r), fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "branch-pause.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "branch-pause.svg")
 
 
 def plot_branch_depth(plt, r, out):
@@ -244,10 +229,7 @@ def plot_branch_depth(plt, r, out):
     right.grid(alpha=0.3, axis="y", which="both")
     right.legend(fontsize=8)
     fig.suptitle("Chains of live branches\n" + branch_subtitle(r), fontsize=9)
-    fig.tight_layout()
-    path = os.path.join(out, "branch-chain-depth.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "branch-chain-depth.svg")
 
 
 HUB_NAMES = {"file": "file://", "serve": "forkd hub serve (127.0.0.1)", "http": "HTTP hub", "s3": "S3"}
@@ -277,10 +259,7 @@ def plot_hub_time(plt, rs, out):
     ax.set_title("Hub push and pull time, full vs incremental\n" + hub_subtitle(rs), fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = os.path.join(out, "hub-transfer-time.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "hub-transfer-time.svg")
 
 
 def plot_hub_bytes(plt, rs, out):
@@ -312,10 +291,7 @@ def plot_hub_bytes(plt, rs, out):
     ax.set_title(f"Hub: bytes moved per step ({which})\n" + hub_subtitle(rs), fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    path = os.path.join(out, "hub-transfer-bytes.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "hub-transfer-bytes.svg")
 
 
 def plot_hub_lazy(plt, r, out):
@@ -356,10 +332,7 @@ def plot_hub_lazy(plt, r, out):
         f"{r['push']['packs']} packs; {r['host_cpus']} host CPUs, forkd {r['version']}",
         fontsize=9,
     )
-    fig.tight_layout()
-    path = os.path.join(out, "hub-lazy.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "hub-lazy.svg")
 
 
 def plot_hub_propagate(plt, r, out):
@@ -388,10 +361,7 @@ def plot_hub_propagate(plt, r, out):
         f"shared by all nodes, forkd {r['version']}",
         fontsize=9,
     )
-    fig.tight_layout()
-    path = os.path.join(out, "hub-propagate.svg")
-    fig.savefig(path, metadata={"Date": None})
-    return path
+    return save(fig, out, "hub-propagate.svg")
 
 
 def plot_gateway(plt, rs, out):
@@ -423,8 +393,14 @@ def plot_gateway(plt, rs, out):
         f"tag {rs[0]['tag']}, interleaved; {rs[0]['host_cpus']} host CPUs, forkd {rs[0]['version']}",
         fontsize=9,
     )
+    return save(fig, out, "gateway.svg")
+
+
+def save(fig, out, name):
+    """Writes `fig` as `out`/`name` (no date in it, so a redraw diffs only
+    on real changes); returns the path."""
     fig.tight_layout()
-    path = os.path.join(out, "gateway.svg")
+    path = os.path.join(out, name)
     fig.savefig(path, metadata={"Date": None})
     return path
 

@@ -119,10 +119,11 @@ pub struct Summary {
     pub converged_s: Option<f64>,
 }
 
-/// The bench's report (`--json`).
+/// What every report of these benches opens with: which bench, the
+/// source snapshot, the links. Flattened into each report's JSON.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct Report {
-    /// Always "hub-lazy".
+pub struct Header {
+    /// Which bench: "hub-lazy" or "hub-propagate".
     pub bench: String,
     /// Layout version of this report.
     pub schema: u32,
@@ -132,20 +133,65 @@ pub struct Report {
     pub version: String,
     /// Host CPUs.
     pub host_cpus: usize,
-    /// The tag benchmarked and its snapshot id.
+    /// The tag benchmarked.
     pub tag: String,
-    /// Its id.
+    /// Its snapshot id.
     pub snapshot: String,
-    /// Pack bytes of the snapshot on host A (its chunks, stored).
+    /// Pack bytes of the snapshot at the origin (its chunks, stored).
     pub stored_bytes: u64,
     /// Chunks it names.
     pub chunks: u64,
-    /// Shaped link rate, Mbit/s.
+    /// Rate of the shaped links, Mbit/s.
     pub rate_mbit: u32,
-    /// Round trip added on the shaped link, ms.
+    /// Round trip added on the shaped links, ms.
     pub rtt_ms: u64,
-    /// The eval.
+    /// The eval each first child answers.
     pub eval: String,
+}
+
+impl Header {
+    /// The header of `bench`'s report on `tag`, whose [`source`] is `src`.
+    fn new(bench: &str, tag: &str, src: Source, args: &Args) -> Header {
+        Header {
+            bench: bench.into(),
+            schema: 1,
+            command: Vec::new(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            tag: tag.into(),
+            snapshot: src.0.to_string(),
+            stored_bytes: src.1,
+            chunks: src.2,
+            rate_mbit: args.rate_mbit,
+            rtt_ms: args.rtt_ms,
+            eval: args.eval.clone(),
+        }
+    }
+
+    /// The first line of a rendered report: the snapshot.
+    fn render(&self) -> String {
+        format!(
+            "snapshot {} ({}): {} chunks, {} stored",
+            self.tag,
+            self.snapshot,
+            self.chunks,
+            forkd_snapshot::mib(self.stored_bytes)
+        )
+    }
+}
+
+/// Writes a report as pretty JSON.
+fn write_json(path: &Path, report: &impl Serialize) -> Result<()> {
+    std::fs::write(path, serde_json::to_vec_pretty(report)?)
+        .with_context(|| format!("writing {}", path.display()))
+}
+
+/// The lazy bench's report (`--json`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Report {
+    /// The bench, the snapshot and the links.
+    #[serde(flatten)]
+    pub head: Header,
     /// The push.
     pub push: PushFigures,
     /// Every run, in order.
@@ -177,22 +223,12 @@ pub async fn run(paths: &Paths, tag: &str, args: &Args) -> Result<Report> {
             bail!("unknown mode {m:?}: use lazy, full");
         }
     }
-    let (snapshot, stored_bytes, chunks) = source(paths, tag).await?;
+    let src = source(paths, tag).await?;
     let sfx = forkd_snapshot::random_hex(3);
     let work = paths.staging_dir().join(format!("lazybench-{sfx}"));
     std::fs::create_dir_all(work.join("s3").join(BUCKET))?;
     let net = Net::new(&sfx, 2)?;
-    let result = run_in(
-        paths,
-        tag,
-        snapshot,
-        stored_bytes,
-        chunks,
-        args,
-        &work,
-        &net,
-    )
-    .await;
+    let result = run_in(paths, tag, src, args, &work, &net).await;
     drop(net);
     let _ = std::fs::remove_dir_all(&work);
     result
@@ -202,9 +238,7 @@ pub async fn run(paths: &Paths, tag: &str, args: &Args) -> Result<Report> {
 async fn run_in(
     paths: &Paths,
     tag: &str,
-    snapshot: forkd_layers::SnapshotId,
-    stored_bytes: u64,
-    chunks: u64,
+    src: Source,
     args: &Args,
     work: &Path,
     net: &Net,
@@ -270,27 +304,18 @@ async fn run_in(
         }
     }
     Ok(Report {
-        bench: "hub-lazy".into(),
-        schema: 1,
-        command: Vec::new(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        tag: tag.into(),
-        snapshot: snapshot.to_string(),
-        stored_bytes,
-        chunks,
-        rate_mbit: args.rate_mbit,
-        rtt_ms: args.rtt_ms,
-        eval: args.eval.clone(),
+        head: Header::new("hub-lazy", tag, src, args),
         push,
         runs,
         summary,
     })
 }
 
-/// The bench's source snapshot `tag` in this data dir, all local: its id,
-/// stored bytes and chunks.
-async fn source(paths: &Paths, tag: &str) -> Result<(forkd_layers::SnapshotId, u64, u64)> {
+/// A bench's source snapshot: its id, stored bytes and chunks.
+type Source = (forkd_layers::SnapshotId, u64, u64);
+
+/// The bench's source snapshot `tag` in this data dir, all local.
+async fn source(paths: &Paths, tag: &str) -> Result<Source> {
     let p = paths.clone();
     let t = tag.to_string();
     crate::blocking(move || {
@@ -575,9 +600,8 @@ impl Report {
     /// Writes the report as pretty JSON, with the command line.
     pub fn write(&self, path: &Path, command: Vec<String>) -> Result<()> {
         let mut r = self.clone();
-        r.command = command;
-        std::fs::write(path, serde_json::to_vec_pretty(&r)?)
-            .with_context(|| format!("writing {}", path.display()))
+        r.head.command = command;
+        write_json(path, &r)
     }
 
     /// The results as Markdown: the push, every median side by side with
@@ -585,11 +609,8 @@ impl Report {
     pub fn render(&self) -> String {
         let mib = forkd_snapshot::mib;
         let mut s = format!(
-            "snapshot {} ({}): {} chunks, {} stored\npush into an empty S3 hub: {} requests, {} packs, {} in {:.1} s{}\n\n",
-            self.tag,
-            self.snapshot,
-            self.chunks,
-            mib(self.stored_bytes),
+            "{}\npush into an empty S3 hub: {} requests, {} packs, {} in {:.1} s{}\n\n",
+            self.head.render(),
             self.push.requests,
             self.push.packs,
             mib(self.push.wire_bytes),
@@ -610,7 +631,7 @@ impl Report {
                 m.runs,
                 m.first_answer_s,
                 mib(m.bytes_before_answer),
-                100.0 * m.bytes_before_answer as f64 / self.stored_bytes.max(1) as f64,
+                100.0 * m.bytes_before_answer as f64 / self.head.stored_bytes.max(1) as f64,
                 m.requests_before_answer,
                 m.pull_s,
                 m.converged_s.map_or("-".into(), |c| format!("{c:.1}"))

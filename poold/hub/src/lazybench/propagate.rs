@@ -21,8 +21,8 @@
 
 use super::net::{wait_port, DelayProxy, Net, MAX_HOSTS};
 use super::{
-    forkd_in, median_f, median_u, pull_and_answer, push, source, start_s3, teardown_home, Args,
-    PushFigures, BUCKET, S3_PORT,
+    forkd_in, median_f, median_u, pull_and_answer, push, source, start_s3, teardown_home,
+    write_json, Args, Header, PushFigures, BUCKET, S3_PORT,
 };
 use anyhow::{bail, Context, Result};
 use forkd_snapshot::Paths;
@@ -93,30 +93,9 @@ pub struct Summary {
 /// The bench's report (`--json`).
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct Report {
-    /// Always "hub-propagate".
-    pub bench: String,
-    /// Layout version of this report.
-    pub schema: u32,
-    /// The command line.
-    pub command: Vec<String>,
-    /// forkd's version.
-    pub version: String,
-    /// Host CPUs.
-    pub host_cpus: usize,
-    /// The tag propagated.
-    pub tag: String,
-    /// Its snapshot id.
-    pub snapshot: String,
-    /// Its stored bytes.
-    pub stored_bytes: u64,
-    /// Its chunks.
-    pub chunks: u64,
-    /// Every link's rate, Mbit/s.
-    pub rate_mbit: u32,
-    /// Round trip added on every link, ms.
-    pub rtt_ms: u64,
-    /// The eval each node's child answers.
-    pub eval: String,
+    /// The bench, the snapshot and the links (every one shaped).
+    #[serde(flatten)]
+    pub head: Header,
     /// Every run, in order.
     pub runs: Vec<Run>,
     /// Medians per node count.
@@ -139,7 +118,7 @@ pub async fn run(paths: &Paths, tag: &str, args: &Args) -> Result<Report> {
             args.s3s_fs.display()
         );
     }
-    let (snapshot, stored_bytes, chunks) = source(paths, tag).await?;
+    let src = source(paths, tag).await?;
     let sfx = forkd_snapshot::random_hex(3);
     let work = paths.staging_dir().join(format!("propbench-{sfx}"));
     std::fs::create_dir_all(work.join("s3").join(BUCKET))?;
@@ -149,18 +128,7 @@ pub async fn run(paths: &Paths, tag: &str, args: &Args) -> Result<Report> {
     let _ = std::fs::remove_dir_all(&work);
     let runs = runs?;
     Ok(Report {
-        bench: "hub-propagate".into(),
-        schema: 1,
-        command: Vec::new(),
-        version: env!("CARGO_PKG_VERSION").into(),
-        host_cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
-        tag: tag.into(),
-        snapshot: snapshot.to_string(),
-        stored_bytes,
-        chunks,
-        rate_mbit: args.rate_mbit,
-        rtt_ms: args.rtt_ms,
-        eval: args.eval.clone(),
+        head: Header::new("hub-propagate", tag, src, args),
         summary: summarize(&args.nodes, &runs),
         runs,
     })
@@ -287,22 +255,19 @@ impl Report {
     /// Writes the report as pretty JSON, with the command line.
     pub fn write(&self, path: &Path, command: Vec<String>) -> Result<()> {
         let mut r = self.clone();
-        r.command = command;
-        std::fs::write(path, serde_json::to_vec_pretty(&r)?)
-            .with_context(|| format!("writing {}", path.display()))
+        r.head.command = command;
+        write_json(path, &r)
     }
 
     /// The medians as Markdown, with the last answer relative to one node.
     pub fn render(&self) -> String {
         let mib = forkd_snapshot::mib;
+        let h = &self.head;
         let mut s = format!(
-            "snapshot {} ({}): {} chunks, {} stored; every link {} Mbit/s, +{} ms round trip\n\n",
-            self.tag,
-            self.snapshot,
-            self.chunks,
-            mib(self.stored_bytes),
-            self.rate_mbit,
-            self.rtt_ms
+            "{}; every link {} Mbit/s, +{} ms round trip\n\n",
+            h.render(),
+            h.rate_mbit,
+            h.rtt_ms
         );
         s.push_str("| nodes | runs | push (s) | first node answers (s) | all nodes answered (s) | of which after the push (s) | vs 1 node | hub bytes per node | to all nodes |\n");
         s.push_str("|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -332,7 +297,7 @@ impl Report {
         if bare > 0 {
             s.push_str(&format!(
                 "\n{bare} run(s) pushed WITHOUT a working set (no child of {} had run): their nodes faulted chunk by chunk\n",
-                self.tag
+                h.tag
             ));
         }
         s
@@ -382,5 +347,25 @@ mod tests {
         assert_eq!((s[1].bytes_per_node, s[1].bytes_to_nodes), (10, 30));
         assert_eq!(s[1].all_after_push_s, 7.0);
         assert_eq!(s[1].pushes_without_working_set, 2);
+    }
+
+    /// The header is flattened: a committed report reads back and writes
+    /// out with the same top-level keys (plot-benchmarks.py reads them).
+    #[test]
+    fn committed_reports_keep_their_shape() {
+        fn keys(v: &serde_json::Value) -> Vec<String> {
+            let mut k: Vec<String> = v.as_object().unwrap().keys().cloned().collect();
+            k.sort();
+            k
+        }
+        let text = include_str!("../../../../docs/bench/hub-propagate.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let r: Report = serde_json::from_str(text).unwrap();
+        assert_eq!(keys(&serde_json::to_value(&r).unwrap()), keys(&v));
+        let text = include_str!("../../../../docs/bench/hub-lazy.json");
+        let v: serde_json::Value = serde_json::from_str(text).unwrap();
+        let r: super::super::Report = serde_json::from_str(text).unwrap();
+        assert_eq!(keys(&serde_json::to_value(&r).unwrap()), keys(&v));
+        assert_eq!(r.head.bench, "hub-lazy");
     }
 }
