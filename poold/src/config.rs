@@ -30,6 +30,11 @@
 //! sandbox_bind = "127.0.0.1:3001"  # E2B_SANDBOX_URL
 //! api_key_file = "/etc/forkd/e2b-key" # unset: the token_file's token is the key
 //!
+//! [hub]                            # docs/hub.md, docs/cluster.md
+//! url = "s3://bucket/forkd"        # AWS_* from poold's environment
+//! pull = "lazy"                    # tags this node lacks: records now, chunks on demand
+//! push = true                      # snapshots made here are pushed: tags are cluster-wide
+//!
 //! [pools.py]                       # a pool for snapshot tag "py"
 //! min_ready = 4
 //! max_ready = 8
@@ -114,6 +119,9 @@ pub struct Config {
     /// This node's name in a cluster (a DNS name): its token starts every
     /// sandbox id, so a gateway routes ids without asking (docs/cluster.md).
     pub node_name: Option<String>,
+    /// The snapshot hub: tags pulled at start, tags this node lacks pulled
+    /// on demand, snapshots made here pushed (docs/cluster.md).
+    pub hub: Option<forkd_hub::lazy::HubConfig>,
 }
 
 impl Default for Config {
@@ -147,6 +155,7 @@ impl Default for Config {
             e2b: Default::default(),
             ca_certs_file: node.ca_certs_file,
             node_name: node.node_name,
+            hub: None,
         }
     }
 }
@@ -226,6 +235,12 @@ impl Config {
             }
         }
         self.e2b.addrs()?;
+        if let Some(h) = &self.hub {
+            forkd_hub::Hub::open(&h.url, None).with_context(|| format!("[hub] url {:?}", h.url))?;
+            for t in &h.tags {
+                forkd_hub::Key::tag(t).with_context(|| format!("[hub] tags: {t:?}"))?;
+            }
+        }
         Ok(())
     }
 }

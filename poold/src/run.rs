@@ -44,6 +44,30 @@ fn token(cfg: &Config) -> Result<Option<String>> {
     Ok(token)
 }
 
+/// Pulls `[hub]`'s `tags` (a hub that fails is logged, not fatal: the
+/// node serves what it has) and attaches the hub, so tags this node lacks
+/// are pulled on demand and the snapshots it makes are pushed.
+async fn attach_hub(
+    node: &std::sync::Arc<Node>,
+    paths: &Paths,
+    h: &forkd_hub::lazy::HubConfig,
+) -> Result<()> {
+    let (p, c) = (paths.clone(), h.clone());
+    let pulled =
+        tokio::task::spawn_blocking(move || forkd_hub::lazy::pull_configured(&p, &c)).await?;
+    for (tag, r) in pulled {
+        match r {
+            Ok(r) => tracing::info!("pulled {tag} from {}: {}", h.url, r.summary()),
+            Err(e) => tracing::warn!("pulling {tag} from {} at start failed: {e:#}", h.url),
+        }
+    }
+    node.attach_hub(std::sync::Arc::new(crate::hub::PooldHub::new(
+        paths.clone(),
+        h.clone(),
+    )))?;
+    Ok(())
+}
+
 /// Runs poold until SIGINT/SIGTERM: opens the node (which re-adopts what
 /// a previous poold left), binds the E2B listeners, starts the node's
 /// background work, binds the `/v1` listener and prints where it listens
@@ -56,7 +80,10 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
         .audit_log
         .clone()
         .unwrap_or_else(|| paths.poold_dir().join("audit.jsonl"));
-    let node = Node::open(paths, cfg.node()).await?;
+    let node = Node::open(paths.clone(), cfg.node()).await?;
+    if let Some(h) = &cfg.hub {
+        attach_hub(&node, &paths, h).await?;
+    }
     let audit = audit::Audit::new(audit::AuditLog::open(&audit_path)?, node.metrics_registry())?;
     let transfers = transfers::Transfers::new(cfg.transfer_concurrency);
     let e2b = forkd_e2b::bind(

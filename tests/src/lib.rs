@@ -8,6 +8,7 @@
 pub mod daemon;
 pub mod gateway;
 pub mod netns;
+pub mod s3;
 
 use forkd_snapshot::boot::{cold_boot, BootSpec};
 use forkd_snapshot::images::Image;

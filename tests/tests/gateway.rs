@@ -5,13 +5,15 @@
 //! new replica routes them, and names a dead node, without asking).
 //!
 //! The nodes are three poolds on this host, each with its own data dir,
-//! forkd-fs mount and port; each makes its own snapshot of the same tag
-//! (snapshots reaching every node through the hub is the lazy-pull work).
+//! forkd-fs mount and port; each makes its own snapshot of the same tag.
+//! A second test gives two nodes one S3 hub (`[hub]`): a snapshot made
+//! through the gateway on one spawns on the other, pulled lazily.
 
 use forkd_api::Method;
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
 use forkd_e2e::gateway::Gateway;
+use forkd_e2e::s3::S3;
 use serde_json::json;
 use std::collections::HashMap;
 use std::process::Command;
@@ -31,6 +33,11 @@ async fn where_are(names: &[&str], pools: &[Option<Poold>]) -> HashMap<String, S
         }
     }
     out
+}
+
+/// `POST /v1/sandboxes` through the gateway.
+async fn spawn(gw: &Gateway, body: serde_json::Value) -> (u16, serde_json::Value) {
+    gw.req(Method::POST, "/v1/sandboxes", Some(body)).await
 }
 
 fn forkd_cli(gw: &Gateway, args: &[&str]) -> String {
@@ -96,13 +103,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
             )
             .await;
         assert_eq!(st, 400, "{v}");
-        let (st, v) = gw
-            .req(
-                Method::POST,
-                "/v1/sandboxes",
-                Some(json!({"snapshot_tag": "nowhere"})),
-            )
-            .await;
+        let (st, v) = spawn(&gw, json!({"snapshot_tag": "nowhere"})).await;
         assert_eq!(st, 404, "{v}");
         assert!(
             v["error"]
@@ -311,4 +312,150 @@ fn unreachable_header(url: &str) -> Option<String> {
     resp.lines()
         .find_map(|l| l.strip_prefix("forkd-unreachable-nodes: "))
         .map(|v| v.trim().to_string())
+}
+
+/// Snapshots everywhere (docs/cluster.md): two nodes with one S3 hub,
+/// `pull = "lazy"`, `push = true`. A snapshot made through the gateway
+/// lands on one node and is pushed in the background; a pool set through
+/// the gateway fills on both (the other pulls the tag lazily, refills once
+/// its working set is local); a spawn of two takes a ready child from each;
+/// a delete through the gateway deletes the hub's tag too, so no node
+/// pulls it again.
+#[test]
+fn a_snapshot_made_on_one_node_spawns_on_the_other_through_the_hub() {
+    let s3 = S3::start();
+    let env = s3.env();
+    let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let homes = [Home::new(), Home::new()];
+    let names = ["a", "b"];
+    let pools: Vec<Poold> = homes
+        .iter()
+        .zip(names)
+        .map(|(h, name)| {
+            let cfg = h.dir.join("poold.toml");
+            std::fs::write(
+                &cfg,
+                format!(
+                    "[hub]\nurl = \"{}\"\npull = \"lazy\"\npush = true\n",
+                    s3.url("cluster")
+                ),
+            )
+            .unwrap();
+            let cfg = cfg.to_str().unwrap().to_string();
+            Poold::start_env(&h.dir, &["--node-name", name, "--config", &cfg], None, &env)
+        })
+        .collect();
+    let node_list: Vec<(&str, &str)> = names
+        .iter()
+        .copied()
+        .zip(pools.iter().map(|p| p.url.as_str()))
+        .collect();
+    let gw = Gateway::start(&node_list);
+    block_on(async {
+        gw.wait_nodes("up", |s| s.len() == 2 && s.values().all(|h| h == "up"))
+            .await;
+        let (_, v) = pools[0].get("/version").await;
+        assert_eq!(v["hub"], s3.url("cluster"), "{v}");
+
+        // A tag no node has and the hub lacks: the hub node's 404.
+        let (st, v) = spawn(&gw, json!({"snapshot_tag": "nowhere"})).await;
+        assert_eq!(st, 404, "{v}");
+
+        let (st, v) = gw
+            .req(
+                Method::POST,
+                "/v1/snapshots",
+                Some(json!({"tag": "hubbed", "image": "minimal", "mem_mib": MINIMAL_MIB})),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        // Which node made it; wait for its background push.
+        let mut maker = None;
+        for (i, p) in pools.iter().enumerate() {
+            let (st, _) = p.get("/v1/snapshots/hubbed/info").await;
+            if st == 200 {
+                maker = Some(i);
+            }
+        }
+        let maker = maker.expect("a node holds the new snapshot");
+        let other = 1 - maker;
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        while pools[maker]
+            .metric("forkd_hub_pushes_total", "outcome=\"ok\"")
+            .await
+            < 1.0
+        {
+            assert_eq!(
+                pools[maker]
+                    .metric("forkd_hub_pushes_total", "outcome=\"error\"")
+                    .await,
+                0.0,
+                "the push failed: see node {}'s log",
+                names[maker]
+            );
+            assert!(std::time::Instant::now() < deadline, "no push in 120 s");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let (st, _) = pools[other].get("/v1/snapshots/hubbed/info").await;
+        assert_eq!(st, 404, "node {} has not pulled it yet", names[other]);
+
+        // A pool through the gateway: both nodes, the other one pulling.
+        tokio::time::sleep(Duration::from_millis(1200)).await; // a poll sees the snapshot
+        let (st, v) = gw
+            .req(
+                Method::PUT,
+                "/v1/pools/hubbed",
+                Some(json!({"min_ready": 1})),
+            )
+            .await;
+        assert_eq!(st, 200, "{v}");
+        for p in &pools {
+            p.wait_pool("hubbed", 1).await;
+        }
+        let (_, info) = pools[other].get("/v1/snapshots/hubbed/info").await;
+        tokio::time::sleep(Duration::from_millis(1200)).await; // a poll sees both pools
+        let (st, v) = spawn(&gw, json!({"snapshot_tag": "hubbed", "n": 2})).await;
+        assert_eq!(st, 201, "{v}");
+        let ids = ids(&v);
+        assert_eq!(ids.len(), 2, "{v}");
+        let mut on = Vec::new();
+        for id in &ids {
+            let (st, v) = gw.exec(id, &["echo", "hello from the hub"]).await;
+            assert_eq!(st, 200, "{v}");
+            assert_eq!(v["stdout"], "hello from the hub\n", "{v}");
+            for (name, p) in names.iter().zip(&pools) {
+                if p.get(&format!("/v1/sandboxes/{id}")).await.0 == 200 {
+                    on.push(*name);
+                }
+            }
+        }
+        on.sort();
+        assert_eq!(
+            on,
+            ["a", "b"],
+            "one child from each node's pool; the pulled node's snapshot: {info}"
+        );
+        for id in &ids {
+            let (st, _) = gw
+                .req(Method::DELETE, &format!("/v1/sandboxes/{id}"), None)
+                .await;
+            assert_eq!(st, 204);
+        }
+
+        // A delete through the gateway: gone on both nodes and on the hub.
+        let (st, v) = gw.req(Method::DELETE, "/v1/pools/hubbed", None).await;
+        assert!(st == 200 || st == 204, "{st} {v}");
+        let (st, v) = gw.req(Method::DELETE, "/v1/snapshots/hubbed", None).await;
+        assert!(st == 200 || st == 204, "{st} {v}");
+        for p in &pools {
+            let (st, _) = p.get("/v1/snapshots/hubbed/info").await;
+            assert_eq!(st, 404);
+        }
+        let (st, v) = pools[other]
+            .post("/v1/sandboxes", json!({"snapshot_tag": "hubbed"}))
+            .await;
+        assert_eq!(st, 404, "the hub's tag is deleted too: {v}");
+    });
+    drop(gw);
+    drop(pools);
 }

@@ -13,6 +13,7 @@
 //!   set is local, and says why meanwhile.
 
 use forkd_e2e::daemon::{Home, Poold};
+use forkd_e2e::s3::{BUCKET, S3};
 use forkd_e2e::{bin, block_on, create_snapshot, fork, paths};
 use forkd_layers::{ChunkRef, StoreReader};
 use forkd_remote::layout::Key;
@@ -21,104 +22,10 @@ use forkd_snapshot::fork::destroy_all;
 use forkd_snapshot::restore::Source;
 use forkd_snapshot::{Paths, SnapshotError};
 use rootfs_init::protocol::ExecSpec;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::{Command, Stdio};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
-
-const KEY: &str = "forkdlazykey";
-const SECRET: &str = "forkd-lazy-secret-0123456789";
-const BUCKET: &str = "lazy";
-
-/// The s3s-fs binary: $FORKD_TEST_S3S_FS, else /usr/local/bin/s3s-fs.
-fn s3s_fs() -> PathBuf {
-    let p = std::env::var_os("FORKD_TEST_S3S_FS")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/local/bin/s3s-fs"));
-    assert!(
-        p.is_file(),
-        "s3s-fs (the S3 test server) is not installed at {}: cargo install s3s-fs --version 0.14.1 --features binary --locked --root /usr/local",
-        p.display()
-    );
-    p
-}
-
-/// A real S3 server on a free loopback port; killed when dropped.
-struct S3 {
-    child: Option<Child>,
-    root: PathBuf,
-    port: u16,
-}
-
-impl S3 {
-    fn start() -> S3 {
-        let root = PathBuf::from(format!("/tmp/fdt-s3-{}", forkd_snapshot::random_hex(4)));
-        std::fs::create_dir_all(root.join(BUCKET)).unwrap();
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let mut s = S3 {
-            child: None,
-            root,
-            port,
-        };
-        s.run();
-        s
-    }
-
-    fn run(&mut self) {
-        let child = Command::new(s3s_fs())
-            .args(["--host", "127.0.0.1", "--port", &self.port.to_string()])
-            .args(["--access-key", KEY, "--secret-key", SECRET])
-            .arg(&self.root)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("starting s3s-fs");
-        self.child = Some(child);
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "s3s-fs did not start"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// SIGKILL: the hub is gone.
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    fn url(&self, prefix: &str) -> String {
-        format!("s3://{BUCKET}/{prefix}")
-    }
-
-    fn env(&self) -> Vec<(&'static str, String)> {
-        vec![
-            ("AWS_ACCESS_KEY_ID", KEY.into()),
-            ("AWS_SECRET_ACCESS_KEY", SECRET.into()),
-            ("AWS_REGION", "us-east-1".into()),
-            (
-                "AWS_ENDPOINT_URL",
-                format!("http://127.0.0.1:{}", self.port),
-            ),
-        ]
-    }
-}
-
-impl Drop for S3 {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
 
 /// Runs the forkd CLI on data dir `home` with `env`; (success, output).
 fn forkd(home: &Path, args: &[&str], env: &[(&str, String)]) -> (bool, String) {

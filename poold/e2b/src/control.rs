@@ -493,7 +493,7 @@ async fn fork(
         tag: Some(tag.clone()),
         ..Default::default()
     };
-    e.node.branch(&id, b).await?;
+    e.node.branch_to_spawn(&id, b).await?;
     let req = SpawnRequest {
         tag: tag.clone(),
         n: count,

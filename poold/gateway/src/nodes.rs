@@ -178,6 +178,15 @@ impl Node {
         )
     }
 
+    /// Whether the node pulls tags it lacks from a hub (its `/version`
+    /// names one).
+    pub fn has_hub(&self) -> bool {
+        let st = self.state.read().unwrap();
+        st.1.version
+            .as_ref()
+            .is_some_and(|v| v["hub"].as_str().is_some())
+    }
+
     pub fn load(&self) -> usize {
         self.state.read().unwrap().1.sandboxes
     }

@@ -2,8 +2,10 @@
 //!
 //! Order of preference, per child: a node with a ready (pre-restored,
 //! paused) child of the tag — a pool hit, milliseconds; then a node that
-//! holds the snapshot — a restore on demand; among equals, the least
-//! loaded. Ready children are spread: each next child goes to the node with
+//! holds the snapshot — a restore on demand; then, only when no node
+//! holds it, a node that pulls tags it lacks from the hub (a lazy pull:
+//! kilobytes, then chunks as the restore reads them); among equals, the
+//! least loaded. Ready children are spread: each next child goes to the node with
 //! the most ready children left, so `n = 9` over three pools of three takes
 //! three from each rather than draining one pool (which would leave that
 //! node refilling while the others idle).
@@ -19,14 +21,17 @@ pub struct Candidate {
     pub has_snapshot: bool,
     /// Its sandboxes now (the load measure).
     pub load: usize,
+    /// Whether it pulls a tag it lacks from the hub (its `/version`'s `hub`).
+    pub from_hub: bool,
 }
 
 /// `n` children over `candidates`: `(node, how many)` per chosen node, in
 /// the order chosen; `None` when no candidate can restore the tag at all.
 pub fn place(n: usize, candidates: &[Candidate]) -> Option<Vec<(usize, usize)>> {
+    let held = candidates.iter().any(|c| c.has_snapshot || c.ready > 0);
     let mut c: Vec<Candidate> = candidates
         .iter()
-        .filter(|c| c.has_snapshot || c.ready > 0)
+        .filter(|c| c.has_snapshot || c.ready > 0 || (!held && c.from_hub))
         .cloned()
         .collect();
     if c.is_empty() {
@@ -71,6 +76,14 @@ mod tests {
             ready,
             has_snapshot: has,
             load,
+            from_hub: false,
+        }
+    }
+
+    fn hub_node(node: usize, load: usize) -> Candidate {
+        Candidate {
+            from_hub: true,
+            ..cand(node, 0, false, load)
         }
     }
 
@@ -113,6 +126,16 @@ mod tests {
     fn no_node_with_the_snapshot_places_nothing() {
         assert_eq!(place(1, &[cand(0, 0, false, 0)]), None);
         assert_eq!(place(1, &[]), None);
+    }
+
+    #[test]
+    fn a_hub_node_restores_only_when_no_node_holds_the_tag() {
+        // A holder restores locally rather than a hub node pulling.
+        let c = [hub_node(0, 0), cand(1, 0, true, 9)];
+        assert_eq!(place(2, &c).unwrap(), vec![(1, 2)]);
+        // No holder: the hub nodes pull, the least loaded first.
+        let c = [hub_node(0, 3), hub_node(1, 0), cand(2, 0, false, 0)];
+        assert_eq!(sorted(place(4, &c).unwrap()), vec![(0, 1), (1, 3)]);
     }
 
     #[test]

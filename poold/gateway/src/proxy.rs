@@ -256,6 +256,7 @@ fn candidates(nodes: &[Arc<Node>], tag: &str, failed: &HashSet<usize>) -> Vec<Ca
                 ready,
                 has_snapshot,
                 load,
+                from_hub: n.has_hub(),
             }
         })
         .collect()
@@ -734,8 +735,11 @@ async fn any_node(State(app): State<App>, req: Request) -> Reply {
 }
 
 /// Snapshot deletes and compactions, pool settings: sent to every healthy
-/// node that holds the tag. The first failure is the answer; else the
-/// first success (a pool's summed status for pool settings).
+/// node that holds the tag — and a pool setting also to every node with a
+/// hub, which pulls the tag to fill its pool (a hub node whose hub lacks
+/// the tag answers 404: that node is left out, not the request failed).
+/// The first failure is the answer; else the first success (a pool's
+/// summed status for pool settings).
 async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: Request) -> Reply {
     let (parts, body) = req.into_parts();
     let body = axum::body::to_bytes(body, MAX_JSON_BODY)
@@ -743,12 +747,19 @@ async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: R
         .map_err(|_| GatewayError::BodyTooLarge {
             limit: MAX_JSON_BODY,
         })?;
-    let holders: Vec<Arc<Node>> = app
-        .reg
-        .up_nodes()
-        .into_iter()
-        .filter(|n| n.for_tag(&tag).1)
-        .collect();
+    let pool_put = parts.method == Method::PUT && parts.uri.path().starts_with("/v1/pools/");
+    let up = app.reg.up_nodes();
+    let holders: Vec<Arc<Node>> = up.iter().filter(|n| n.for_tag(&tag).1).cloned().collect();
+    let from_hub: Vec<Arc<Node>> = if pool_put && !holders.is_empty() {
+        up.iter()
+            .filter(|n| !n.for_tag(&tag).1 && n.has_hub())
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let n_holders = holders.len();
+    let holders: Vec<Arc<Node>> = holders.into_iter().chain(from_hub).collect();
     if holders.is_empty() {
         return Err(GatewayError::NoNodeHolds {
             tag,
@@ -771,8 +782,11 @@ async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: R
     let results = futures::future::join_all(sends).await;
     let mut first_ok = None;
     let mut pools = Vec::new();
-    for r in results {
+    for (i, r) in results.into_iter().enumerate() {
         let r = r?;
+        if i >= n_holders && r.status == StatusCode::NOT_FOUND {
+            continue;
+        }
         if !r.status.is_success() {
             return Ok(with_unreachable(r.into_response(), &app.reg.down().0));
         }

@@ -2,8 +2,11 @@
 //! in a line or two (docs/hub.md, "Lazy pulls").
 //!
 //! - [`HubConfig`]: a `[hub]` section for poold's config (`url`,
-//!   `token_file`, `pull = "full" | "lazy"`, `tags`), and
-//!   [`pull_configured`], which pulls those tags at start;
+//!   `token_file`, `pull = "full" | "lazy"`, `tags`, `push`, `on_demand`),
+//!   [`pull_configured`], which pulls those tags at start, and the calls a
+//!   node makes of its hub while it runs: [`fetch_tag`] (a tag it lacks),
+//!   [`push_tag`] (a snapshot it made) and [`unpublish_tag`] (one it
+//!   deleted);
 //! - [`start_filling`]: after a lazy pull, make sure forkd-fs runs on the
 //!   data dir (it fetches what reads need and fills the rest);
 //! - the read side (how much is local, whether a pool may refill) is the
@@ -14,11 +17,11 @@ use crate::transfer::{pull, PullOptions, TransferReport};
 use anyhow::{Context, Result};
 use forkd_remote::{read_token, Hub};
 use forkd_snapshot::Paths;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 
 /// How a pull moves chunks.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum PullMode {
     /// Every chunk before the pull returns.
@@ -37,8 +40,10 @@ pub enum PullMode {
 /// token_file = "/etc/forkd/hub-token"   # HTTP hubs; S3 uses AWS_* from poold's environment
 /// pull = "lazy"                  # or "full" (default)
 /// tags = ["py", "node"]
+/// push = true                    # snapshots made here are pushed (cluster-wide tags)
+/// on_demand = true               # a spawn or pool of a tag this node lacks pulls it (default)
 /// ```
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct HubConfig {
     /// The hub URL.
@@ -55,6 +60,94 @@ pub struct HubConfig {
     /// Refuse snapshots whose QEMU or machine differs from this host.
     #[serde(default)]
     pub strict: bool,
+    /// Push every snapshot this node creates, branches or compacts, under
+    /// its tag, and delete the hub's tag when the node deletes the
+    /// snapshot it points at: tags become cluster-wide (docs/cluster.md).
+    #[serde(default)]
+    pub push: bool,
+    /// A spawn or pool of a tag this node lacks pulls it from the hub first
+    /// (in `pull` mode). Default on.
+    #[serde(default = "yes")]
+    pub on_demand: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl HubConfig {
+    /// The hub, opened with the configured token. Each operation opens its
+    /// own: a client's pooled connections belong to the runtime that made
+    /// them, and every operation here runs on a runtime of its own.
+    fn open(&self) -> Result<Hub> {
+        read_token(self.token_file.as_ref())
+            .and_then(|t| Hub::open(&self.url, t))
+            .with_context(|| format!("opening hub {}", self.url))
+    }
+}
+
+/// A current-thread runtime for one transfer on a blocking thread.
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting a runtime for a hub transfer")
+}
+
+/// Pulls `tag` from the hub of `cfg` into the data dir at `paths` when the
+/// hub has it (lazily in `lazy` mode, then forkd-fs fills it); `Ok(None)`
+/// when the hub has no such tag. Blocking, like [`pull_configured`].
+pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<TransferReport>> {
+    let hub = cfg.open()?;
+    let key = forkd_remote::Key::tag(tag)?;
+    let rt = runtime()?;
+    if rt.block_on(hub.get(&key))?.is_none() {
+        return Ok(None);
+    }
+    let opts = PullOptions {
+        strict: cfg.strict,
+        quiet: true,
+        lazy: cfg.pull == PullMode::Lazy,
+        ..Default::default()
+    };
+    let store = forkd_snapshot::store::open_rw(paths)?;
+    let r = rt.block_on(pull(store.shared(), &hub, tag, &opts))?;
+    drop(store);
+    if opts.lazy {
+        start_filling(paths, Some(r.snapshot))?;
+    }
+    Ok(Some(r))
+}
+
+/// Pushes local snapshot `tag` to the hub of `cfg` under the same tag
+/// (only the chunks the hub lacks). Blocking; holds this process's turn
+/// to write the store while it runs (the transfer reads through it).
+pub fn push_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<TransferReport> {
+    let hub = cfg.open()?;
+    let rt = runtime()?;
+    let store = forkd_snapshot::store::open_rw(paths)?;
+    let opts = crate::transfer::PushOptions {
+        quiet: true,
+        ..Default::default()
+    };
+    rt.block_on(crate::transfer::push(store.shared(), tag, &hub, &opts))
+}
+
+/// Deletes the hub's tag `tag` if it still names snapshot `id` (a tag
+/// another node moved since is left alone); the snapshot's objects stay
+/// for the hub's own GC. Whether it deleted. Blocking.
+pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -> Result<bool> {
+    let hub = cfg.open()?;
+    let rt = runtime()?;
+    let key = forkd_remote::Key::tag(tag)?;
+    let Some(bytes) = rt.block_on(hub.get(&key))? else {
+        return Ok(false);
+    };
+    if forkd_remote::layout::TagObject::decode(tag, &bytes)?.snapshot != id {
+        return Ok(false);
+    }
+    rt.block_on(hub.delete(&key))?;
+    Ok(true)
 }
 
 /// Pulls every tag of `cfg` into the data dir at `paths`, moving a local
@@ -63,10 +156,7 @@ pub struct HubConfig {
 /// from `spawn_blocking`. A lazy pull returns once records and manifests
 /// are in; forkd-fs (started here if needed) fills the rest.
 pub fn pull_configured(paths: &Paths, cfg: &HubConfig) -> Vec<(String, Result<TransferReport>)> {
-    let hub = match read_token(cfg.token_file.as_ref())
-        .and_then(|t| Hub::open(&cfg.url, t))
-        .with_context(|| format!("opening hub {}", cfg.url))
-    {
+    let hub = match cfg.open() {
         Ok(h) => h,
         Err(e) => {
             let msg = format!("{e:#}");
@@ -99,11 +189,7 @@ pub fn pull_configured(paths: &Paths, cfg: &HubConfig) -> Vec<(String, Result<Tr
 
 fn pull_one(paths: &Paths, hub: &Hub, tag: &str, opts: &PullOptions) -> Result<TransferReport> {
     let store = forkd_snapshot::store::open_rw(paths)?;
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting a runtime for the pull")?;
-    rt.block_on(pull(store.shared(), hub, tag, opts))
+    runtime()?.block_on(pull(store.shared(), hub, tag, opts))
 }
 
 /// Makes sure forkd-fs serves the data dir, and sees the store's latest
@@ -141,6 +227,10 @@ tags = ["py"]"#,
         assert_eq!(c.tags, ["py"]);
         let c: HubConfig = toml::from_str(r#"url = "file:///h""#).unwrap();
         assert_eq!(c.pull, PullMode::Full);
+        assert!(
+            !c.push && c.on_demand,
+            "push is asked for; on_demand is the default"
+        );
         assert!(toml::from_str::<HubConfig>(
             r#"url = "x"
 pull = "sometimes""#

@@ -12,7 +12,8 @@
 //! | [`Node::find_by_token`], [`Node::snapshot_machine`] | what front-ends route and report by |
 //! | [`Node::ping`], [`Node::exec`], [`Node::exec_stream`], [`Node::pty`], [`Node::eval`], [`Node::logs`] | what runs in a sandbox |
 //! | [`Node::read_file`], [`Node::write_file`], [`Node::list_dir`], [`Node::stat`], [`Node::mkdir`], [`Node::remove`] | a sandbox's files |
-//! | [`Node::branch`] | a running sandbox into a new snapshot |
+//! | [`Node::branch`], [`Node::branch_to_spawn`] | a running sandbox into a new snapshot |
+//! | [`Node::attach_hub`], [`Node::hub_description`] | the hub tags come from and snapshots go to (`hub`) |
 //! | [`Node::pools`], [`Node::pool`], [`Node::set_pool`], [`Node::delete_pool`] | warm pools |
 //! | [`Node::snapshots`], [`Node::snapshot_details`], [`Node::create_snapshot`], [`Node::delete_snapshot`], [`Node::compact_snapshot`] | snapshots |
 //! | [`Node::create_workspace`], [`Node::suspend_workspace`], [`Node::resume_workspace`], [`Node::workspace`], [`Node::workspaces`], [`Node::delete_workspace`] | workspaces |
@@ -35,7 +36,7 @@ use crate::snapshots::SnapshotDetails;
 use crate::spawn::SpawnRequest;
 use crate::state::SandboxRecord;
 use crate::workspace::paused::{self, PausedSandbox};
-use crate::{adopt, branch, guest, reaper, refill, snapshots, spawn, workspace};
+use crate::{adopt, branch, guest, hub, reaper, refill, snapshots, spawn, workspace};
 use forkd_api::{BranchBody, CreateSnapshotBody, CreateWorkspaceBody, SnapshotInfo, WorkspaceInfo};
 use forkd_snapshot::Paths;
 use std::future::Future;
@@ -103,6 +104,17 @@ impl Node {
         }
     }
 
+    /// Attaches the hub this node pulls tags it lacks from and pushes the
+    /// snapshots it makes to (poold's `[hub]`); once, before it serves.
+    pub fn attach_hub(&self, hub: Arc<dyn hub::SnapshotHub>) -> Result<()> {
+        self.set_hub(hub)
+    }
+
+    /// The hub, described (no credentials), if the node has one.
+    pub fn hub_description(&self) -> Option<String> {
+        self.hub().map(|h| h.describe())
+    }
+
     /// This node's name in a cluster (`node_name`), if it has one.
     pub fn name(&self) -> Option<&str> {
         self.cfg.node_name.as_deref()
@@ -152,7 +164,11 @@ impl Node {
     /// answers once every child's agent answered. All or nothing.
     pub async fn spawn(self: &Arc<Self>, req: SpawnRequest) -> Result<Vec<SandboxRecord>> {
         let n = self.clone();
-        detached(async move { spawn::spawn(&n, req, None, None).await }).await
+        detached(async move {
+            hub::ensure_local(&n, &req.tag).await?;
+            spawn::spawn(&n, req, None, None).await
+        })
+        .await
     }
 
     /// Sandbox `id`'s record.
@@ -408,9 +424,21 @@ impl Node {
 
     /// Branches sandbox `id` into a new snapshot, with forkd's request
     /// fields and rules.
+    /// The stored branch is pushed to the node's hub when it pushes.
     pub async fn branch(self: &Arc<Self>, id: &str, b: BranchBody) -> Result<branch::Branched> {
         let (n, id) = (self.clone(), id.to_string());
-        detached(async move { branch::branch(&n, &id, &b, None).await }).await
+        detached(async move { branch::branch(&n, &id, &b, None, true).await }).await
+    }
+
+    /// [`Node::branch`] for a snapshot made only to spawn from on this
+    /// node (E2B's fork): never pushed to the hub.
+    pub async fn branch_to_spawn(
+        self: &Arc<Self>,
+        id: &str,
+        b: BranchBody,
+    ) -> Result<branch::Branched> {
+        let (n, id) = (self.clone(), id.to_string());
+        detached(async move { branch::branch(&n, &id, &b, None, false).await }).await
     }
 
     /// Every pool's status.
@@ -425,7 +453,11 @@ impl Node {
     }
 
     /// Sizes `tag`'s pool (persisted).
+    /// A tag this node lacks is pulled from its hub first (`hub`).
     pub async fn set_pool(self: &Arc<Self>, tag: &str, spec: PoolSpec) -> Result<PoolStatus> {
+        if spec.max() > 0 {
+            hub::ensure_local(self, tag).await?;
+        }
         refill::set_pool(self, tag, spec).await
     }
 
@@ -447,7 +479,12 @@ impl Node {
     /// Boots a parent from an image, warms it up, snapshots it.
     pub async fn create_snapshot(self: &Arc<Self>, b: CreateSnapshotBody) -> Result<SnapshotInfo> {
         let n = self.clone();
-        detached(async move { snapshots::create(&n, b).await }).await
+        detached(async move {
+            let info = snapshots::create(&n, b).await?;
+            hub::publish(&n, &info.tag);
+            Ok(info)
+        })
+        .await
     }
 
     /// Deletes snapshot `tag` (forkd's rules for dependents: refused,
@@ -459,7 +496,13 @@ impl Node {
         force: bool,
     ) -> Result<()> {
         let (n, tag) = (self.clone(), tag.to_string());
-        detached(async move { snapshots::delete(&n, &tag, cascade, force).await }).await
+        detached(async move {
+            let id = snapshots::resolve(&n, &tag).await?.id;
+            snapshots::delete(&n, &tag, cascade, force).await?;
+            hub::unpublish(&n, &tag, id).await;
+            Ok(())
+        })
+        .await
     }
 
     /// Marks snapshot `tag` to be deleted (with the store's GC after it)
@@ -473,7 +516,12 @@ impl Node {
     /// A parentless copy `to` of snapshot `tag`.
     pub async fn compact_snapshot(self: &Arc<Self>, tag: &str, to: &str) -> Result<SnapshotInfo> {
         let (n, tag, to) = (self.clone(), tag.to_string(), to.to_string());
-        detached(async move { snapshots::compact(&n, &tag, &to).await }).await
+        detached(async move {
+            let info = snapshots::compact(&n, &tag, &to).await?;
+            hub::publish(&n, &info.tag);
+            Ok(info)
+        })
+        .await
     }
 
     /// Records a workspace and spawns its sandbox.

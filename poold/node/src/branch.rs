@@ -76,12 +76,15 @@ fn mode_of(b: &BranchBody) -> Result<Mode> {
 
 /// Branches sandbox `id` as `b` asks; `workspace` (set by a workspace
 /// suspend, never by a caller) goes in the snapshot's lineage so
-/// leftovers can be told apart.
+/// leftovers can be told apart. With `publish`, the stored branch is
+/// pushed to the node's hub (`hub::publish`): not for a workspace's
+/// memory or a branch made only to spawn from here.
 pub(crate) async fn branch(
     n: &Arc<Node>,
     id: &str,
     b: &BranchBody,
     workspace: Option<&str>,
+    publish: bool,
 ) -> Result<Branched> {
     // 1. The tag rule.
     let tag = match &b.tag {
@@ -172,6 +175,9 @@ pub(crate) async fn branch(
             bound_disk_chain(&sb, rootfs).await;
             // The slot first: once the tag reads "ready" a new branch fits.
             drop((slot, guard, claim));
+            if r.is_ok() && publish {
+                crate::hub::publish(&n, &tag);
+            }
             r.map(|b| (b, t0.elapsed().as_secs_f64() * 1e3))
         }
     };

@@ -15,6 +15,7 @@
 //!  workspace::paused                 paused sandboxes (E2B's pause) as workspaces
 //!  adopt  refill  workspace          after a restart; pool refills; named sandboxes
 //!  branch  reaper  spawn             branches; TTLs and GC; spawns
+//!  hub                               a tag fetched, a snapshot pushed (the node's hub)
 //!  mount_watch  snapshots            the mount healed; snapshots as the node does them
 //!  guest  parking  teardown          what runs in a sandbox; parked memory; how VMs end
 //!  node                              the Node: tables, caps, admission
@@ -31,6 +32,7 @@ mod branch;
 pub mod config;
 pub mod error;
 mod guest;
+pub mod hub;
 pub mod limits;
 mod metrics;
 mod mount_watch;
@@ -58,6 +60,7 @@ pub use guest::{
     FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
     WriteHow,
 };
+pub use hub::{HubFuture, SnapshotHub};
 pub use mount_watch::{Cause as MountCause, MountHealth, Recovery as MountRecovery};
 pub use node::Node;
 pub use pool::PoolStatus;

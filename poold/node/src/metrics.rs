@@ -36,6 +36,9 @@ pub struct Metrics {
     pub mount_recoveries: IntCounterVec,
     /// Sandboxes destroyed because the mount connection they mapped died.
     pub sandboxes_lost: IntCounter,
+    /// Background pushes to the hub of snapshots made here; label
+    /// `outcome` (`ok`, `error`).
+    pub hub_pushes: IntCounterVec,
 }
 
 impl Metrics {
@@ -110,6 +113,15 @@ impl Metrics {
             "Sandboxes destroyed because the forkd-fs connection they mapped died",
         )
         .unwrap();
+        let hub_pushes = IntCounterVec::new(
+            Opts::new(
+                "forkd_hub_pushes_total",
+                "Snapshots made here pushed to the hub in the background",
+            ),
+            &["outcome"],
+        )
+        .unwrap();
+        reg(Box::new(hub_pushes.clone()));
         reg(Box::new(mount_recoveries.clone()));
         reg(Box::new(sandboxes_lost.clone()));
         reg(Box::new(snapshots.clone()));
@@ -136,6 +148,7 @@ impl Metrics {
             cpu_seconds,
             mount_recoveries,
             sandboxes_lost,
+            hub_pushes,
         }
     }
 

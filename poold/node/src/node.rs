@@ -67,10 +67,27 @@ pub struct Node {
     reserved: AtomicUsize,
     /// `node_name`'s token, minted into every id ([`Node::new_id`]).
     id_token: Option<String>,
+    /// The hub snapshots come from and go to, once poold attaches one
+    /// (`hub`).
+    hub: std::sync::OnceLock<Arc<dyn crate::hub::SnapshotHub>>,
+    /// Held by the one hub fetch in flight (`hub::ensure_local`).
+    pub(crate) hub_fetch: tokio::sync::Mutex<()>,
     _lock: InstanceLock,
 }
 
 impl Node {
+    /// The node's hub, if poold attached one.
+    pub(crate) fn hub(&self) -> Option<Arc<dyn crate::hub::SnapshotHub>> {
+        self.hub.get().cloned()
+    }
+
+    /// Attaches the hub (once; a second is refused).
+    pub(crate) fn set_hub(&self, hub: Arc<dyn crate::hub::SnapshotHub>) -> Result<()> {
+        self.hub
+            .set(hub)
+            .map_err(|_| Error::internal("the node already has a hub"))
+    }
+
     /// A new sandbox or VM id: `sb-` + 24 hex digits, unguessable, with
     /// this node's token in front when it has a name
     /// ([`forkd_api::ids::mint_id`]).
@@ -323,6 +340,8 @@ async fn assemble(
         writing: Mutex::new(HashSet::new()),
         reserved: Default::default(),
         id_token: cfg.node_name.as_deref().map(forkd_api::ids::node_token),
+        hub: std::sync::OnceLock::new(),
+        hub_fetch: tokio::sync::Mutex::new(()),
         accel,
         cfg,
         _lock: lock,

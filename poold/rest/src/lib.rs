@@ -249,7 +249,7 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 /// accelerator poold resolved at start and whether QEMUs are jailed, so a
 /// client can tell a KVM host from a weaker TCG one (docs/security.md).
 #[utoipa::path(get, path = "/version", tag = "status",
-    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation, node}` (`node`: the node's name, null without one)", body = Object)))]
+    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation, node, hub}` (`node`: the node's name, null without one; `hub`: the hub URL tags this node lacks come from, null without one)", body = Object)))]
 async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
     let h = d.health();
     Json(serde_json::json!({
@@ -260,6 +260,7 @@ async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
         "accelerator": h.accelerator,
         "jail": h.jail,
         "isolation": h.isolation,
+        "hub": d.hub_description(),
     }))
 }
 

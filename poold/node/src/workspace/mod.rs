@@ -244,7 +244,7 @@ pub(crate) async fn suspend(n: &Arc<Node>, name: &str) -> Result<WorkspaceRecord
         mode: Some("full".into()),
         ..Default::default()
     };
-    let info = match crate::branch::branch(n, &sb, &b, Some(&w.id)).await {
+    let info = match crate::branch::branch(n, &sb, &b, Some(&w.id), false).await {
         Ok(b) => b.info,
         Err(e) => {
             change_logged(n, name, |w| {
