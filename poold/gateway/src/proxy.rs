@@ -750,7 +750,7 @@ async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: R
     let pool_put = parts.method == Method::PUT && parts.uri.path().starts_with("/v1/pools/");
     let up = app.reg.up_nodes();
     let holders: Vec<Arc<Node>> = up.iter().filter(|n| n.for_tag(&tag).1).cloned().collect();
-    let from_hub: Vec<Arc<Node>> = if pool_put && !holders.is_empty() {
+    let from_hub: Vec<Arc<Node>> = if pool_put {
         up.iter()
             .filter(|n| !n.for_tag(&tag).1 && n.has_hub())
             .cloned()
@@ -781,10 +781,12 @@ async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: R
     });
     let results = futures::future::join_all(sends).await;
     let mut first_ok = None;
+    let mut hub_lacks = None;
     let mut pools = Vec::new();
     for (i, r) in results.into_iter().enumerate() {
         let r = r?;
         if i >= n_holders && r.status == StatusCode::NOT_FOUND {
+            hub_lacks.get_or_insert(r);
             continue;
         }
         if !r.status.is_success() {
@@ -798,6 +800,10 @@ async fn on_every_holder(State(app): State<App>, Path(tag): Path<String>, req: R
         first_ok.get_or_insert(r);
     }
     let missing = app.reg.down().0;
+    if let (None, Some(r)) = (&first_ok, hub_lacks) {
+        // No node holds it and no node's hub has it: the nodes' 404.
+        return Ok(with_unreachable(r.into_response(), &missing));
+    }
     if !pools.is_empty() {
         let merged = merge_pools(pools.into_iter()).pop().unwrap_or(Value::Null);
         return Ok(with_unreachable(Json(merged).into_response(), &missing));

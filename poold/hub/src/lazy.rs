@@ -113,9 +113,9 @@ pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<Tra
     let store = forkd_snapshot::store::open_rw(paths)?;
     let r = rt.block_on(pull(store.shared(), &hub, tag, &opts))?;
     drop(store);
-    if opts.lazy {
-        start_filling(paths, Some(r.snapshot))?;
-    }
+    // The mount must see the new tag before the caller restores from it; a
+    // lazy snapshot's working set starts arriving now too.
+    start_filling(paths, opts.lazy.then_some(r.snapshot))?;
     Ok(Some(r))
 }
 
