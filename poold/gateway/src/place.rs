@@ -5,10 +5,10 @@
 //! holds the snapshot — a restore on demand; then, only when no node
 //! holds it, a node that pulls tags it lacks from the hub (a lazy pull:
 //! kilobytes, then chunks as the restore reads them); among equals, the
-//! least loaded. Ready children are spread: each next child goes to the node with
-//! the most ready children left, so `n = 9` over three pools of three takes
-//! three from each rather than draining one pool (which would leave that
-//! node refilling while the others idle).
+//! least loaded. Ready children are spread: each next child goes to the
+//! node with the most ready children left, so `n = 9` over three pools of
+//! three takes three from each rather than draining one pool (which would
+//! leave that node refilling while the others idle).
 
 /// What placement knows of one node for one tag.
 #[derive(Debug, Clone, PartialEq, Eq)]

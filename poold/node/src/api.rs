@@ -423,8 +423,8 @@ impl Node {
     }
 
     /// Branches sandbox `id` into a new snapshot, with forkd's request
-    /// fields and rules.
-    /// The stored branch is pushed to the node's hub when it pushes.
+    /// fields and rules; the stored branch is pushed to the node's hub
+    /// when it pushes.
     pub async fn branch(self: &Arc<Self>, id: &str, b: BranchBody) -> Result<branch::Branched> {
         let (n, id) = (self.clone(), id.to_string());
         detached(async move { branch::branch(&n, &id, &b, None, true).await }).await
@@ -452,8 +452,8 @@ impl Node {
         Ok(self.pools.status_of(tag))
     }
 
-    /// Sizes `tag`'s pool (persisted).
-    /// A tag this node lacks is pulled from its hub first (`hub`).
+    /// Sizes `tag`'s pool (persisted); a tag this node lacks is pulled
+    /// from its hub first (`hub`).
     pub async fn set_pool(self: &Arc<Self>, tag: &str, spec: PoolSpec) -> Result<PoolStatus> {
         if spec.max() > 0 {
             hub::ensure_local(self, tag).await?;
