@@ -95,6 +95,7 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
     )
     .await?;
     node.start_background();
+    let e2b_planes = e2b.as_ref().map(forkd_e2b::Bound::planes).transpose()?;
     let rest = forkd_rest::server::app(
         node,
         forkd_rest::server::Options {
@@ -103,6 +104,7 @@ pub async fn run(paths: Paths, cfg: Config) -> Result<()> {
             audit,
             transfers,
             pages: forkd_console::router(),
+            e2b: e2b_planes,
         },
     );
     let listener = match &cfg.unix {

@@ -13,6 +13,8 @@ pub struct Gateway {
     child: Child,
     pub url: String,
     pub client: Client,
+    /// The E2B API and sandbox-plane URLs, when started with `--e2b-bind`.
+    pub e2b: Option<(String, String)>,
 }
 
 impl Gateway {
@@ -45,16 +47,30 @@ impl Gateway {
             .spawn()
             .unwrap();
         let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
         let url = line
             .trim()
             .strip_prefix("forkd-gateway listening on ")
             .unwrap_or_else(|| panic!("gateway did not start: {line:?}"))
             .to_string();
+        // "forkd-gateway E2B API on http://A sandboxes on http://B"
+        let e2b = args.contains(&"--e2b-bind").then(|| {
+            let mut l = String::new();
+            stdout.read_line(&mut l).unwrap();
+            let w: Vec<&str> = l.split_whitespace().collect();
+            match (w.get(4), w.get(7)) {
+                (Some(a), Some(b)) => (a.to_string(), b.to_string()),
+                _ => panic!("no E2B listener line: {l:?}"),
+            }
+        });
         let client = Client::new(&url, token.map(str::to_string)).unwrap();
-        Gateway { child, url, client }
+        Gateway {
+            child,
+            url,
+            client,
+            e2b,
+        }
     }
 
     pub async fn req(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {

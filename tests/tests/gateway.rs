@@ -1,6 +1,8 @@
 //! The cluster gateway in front of three real poold nodes (docs/cluster.md):
 //! placement over warm pools, per-sandbox routing with streamed bodies, the
-//! `forkd` CLI through it, a node killed mid-run and rejoining, and a
+//! `forkd` CLI and the unmodified E2B SDK (tests/python/e2b_gateway.py,
+//! newest and oldest supported) through it, a node killed mid-run and
+//! rejoining, and a
 //! gateway restart that loses nothing (ids carry their node's token, so a
 //! new replica routes them, and names a dead node, without asking).
 //!
@@ -15,7 +17,7 @@ use forkd_e2e::daemon::{ids, Home, Poold};
 use forkd_e2e::gateway::Gateway;
 use forkd_e2e::s3::S3;
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::process::Command;
 use std::time::Duration;
 
@@ -64,7 +66,11 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     let mut pools: Vec<Option<Poold>> = homes
         .iter()
         .zip(names)
-        .map(|(h, name)| Some(Poold::start(&h.dir, &["--node-name", name], None)))
+        .map(|(h, name)| {
+            let mut args = vec!["--node-name", name];
+            args.extend(NODE_E2B);
+            Some(Poold::start(&h.dir, &args, None))
+        })
         .collect();
     let urls: Vec<String> = pools
         .iter()
@@ -84,7 +90,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         futures::future::join_all(snaps).await;
     });
 
-    let mut gw = Gateway::start(&node_list);
+    let mut gw = Gateway::start_with(&node_list, &GATEWAY_E2B, None);
     block_on(async {
         gw.wait_nodes("up", |s| s.len() == 3 && s.values().all(|h| h == "up"))
             .await;
@@ -211,6 +217,43 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     let out = forkd_cli(&gw, &["exec", &spawned[4], "--", "echo", "via-cli"]);
     assert!(out.contains("via-cli"), "{out}");
 
+    // The unmodified E2B SDK through the gateway's E2B planes: the newest
+    // and the oldest supported (whose connect names no sandbox, so the
+    // gateway finds it by its access token).
+    for (var, count) in [
+        ("FORKD_TEST_PYTHON", 3),
+        ("FORKD_TEST_PYTHON_E2B_OLDEST", 2),
+    ] {
+        block_on(async {
+            for p in pools.iter().flatten() {
+                p.wait_pool(TAG, 3).await;
+            }
+            // Let a poll see the full pools before placing.
+            tokio::time::sleep(Duration::from_millis(600)).await;
+        });
+        let left = e2b_sdk(&gw, var, count);
+        block_on(async {
+            let placed = where_are(&names, &pools).await;
+            let on: HashSet<&String> = left.iter().map(|id| &placed[id]).collect();
+            // Three creates over three full pools: one on each node, and
+            // the script killed the last, so two nodes hold the rest.
+            assert_eq!(on.len(), left.len(), "{left:?} on {on:?}");
+            for id in &left {
+                assert_eq!(
+                    e2b_call(
+                        &gw,
+                        reqwest::Method::DELETE,
+                        &format!("/sandboxes/{id}"),
+                        None
+                    )
+                    .await
+                    .0,
+                    204
+                );
+            }
+        });
+    }
+
     // Node b dies (SIGKILL: its children live on, unreachable through it).
     let b_ids: Vec<String> = block_on(async {
         let placed = where_are(&names, &pools).await;
@@ -226,6 +269,33 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         let (st, v) = gw.exec(&b_ids[0], &["true"]).await;
         assert_eq!(st, 410, "{v}");
         assert!(v["error"].as_str().unwrap().contains("node b"), "{v}");
+        // E2B's planes say the same, in E2B's error shape.
+        let (st, v) = e2b_call(
+            &gw,
+            reqwest::Method::GET,
+            &format!("/sandboxes/{}", b_ids[0]),
+            None,
+        )
+        .await;
+        assert_eq!(st, 410, "{v}");
+        assert!(v["message"].as_str().unwrap().contains("node b"), "{v}");
+        let (st, v) = e2b_call(
+            &gw,
+            reqwest::Method::POST,
+            "/sandboxes",
+            Some(json!({"templateID": TAG})),
+        )
+        .await;
+        assert_eq!(st, 201, "an E2B create with node b down: {v}");
+        let id = v["sandboxID"].as_str().unwrap();
+        let (st, _) = e2b_call(
+            &gw,
+            reqwest::Method::DELETE,
+            &format!("/sandboxes/{id}"),
+            None,
+        )
+        .await;
+        assert_eq!(st, 204);
         // Spawns keep working, on the nodes that are up.
         let (st, v) = gw
             .req(
@@ -254,7 +324,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
 
     // A gateway restart loses nothing: it knows no ids, and finds them.
     drop(gw);
-    gw = Gateway::start(&node_list);
+    gw = Gateway::start_with(&node_list, &GATEWAY_E2B, None);
     block_on(async {
         gw.wait_nodes("a, c up", |s| s["a"] == "up" && s["c"] == "up")
             .await;
@@ -276,6 +346,10 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
             urls[1].trim_start_matches("http://"),
             "--node-name",
             "b",
+            NODE_E2B[0],
+            NODE_E2B[1],
+            NODE_E2B[2],
+            NODE_E2B[3],
         ],
         None,
     ));
@@ -296,6 +370,72 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         let (_, v) = gw.req(Method::GET, "/v1/sandboxes", None).await;
         assert_eq!(ids(&v), Vec::<String>::new());
     });
+}
+
+/// poold's E2B planes on ephemeral loopback ports.
+const NODE_E2B: [&str; 4] = [
+    "--e2b-bind",
+    "127.0.0.1:0",
+    "--e2b-sandbox-bind",
+    "127.0.0.1:0",
+];
+/// The gateway's, likewise.
+const GATEWAY_E2B: [&str; 4] = NODE_E2B;
+
+/// Runs tests/python/e2b_gateway.py with the Python in `var` against the
+/// gateway's E2B planes; the ids of the sandboxes it left running.
+fn e2b_sdk(gw: &Gateway, var: &str, count: usize) -> Vec<String> {
+    let py = std::env::var(var).unwrap_or_else(|_| {
+        panic!("{var} is not set: scripts/test.sh installs the test clients and sets it")
+    });
+    let (api, sbx) = gw.e2b.clone().expect("the gateway serves E2B");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("python/e2b_gateway.py");
+    let out = Command::new(py)
+        .arg(script)
+        .arg(TAG)
+        .arg(count.to_string())
+        .env("E2B_API_URL", api)
+        .env("E2B_SANDBOX_URL", sbx)
+        .env("E2B_API_KEY", "e2b_gateway_test")
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .env_remove("E2B_ACCESS_TOKEN")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("E2B GATEWAY OK"),
+        "the E2B SDK through the gateway ({var}) failed:\n{stdout}\n{stderr}"
+    );
+    let ids = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("IDS "))
+        .expect("the script prints the ids it left");
+    serde_json::from_str(ids).unwrap()
+}
+
+/// One call to the gateway's E2B control plane: status and JSON body.
+async fn e2b_call(
+    gw: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    let (api, _) = gw.e2b.clone().expect("the gateway serves E2B");
+    let mut rb = reqwest::Client::new()
+        .request(method, format!("{api}{path}"))
+        .header("X-API-KEY", "e2b_gateway_test");
+    if let Some(b) = body {
+        rb = rb.json(&b);
+    }
+    let r = rb.send().await.unwrap();
+    let st = r.status().as_u16();
+    let bytes = r.bytes().await.unwrap();
+    (
+        st,
+        serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null),
+    )
 }
 
 /// The `forkd-unreachable-nodes` header of `GET /v1/sandboxes`.

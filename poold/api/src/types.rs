@@ -525,3 +525,17 @@ pub struct EffectivePolicySchema {
     /// Resolvers reachable on port 53; empty when DNS is closed.
     dns: Vec<String>,
 }
+
+/// Where a node serves the E2B planes, in its `GET /version` (`"e2b"`), so
+/// a gateway can route E2B clients to it (docs/cluster.md, "E2B through
+/// the gateway"). Ports only: the gateway reaches them at the host it
+/// reaches the node's `/v1` at.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+pub struct E2bPlanes {
+    /// The control plane's port (`E2B_API_URL`).
+    pub api_port: u16,
+    /// The sandbox plane's port (`E2B_SANDBOX_URL`).
+    pub sandbox_port: u16,
+    /// The domain its sandbox URLs live under (`<port>-<id>.<domain>`).
+    pub domain: String,
+}

@@ -49,14 +49,8 @@ impl E2bConfig {
         let Some(d) = &self.sandbox_domain else {
             return Ok(format!("localhost:{plane_port}"));
         };
-        let d = d.trim().trim_end_matches('.').to_ascii_lowercase();
-        let ok = d
-            .parse::<axum::http::uri::Authority>()
-            .is_ok_and(|a| a.as_str() == d && !d.contains('@') && !a.host().is_empty());
-        if !ok || d.starts_with('.') || d.contains('/') {
-            bail!("bad e2b.sandbox_domain {d:?}: want a DNS name with an optional port, e.g. sandboxes.example.com or localhost:3001");
-        }
-        Ok(d)
+        forkd_edge::hosts::sandbox_domain(d)
+            .map_err(|e| anyhow::anyhow!("bad e2b.sandbox_domain {e}"))
     }
 
     /// Checks the addresses and that a non-loopback one has a key.

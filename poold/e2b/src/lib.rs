@@ -100,6 +100,16 @@ impl Bound {
         )
     }
 
+    /// Where the planes listen, for poold's `GET /version` (a gateway in
+    /// front routes E2B clients by it).
+    pub fn planes(&self) -> Result<forkd_api::E2bPlanes> {
+        Ok(forkd_api::E2bPlanes {
+            api_port: self.control.local_addr()?.port(),
+            sandbox_port: self.plane.local_addr()?.port(),
+            domain: self.e.domain.clone(),
+        })
+    }
+
     /// Serves both planes until SIGINT/SIGTERM.
     pub async fn serve(self) -> Result<()> {
         let policy = Arc::new(self.e.hosts.clone());

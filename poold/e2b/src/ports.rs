@@ -67,29 +67,8 @@ const NOT_FORWARDED: [&str; 10] = [
 ];
 
 /// The guest port and sandbox id a request's `Host` names under `domain`
-/// (`<port>-<id>.<domain>`, ports and case ignored); None: it names none.
-pub fn addressed(domain: &str, headers: &HeaderMap) -> Option<(u16, String)> {
-    let host = headers.get(header::HOST)?.to_str().ok()?;
-    let host = strip_port(host.trim().trim_end_matches('.')).to_ascii_lowercase();
-    let (label, rest) = host.split_once('.')?;
-    if rest != strip_port(domain) {
-        return None;
-    }
-    let (port, id) = label.split_once('-')?;
-    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
-    (!id.is_empty()).then(|| (port, id.to_string()))
-}
-
-/// `host` without a trailing `:port`.
-fn strip_port(host: &str) -> &str {
-    match host.rsplit_once(':') {
-        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => h,
-        _ => host,
-    }
-}
+/// (shared with the gateway's E2B plane: `forkd_edge::hosts`).
+pub use forkd_edge::hosts::sandbox_address as addressed;
 
 /// Serves a request for guest port `port` of sandbox `id`.
 pub async fn handle(e: &E2b, id: &str, port: u16, req: Request) -> Response {

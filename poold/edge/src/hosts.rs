@@ -135,6 +135,47 @@ pub async fn check_host(State(p): State<Arc<HostPolicy>>, req: Request, next: Ne
     }
 }
 
+/// The guest port and sandbox id a request's `Host` names under an E2B
+/// sandbox `domain` (`<port>-<id>.<domain>`, ports and case ignored);
+/// None: it names none. poold's E2B plane and the gateway's read hosts
+/// alike.
+pub fn sandbox_address(domain: &str, headers: &axum::http::HeaderMap) -> Option<(u16, String)> {
+    let host = headers.get(header::HOST)?.to_str().ok()?;
+    let host = strip_port(host.trim().trim_end_matches('.')).to_ascii_lowercase();
+    let (label, rest) = host.split_once('.')?;
+    if rest != strip_port(domain) {
+        return None;
+    }
+    let (port, id) = label.split_once('-')?;
+    if port.is_empty() || port.len() > 5 || !port.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let port: u16 = port.parse().ok().filter(|p| *p != 0)?;
+    (!id.is_empty()).then(|| (port, id.to_string()))
+}
+
+/// `host` without a trailing `:port`.
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((h, p)) if !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()) => h,
+        _ => host,
+    }
+}
+
+/// Checks an E2B sandbox domain (`e2b.sandbox_domain`, the gateway's
+/// `--e2b-sandbox-domain`): `host[:port]`, lowercased, without a trailing
+/// dot, nothing else.
+pub fn sandbox_domain(d: &str) -> Result<String, String> {
+    let d = d.trim().trim_end_matches('.').to_ascii_lowercase();
+    let ok = d
+        .parse::<axum::http::uri::Authority>()
+        .is_ok_and(|a| a.as_str() == d && !d.contains('@') && !a.host().is_empty());
+    if !ok || d.starts_with('.') || d.contains('/') {
+        return Err(format!("{d:?}: want a DNS name with an optional port, e.g. sandboxes.example.com or localhost:3001"));
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

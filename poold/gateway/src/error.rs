@@ -47,7 +47,7 @@ impl std::fmt::Display for DownList {
 }
 
 impl GatewayError {
-    fn status(&self) -> StatusCode {
+    pub(crate) fn status(&self) -> StatusCode {
         match self {
             GatewayError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             GatewayError::BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,

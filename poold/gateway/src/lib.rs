@@ -30,6 +30,7 @@
 //!   fails too, the sandboxes already made are killed before the error.
 
 pub mod config;
+pub mod e2b;
 mod error;
 pub mod metrics;
 pub mod nodes;
@@ -46,10 +47,39 @@ use std::sync::Arc;
 /// Runs the gateway on `listener` (TCP, HTTPS when it has a TLS config:
 /// poold's listener code, `forkd_edge::listen`) until SIGINT/SIGTERM: the
 /// health poll in the background, the router in the foreground.
-pub async fn serve(config: Config, listener: forkd_edge::listen::Listener) -> anyhow::Result<()> {
+pub async fn serve(
+    config: Config,
+    listener: forkd_edge::listen::Listener,
+    e2b: Option<E2bListeners>,
+) -> anyhow::Result<()> {
     let registry = Arc::new(Registry::new(&config)?);
     tokio::spawn(nodes::poll_forever(registry.clone()));
     registry.poll_once().await;
-    let app = router(registry, config.token.clone());
-    listener.serve(app).await
+    let app = router(registry.clone(), config.token.clone());
+    let Some(l) = e2b else {
+        return listener.serve(app).await;
+    };
+    let front = e2b::E2bFront::new(registry, l.domain, config.token.clone());
+    let shutdown = forkd_edge::listen::shutdown_signal;
+    let no_delay = forkd_edge::listen::no_delay;
+    let api = axum::serve(no_delay(l.api), e2b::control_routes(front.clone()))
+        .with_graceful_shutdown(shutdown());
+    let plane = axum::serve(no_delay(l.sandboxes), e2b::plane_routes(front))
+        .with_graceful_shutdown(shutdown());
+    tokio::try_join!(
+        listener.serve(app),
+        async { api.await.map_err(anyhow::Error::from) },
+        async { plane.await.map_err(anyhow::Error::from) },
+    )?;
+    Ok(())
+}
+
+/// The E2B planes' listeners, bound (so their addresses can be printed
+/// first) and the domain sandbox URLs are answered under.
+pub struct E2bListeners {
+    pub api: tokio::net::TcpListener,
+    pub sandboxes: tokio::net::TcpListener,
+    /// `<port>-<id>.<domain>` reaches the sandbox plane; by default
+    /// `localhost:<its port>`.
+    pub domain: String,
 }

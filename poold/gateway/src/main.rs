@@ -42,6 +42,18 @@ struct Args {
     /// PEM file of the CA that signed the nodes' TLS certificates.
     #[arg(long, env = "FORKD_NODE_CA_CERT")]
     node_ca_cert: Option<std::path::PathBuf>,
+    /// Serve the E2B control plane (`E2B_API_URL`) here; needs
+    /// --e2b-sandbox-bind. Its API key is the gateway's token.
+    #[arg(long, requires = "e2b_sandbox_bind")]
+    e2b_bind: Option<std::net::SocketAddr>,
+    /// Serve the E2B sandbox plane (`E2B_SANDBOX_URL`) here.
+    #[arg(long, requires = "e2b_bind")]
+    e2b_sandbox_bind: Option<std::net::SocketAddr>,
+    /// The domain sandbox URLs (`<port>-<id>.<domain>`) live under: a
+    /// wildcard DNS name pointing at the sandbox plane. Default:
+    /// `localhost:<sandbox plane port>`.
+    #[arg(long, requires = "e2b_bind")]
+    e2b_sandbox_domain: Option<String>,
     /// Milliseconds between health polls of the nodes.
     #[arg(long, default_value_t = 1000)]
     poll_ms: u64,
@@ -109,7 +121,47 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let listener = forkd_edge::listen::Listener::bind_tcp(a.bind, tls).await?;
-    // The line tests and scripts wait for, as poold prints its own.
+    let e2b = bind_e2b(&a, config.token.is_some()).await?;
+    // The lines tests and scripts wait for, as poold prints its own.
     println!("forkd-gateway listening on {}", listener.url());
-    forkd_gateway::serve(config, listener).await
+    if let Some(l) = &e2b {
+        println!(
+            "forkd-gateway E2B API on http://{} sandboxes on http://{}",
+            l.api.local_addr()?,
+            l.sandboxes.local_addr()?
+        );
+    }
+    forkd_gateway::serve(config, listener, e2b).await
+}
+
+/// Binds the E2B planes when asked (plain HTTP, as poold's: a non-loopback
+/// address needs the token that is their API key).
+async fn bind_e2b(
+    a: &Args,
+    has_token: bool,
+) -> anyhow::Result<Option<forkd_gateway::E2bListeners>> {
+    let (Some(api), Some(sbx)) = (a.e2b_bind, a.e2b_sandbox_bind) else {
+        return Ok(None);
+    };
+    let loopback = api.ip().is_loopback() && sbx.ip().is_loopback();
+    if !has_token && !loopback {
+        bail!("--e2b-bind/--e2b-sandbox-bind are not loopback: give --token-file, which is the E2B API key");
+    }
+    let bind = |addr: std::net::SocketAddr, what: &'static str| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the E2B {what} on {addr}"))
+    };
+    let api = bind(api, "API").await?;
+    let sandboxes = bind(sbx, "sandbox plane").await?;
+    let domain = match &a.e2b_sandbox_domain {
+        Some(d) => forkd_edge::hosts::sandbox_domain(d)
+            .map_err(|e| anyhow::anyhow!("bad --e2b-sandbox-domain {e}"))?,
+        None => format!("localhost:{}", sandboxes.local_addr()?.port()),
+    };
+    Ok(Some(forkd_gateway::E2bListeners {
+        api,
+        sandboxes,
+        domain,
+    }))
 }

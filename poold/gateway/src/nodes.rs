@@ -128,15 +128,45 @@ impl Node {
         method: reqwest::Method,
         path_and_query: &str,
     ) -> reqwest::RequestBuilder {
-        let c = match bound {
-            Bound::Whole => &self.clients.whole,
-            Bound::Connect => &self.clients.connect,
-        };
-        let rb = c.request(method, format!("{}{}", self.url, path_and_query));
+        let rb = self.call_url(bound, method, &format!("{}{}", self.url, path_and_query));
         match &self.clients.token {
             Some(t) => rb.bearer_auth(t),
             None => rb,
         }
+    }
+
+    /// A request to `url` (one of this node's E2B planes) on this node's
+    /// clients, without the `/v1` bearer token: E2B calls carry their own
+    /// key and tokens.
+    pub(crate) fn call_url(
+        &self,
+        bound: Bound,
+        method: reqwest::Method,
+        url: &str,
+    ) -> reqwest::RequestBuilder {
+        let c = match bound {
+            Bound::Whole => &self.clients.whole,
+            Bound::Connect => &self.clients.connect,
+        };
+        c.request(method, url)
+    }
+
+    /// Where this node serves the E2B planes, as its `/version` said:
+    /// `(control plane URL, sandbox plane URL, its sandbox domain)`, at the
+    /// host its `/v1` is reached at. None: E2B is off there.
+    pub fn e2b(&self) -> Option<(String, String, String)> {
+        let planes: forkd_api::E2bPlanes = {
+            let st = self.state.read().unwrap();
+            serde_json::from_value(st.1.version.as_ref()?.get("e2b")?.clone()).ok()?
+        };
+        let url = reqwest::Url::parse(&self.url).ok()?;
+        // Bracketed for IPv6, as a URL needs it.
+        let host = url.host_str()?;
+        Some((
+            format!("http://{host}:{}", planes.api_port),
+            format!("http://{host}:{}", planes.sandbox_port),
+            planes.domain,
+        ))
     }
 
     pub(crate) fn token(&self) -> Option<&str> {

@@ -32,7 +32,7 @@ use crate::place::{place, Candidate};
 
 /// The most of a request body the gateway reads whole (spawns, snapshot
 /// creation); anything streamed to a sandbox is not bounded here.
-const MAX_JSON_BODY: usize = 1 << 20;
+pub(crate) const MAX_JSON_BODY: usize = 1 << 20;
 /// Names the nodes a merged list or a fan-out could not reach.
 const UNREACHABLE_HEADER: &str = "forkd-unreachable-nodes";
 
@@ -151,10 +151,10 @@ enum Share {
 }
 
 /// A node's reply, read whole.
-struct NodeReply {
-    status: StatusCode,
-    headers: HeaderMap,
-    body: Bytes,
+pub(crate) struct NodeReply {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Bytes,
 }
 
 impl IntoResponse for NodeReply {
@@ -244,7 +244,11 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
     Ok((StatusCode::CREATED, Json(list)).into_response())
 }
 
-fn candidates(nodes: &[Arc<Node>], tag: &str, failed: &HashSet<usize>) -> Vec<Candidate> {
+pub(crate) fn candidates(
+    nodes: &[Arc<Node>],
+    tag: &str,
+    failed: &HashSet<usize>,
+) -> Vec<Candidate> {
     nodes
         .iter()
         .enumerate()
@@ -320,7 +324,7 @@ async fn undo(nodes: &[Arc<Node>], made: &[(usize, Value)]) {
 
 /// A sandbox id as poold makes them (`sb-` + hex); anything else cannot
 /// name a sandbox and is refused before any node is asked.
-fn check_id(id: &str) -> Result<(), GatewayError> {
+pub(crate) fn check_id(id: &str) -> Result<(), GatewayError> {
     let ok = !id.is_empty()
         && id.len() <= 64
         && id
@@ -379,7 +383,7 @@ async fn forward(node: &Node, req: Request) -> Reply {
     Ok(stream_back(sent))
 }
 
-fn stream_back(r: reqwest::Response) -> Response {
+pub(crate) fn stream_back(r: reqwest::Response) -> Response {
     let mut out = Response::builder().status(r.status());
     for (k, v) in r.headers() {
         if passes(k) {
@@ -390,10 +394,16 @@ fn stream_back(r: reqwest::Response) -> Response {
         .unwrap_or_else(|e| (StatusCode::BAD_GATEWAY, e.to_string()).into_response())
 }
 
-/// Hop-by-hop headers stay on their hop (RFC 9110 §7.6.1); the client's
-/// token is the gateway's, not the node's.
+/// Hop-by-hop headers stay on their hop; the client's token is the
+/// gateway's, not the node's.
 fn passes(h: &HeaderName) -> bool {
-    !matches!(
+    !hop_by_hop(h) && h != header::AUTHORIZATION
+}
+
+/// Headers that belong to one hop (RFC 9110 §7.6.1), and `Host`, which
+/// names the gateway.
+pub(crate) fn hop_by_hop(h: &HeaderName) -> bool {
+    matches!(
         h.as_str(),
         "connection"
             | "keep-alive"
@@ -405,11 +415,10 @@ fn passes(h: &HeaderName) -> bool {
             | "transfer-encoding"
             | "upgrade"
             | "host"
-            | "authorization"
     )
 }
 
-fn unreachable(node: &Node, e: &reqwest::Error) -> GatewayError {
+pub(crate) fn unreachable(node: &Node, e: &reqwest::Error) -> GatewayError {
     GatewayError::NodeUnreachable {
         node: node.name.clone(),
         why: error_chain(e),
@@ -535,7 +544,7 @@ async fn gather(
 
 /// Reads a node's reply whole (bounded: only lists and small JSON replies
 /// come this way).
-async fn read_reply(
+pub(crate) async fn read_reply(
     node: &Node,
     sent: Result<reqwest::Response, reqwest::Error>,
 ) -> Result<NodeReply, GatewayError> {

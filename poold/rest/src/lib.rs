@@ -249,9 +249,13 @@ async fn openapi_json() -> Json<&'static utoipa::openapi::OpenApi> {
 /// accelerator poold resolved at start and whether QEMUs are jailed, so a
 /// client can tell a KVM host from a weaker TCG one (docs/security.md).
 #[utoipa::path(get, path = "/version", tag = "status",
-    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation, node, hub}` (`node`: the node's name, null without one; `hub`: the hub URL tags this node lacks come from, null without one)", body = Object)))]
-async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
+    responses((status = 200, description = "`{version, api, compat, accelerator, jail, isolation, node, hub, e2b}` (`node`: the node's name, null without one; `hub`: the hub URL tags this node lacks come from, null without one; `e2b`: the ports and domain of its E2B planes, null when off)", body = Object)))]
+async fn version(
+    State(d): State<Arc<Node>>,
+    e2b: Option<axum::Extension<server::E2bFront>>,
+) -> Json<serde_json::Value> {
     let h = d.health();
+    let e2b = e2b.and_then(|axum::Extension(f)| f.0);
     Json(serde_json::json!({
         "node": d.name(),
         "version": h.version,
@@ -261,6 +265,7 @@ async fn version(State(d): State<Arc<Node>>) -> Json<serde_json::Value> {
         "jail": h.jail,
         "isolation": h.isolation,
         "hub": d.hub_description(),
+        "e2b": e2b,
     }))
 }
 

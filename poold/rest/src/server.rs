@@ -29,6 +29,9 @@ pub struct Options {
     /// `forkd_console::router`): behind the same `Host` check and audit
     /// log, outside the OpenAPI document (they are not API). Empty: none.
     pub pages: Router,
+    /// Where this node's E2B planes listen, told in `GET /version` so a
+    /// gateway can route E2B clients here; None: E2B is off.
+    pub e2b: Option<forkd_api::E2bPlanes>,
 }
 
 /// The whole application: routes, auth, error shaping, host check, audit.
@@ -43,6 +46,7 @@ pub fn app(node: Arc<Node>, o: Options) -> Router {
         .merge(o.pages)
         .merge(api)
         .layer(middleware::from_fn(json_errors))
+        .layer(axum::Extension(E2bFront(o.e2b)))
         .layer(middleware::from_fn_with_state(
             Arc::new(o.hosts),
             forkd_edge::hosts::check_host,
@@ -52,6 +56,10 @@ pub fn app(node: Arc<Node>, o: Options) -> Router {
             forkd_edge::audit::layer,
         ))
 }
+
+/// This node's E2B planes, for `GET /version`.
+#[derive(Clone)]
+pub(crate) struct E2bFront(pub(crate) Option<forkd_api::E2bPlanes>);
 
 /// Turns axum's plain-text rejections (bad JSON, unknown route, wrong
 /// method) into forkd's `{"error": "..."}`, with 400 for unparseable bodies.

@@ -272,6 +272,14 @@ fn busybox(root: &Path) -> Result<()> {
         }
         std::os::unix::fs::symlink("/bin/busybox", &link)?;
     }
+    // E2B's envd runs every command as `/bin/bash -l -c CMD`; busybox has
+    // no bash applet, and its ash takes those arguments, so the E2B SDK's
+    // commands work on a busybox image too.
+    let bash = root.join("bin/bash");
+    if !bash.exists() {
+        std::fs::write(&bash, "#!/bin/sh\n# busybox ash standing in for bash (forkd's busybox images)\nexec /bin/sh \"$@\"\n")?;
+        std::fs::set_permissions(&bash, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    }
     Ok(())
 }
 
