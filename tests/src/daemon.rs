@@ -188,7 +188,30 @@ impl Poold {
         token: Option<&str>,
         env: &[(&str, &str)],
     ) -> Result<Poold, String> {
-        let mut cmd = Command::new(bin("poold"));
+        Poold::try_start_cmd(Command::new(bin("poold")), home, args, token, env)
+    }
+
+    /// Starts poold inside network namespace `netns` (a node of its own:
+    /// its listeners, its children's links and its `table inet forkd` all
+    /// live there); give it `--bind` with the namespace's address.
+    pub fn start_in_netns(home: &Path, netns: &str, args: &[&str], token: Option<&str>) -> Poold {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/run/netns/{netns}"))
+            .arg("--")
+            .arg(bin("poold"));
+        match Poold::try_start_cmd(cmd, home, args, token, &[]) {
+            Ok(p) => p,
+            Err(e) => panic!("starting poold in {netns}: {e}"),
+        }
+    }
+
+    fn try_start_cmd(
+        mut cmd: Command,
+        home: &Path,
+        args: &[&str],
+        token: Option<&str>,
+        env: &[(&str, &str)],
+    ) -> Result<Poold, String> {
         cmd.envs(env.iter().copied());
         if !args.contains(&"--bind") {
             cmd.args(["--bind", "127.0.0.1:0"]);

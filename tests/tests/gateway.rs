@@ -7,7 +7,9 @@
 //! new replica routes them, and names a dead node, without asking).
 //!
 //! The nodes are three poolds on this host, each with its own data dir,
-//! forkd-fs mount and port; each makes its own snapshot of the same tag.
+//! forkd-fs mount, and network namespace with its own address (`nsenter
+//! --net`: each node's listeners, children's links and `table inet forkd`
+//! are its own); each makes its own snapshot of the same tag.
 //! A second test gives two nodes one S3 hub (`[hub]`): a snapshot made
 //! through the gateway on one spawns on the other, pulled lazily.
 
@@ -15,9 +17,11 @@ use forkd_api::Method;
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
 use forkd_e2e::gateway::Gateway;
+use forkd_e2e::netns::{free_lan, suffix, TestNs};
 use forkd_e2e::s3::S3;
 use serde_json::json;
 use std::collections::{HashMap, HashSet};
+use std::net::Ipv4Addr;
 use std::process::Command;
 use std::time::Duration;
 
@@ -59,19 +63,49 @@ fn forkd_cli(gw: &Gateway, args: &[&str]) -> String {
 
 #[test]
 fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_restart() {
-    let homes = [Home::new(), Home::new(), Home::new()];
-    let names = ["a", "b", "c"];
-    // Each node is named as the gateway lists it: its token starts every
-    // id it mints, so any gateway replica routes an id without asking.
-    let mut pools: Vec<Option<Poold>> = homes
-        .iter()
-        .zip(names)
-        .map(|(h, name)| {
-            let mut args = vec!["--node-name", name];
-            args.extend(NODE_E2B);
-            Some(Poold::start(&h.dir, &args, None))
+    // Each node is a host of its own: a network namespace with its own
+    // address (dropped last, after the nodes and their children).
+    let nets: Vec<(TestNs, String)> = (0..3u8)
+        .map(|i| {
+            let lan = free_lan(77);
+            let root = Ipv4Addr::new(lan[0], lan[1], lan[2], 1);
+            let inner = Ipv4Addr::new(lan[0], lan[1], lan[2], 2);
+            let link = format!("fgw{i}{}", suffix());
+            (
+                TestNs::new("node", &link, root, inner, 30),
+                inner.to_string(),
+            )
         })
         .collect();
+    let homes = [Home::new(), Home::new(), Home::new()];
+    let names = ["a", "b", "c"];
+    // Off loopback a node needs a token: one for all, the gateway's
+    // --node-token-file (and the E2B key the gateway sends them).
+    let token_path = homes[0].dir.join("node-token");
+    std::fs::write(&token_path, format!("{NODE_TOKEN}\n")).unwrap();
+    let token_file = token_path.to_str().unwrap().to_string();
+    let start_node = |i: usize, port: u16| {
+        let (ns, addr) = &nets[i];
+        let bind = format!("{addr}:{port}");
+        let e2b = format!("{addr}:0");
+        // Each node is named as the gateway lists it: its token starts
+        // every id it mints, so any gateway replica routes an id without
+        // asking.
+        let args = [
+            "--bind",
+            &bind,
+            "--token-file",
+            &token_file,
+            "--node-name",
+            names[i],
+            "--e2b-bind",
+            &e2b,
+            "--e2b-sandbox-bind",
+            &e2b,
+        ];
+        Poold::start_in_netns(&homes[i].dir, &ns.name, &args, Some(NODE_TOKEN))
+    };
+    let mut pools: Vec<Option<Poold>> = (0..3).map(|i| Some(start_node(i, 0))).collect();
     let urls: Vec<String> = pools
         .iter()
         .map(|p| p.as_ref().unwrap().url.clone())
@@ -90,7 +124,8 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         futures::future::join_all(snaps).await;
     });
 
-    let mut gw = Gateway::start_with(&node_list, &GATEWAY_E2B, None);
+    let gw_args = gateway_args(&token_file);
+    let mut gw = Gateway::start_with(&node_list, &gw_args, None);
     block_on(async {
         gw.wait_nodes("up", |s| s.len() == 3 && s.values().all(|h| h == "up"))
             .await;
@@ -324,7 +359,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
 
     // A gateway restart loses nothing: it knows no ids, and finds them.
     drop(gw);
-    gw = Gateway::start_with(&node_list, &GATEWAY_E2B, None);
+    gw = Gateway::start_with(&node_list, &gw_args, None);
     block_on(async {
         gw.wait_nodes("a, c up", |s| s["a"] == "up" && s["c"] == "up")
             .await;
@@ -339,20 +374,8 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     });
 
     // Node b returns on its data dir, adopts its children, and rejoins.
-    pools[1] = Some(Poold::start(
-        &homes[1].dir,
-        &[
-            "--bind",
-            urls[1].trim_start_matches("http://"),
-            "--node-name",
-            "b",
-            NODE_E2B[0],
-            NODE_E2B[1],
-            NODE_E2B[2],
-            NODE_E2B[3],
-        ],
-        None,
-    ));
+    let port: u16 = urls[1].rsplit(':').next().unwrap().parse().unwrap();
+    pools[1] = Some(start_node(1, port));
     block_on(async {
         gw.wait_nodes("b back", |s| s["b"] == "up").await;
         for id in &b_ids {
@@ -372,15 +395,21 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     });
 }
 
-/// poold's E2B planes on ephemeral loopback ports.
-const NODE_E2B: [&str; 4] = [
-    "--e2b-bind",
-    "127.0.0.1:0",
-    "--e2b-sandbox-bind",
-    "127.0.0.1:0",
-];
-/// The gateway's, likewise.
-const GATEWAY_E2B: [&str; 4] = NODE_E2B;
+/// The nodes' bearer token (and so their E2B key).
+const NODE_TOKEN: &str = "Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sA";
+
+/// The gateway's flags: the nodes' token, and its E2B planes on
+/// ephemeral loopback ports.
+fn gateway_args(node_token_file: &str) -> Vec<&str> {
+    vec![
+        "--node-token-file",
+        node_token_file,
+        "--e2b-bind",
+        "127.0.0.1:0",
+        "--e2b-sandbox-bind",
+        "127.0.0.1:0",
+    ]
+}
 
 /// Runs tests/python/e2b_gateway.py with the Python in `var` against the
 /// gateway's E2B planes; the ids of the sandboxes it left running.
