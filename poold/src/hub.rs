@@ -73,6 +73,13 @@ impl SnapshotHub for PooldHub {
     fn unpublish(&self, tag: String, id: forkd_layers::SnapshotId) -> HubFuture<'_, bool> {
         self.blocking("tag delete", move |_, c| lazy::unpublish_tag(c, &tag, id))
     }
+
+    fn deleted(
+        &self,
+        local: Vec<(String, forkd_layers::SnapshotId)>,
+    ) -> HubFuture<'_, Vec<String>> {
+        self.blocking("tombstone check", move |_, c| lazy::deleted_tags(c, &local))
+    }
 }
 
 #[cfg(test)]

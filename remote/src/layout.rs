@@ -8,6 +8,7 @@
 //! snapshots/<snapshot id>.ws           the snapshot's recorded working set (JSON), if it has one
 //! manifests/<id[0..2]>/<manifest id>   canonical manifest encoding (what its id hashes)
 //! tags/<tag>                           {"snapshot": "<snapshot id>"}
+//! deleted/<tag>                        {"snapshot": "<snapshot id>"}: the last snapshot tag <tag> named when it was deleted (a tombstone)
 //! packs/<id[0..2]>/<pack id>           layout 2: chunk objects back to back, named by the blake3 of the whole object
 //! index/<index id>                     layout 2: where each chunk of some packs lies (see `packs`), named by its blake3
 //! chunks/<id[0..2]>/<chunk id>         layout 1: one chunk object per chunk
@@ -17,7 +18,7 @@
 //! index) goes through [`Key::parse`], which accepts exactly these shapes:
 //! ids are fixed-length lowercase hex, tags follow the project's tag rule, so
 //! no name can hold `..`, a `/` of its own, or an absolute path. Objects are
-//! immutable except tags and `layout.json`.
+//! immutable except tags, tombstones and `layout.json`.
 
 use anyhow::{anyhow, bail, Result};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -61,6 +62,10 @@ pub enum Key {
     Snapshot(SnapshotId),
     /// A tag naming a snapshot, `tags/<name>`.
     Tag(String),
+    /// A deleted tag's tombstone, `deleted/<name>`: which snapshot it named
+    /// when it was deleted, so a node that missed the delete drops its copy
+    /// of exactly that snapshot (a [`TagObject`]).
+    Deleted(String),
     /// A pack of chunk objects, `packs/<fan-out>/<hex>` (layout 2).
     Pack(ObjectId),
     /// An index of packs, `index/<hex>` (layout 2).
@@ -81,6 +86,12 @@ impl Key {
         Ok(Key::Tag(name.to_string()))
     }
 
+    /// A tombstone key, checked against the tag rule.
+    pub fn deleted(name: &str) -> Result<Key> {
+        validate_tag(name)?;
+        Ok(Key::Deleted(name.to_string()))
+    }
+
     /// The object's path relative to the hub root.
     pub fn path(&self) -> String {
         match self {
@@ -88,6 +99,7 @@ impl Key {
             Key::Manifest(id) => fanned("manifests", &id.to_hex()),
             Key::Snapshot(id) => format!("snapshots/{id}.json"),
             Key::Tag(t) => format!("tags/{t}"),
+            Key::Deleted(t) => format!("deleted/{t}"),
             Key::Pack(id) => fanned("packs", &id.to_hex()),
             Key::Index(id) => format!("index/{id}"),
             Key::Locator(id) => format!("snapshots/{id}.idx"),
@@ -121,6 +133,7 @@ impl Key {
                 }
             }
             ["tags", tag] => Key::tag(tag)?,
+            ["deleted", tag] => Key::deleted(tag)?,
             ["layout.json"] => Key::Layout,
             _ => return Err(bad()),
         };
@@ -136,7 +149,7 @@ impl Key {
             Key::Chunk(_) => MAX_CHUNK_OBJECT,
             Key::Manifest(_) => MAX_MANIFEST_BYTES as u64,
             Key::Snapshot(_) => MAX_RECORD_BYTES as u64,
-            Key::Tag(_) => MAX_TAG_OBJECT_BYTES,
+            Key::Tag(_) | Key::Deleted(_) => MAX_TAG_OBJECT_BYTES,
             Key::Pack(_) => MAX_PACK_BYTES,
             Key::Index(_) => MAX_INDEX_BYTES,
             Key::Locator(_) => MAX_LOCATOR_BYTES,
@@ -145,9 +158,10 @@ impl Key {
         }
     }
 
-    /// True for the kinds that may be overwritten (tags, the layout).
+    /// True for the kinds that may be overwritten (tags, tombstones, the
+    /// layout).
     pub fn is_mutable(&self) -> bool {
-        matches!(self, Key::Tag(_) | Key::Layout)
+        matches!(self, Key::Tag(_) | Key::Deleted(_) | Key::Layout)
     }
 }
 
@@ -158,6 +172,7 @@ impl fmt::Display for Key {
             Key::Manifest(id) => write!(f, "manifest {id}"),
             Key::Snapshot(id) => write!(f, "snapshot record {id}"),
             Key::Tag(t) => write!(f, "tag '{t}'"),
+            Key::Deleted(t) => write!(f, "tombstone of tag '{t}'"),
             Key::Pack(id) => write!(f, "pack {id}"),
             Key::Index(id) => write!(f, "index {id}"),
             Key::Locator(id) => write!(f, "chunk locator of snapshot {id}"),
@@ -314,6 +329,7 @@ mod tests {
             Key::Manifest(ManifestId(c.0)),
             Key::Snapshot(s),
             Key::tag("py-numpy_1").unwrap(),
+            Key::deleted("py-numpy_1").unwrap(),
             Key::Pack(ObjectId(c.0)),
             Key::Index(ObjectId(c.0)),
             Key::Locator(s),
@@ -329,6 +345,8 @@ mod tests {
             "tags/..".into(),
             "tags/a/b".into(),
             "tags/".into(),
+            "deleted/..".into(),
+            "deleted/a/b".into(),
             format!("chunks/00/{hex}"),
             format!("chunks/{}/{}", &hex[..2], hex.to_uppercase()),
             format!("chunks/{}/../{hex}", &hex[..2]),

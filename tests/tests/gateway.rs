@@ -84,6 +84,10 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     let token_path = homes[0].dir.join("node-token");
     std::fs::write(&token_path, format!("{NODE_TOKEN}\n")).unwrap();
     let token_file = token_path.to_str().unwrap().to_string();
+    // Their E2B key is not their token (the E2B planes are plain HTTP).
+    let key_path = homes[0].dir.join("node-e2b-key");
+    std::fs::write(&key_path, format!("{NODE_E2B_KEY}\n")).unwrap();
+    let key_file = key_path.to_str().unwrap().to_string();
     let start_node = |i: usize, port: u16| {
         let (ns, addr) = &nets[i];
         let bind = format!("{addr}:{port}");
@@ -102,6 +106,8 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
             &e2b,
             "--e2b-sandbox-bind",
             &e2b,
+            "--e2b-api-key-file",
+            &key_file,
         ];
         Poold::start_in_netns(&homes[i].dir, &ns.name, &args, Some(NODE_TOKEN))
     };
@@ -124,7 +130,7 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         futures::future::join_all(snaps).await;
     });
 
-    let gw_args = gateway_args(&token_file);
+    let gw_args = gateway_args(&token_file, &key_file);
     let mut gw = Gateway::start_with(&node_list, &gw_args, None);
     block_on(async {
         gw.wait_nodes("up", |s| s.len() == 3 && s.values().all(|h| h == "up"))
@@ -395,15 +401,19 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     });
 }
 
-/// The nodes' bearer token (and so their E2B key).
+/// The nodes' bearer token.
 const NODE_TOKEN: &str = "Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sA";
+/// The nodes' E2B key.
+const NODE_E2B_KEY: &str = "e2b_0f1e2d3c4b5a69788796a5b4c3d2e1f0aa55cc33";
 
-/// The gateway's flags: the nodes' token, and its E2B planes on
-/// ephemeral loopback ports.
-fn gateway_args(node_token_file: &str) -> Vec<&str> {
+/// The gateway's flags: the nodes' token and E2B key, and its E2B planes
+/// on ephemeral loopback ports.
+fn gateway_args<'a>(node_token_file: &'a str, node_key_file: &'a str) -> Vec<&'a str> {
     vec![
         "--node-token-file",
         node_token_file,
+        "--node-e2b-key-file",
+        node_key_file,
         "--e2b-bind",
         "127.0.0.1:0",
         "--e2b-sandbox-bind",
@@ -497,30 +507,28 @@ fn a_snapshot_made_on_one_node_spawns_on_the_other_through_the_hub() {
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let homes = [Home::new(), Home::new()];
     let names = ["a", "b"];
-    let pools: Vec<Poold> = homes
-        .iter()
-        .zip(names)
-        .map(|(h, name)| {
-            let cfg = h.dir.join("poold.toml");
-            std::fs::write(
-                &cfg,
-                format!(
-                    "[hub]\nurl = \"{}\"\npull = \"lazy\"\npush = true\n",
-                    s3.url("cluster")
-                ),
-            )
-            .unwrap();
-            let cfg = cfg.to_str().unwrap().to_string();
-            Poold::start_env(&h.dir, &["--node-name", name, "--config", &cfg], None, &env)
-        })
-        .collect();
+    let start = |i: usize, bind: &str| {
+        let cfg = homes[i].dir.join("poold.toml");
+        std::fs::write(
+            &cfg,
+            format!(
+                "[hub]\nurl = \"{}\"\npull = \"lazy\"\npush = true\n",
+                s3.url("cluster")
+            ),
+        )
+        .unwrap();
+        let cfg = cfg.to_str().unwrap().to_string();
+        let args = ["--bind", bind, "--node-name", names[i], "--config", &cfg];
+        Poold::start_env(&homes[i].dir, &args, None, &env)
+    };
+    let mut pools: Vec<Poold> = (0..2).map(|i| start(i, "127.0.0.1:0")).collect();
     let node_list: Vec<(&str, &str)> = names
         .iter()
         .copied()
         .zip(pools.iter().map(|p| p.url.as_str()))
         .collect();
     let gw = Gateway::start(&node_list);
-    block_on(async {
+    let other = block_on(async {
         gw.wait_nodes("up", |s| s.len() == 2 && s.values().all(|h| h == "up"))
             .await;
         let (_, v) = pools[0].get("/version").await;
@@ -611,14 +619,33 @@ fn a_snapshot_made_on_one_node_spawns_on_the_other_through_the_hub() {
             assert_eq!(st, 204);
         }
 
-        // A delete through the gateway: gone on both nodes and on the hub.
         let (st, v) = gw.req(Method::DELETE, "/v1/pools/hubbed", None).await;
         assert!(st == 200 || st == 204, "{st} {v}");
+        other
+    });
+
+    // The other node is down while the tag is deleted through the
+    // gateway: gone on the maker and on the hub, which keeps a tombstone.
+    let url = pools[other].url.clone();
+    pools.remove(other).kill9();
+    block_on(async {
+        gw.wait_nodes("down", |s| s[names[other]] == "down").await;
         let (st, v) = gw.req(Method::DELETE, "/v1/snapshots/hubbed", None).await;
         assert!(st == 200 || st == 204, "{st} {v}");
-        for p in &pools {
-            let (st, _) = p.get("/v1/snapshots/hubbed/info").await;
-            assert_eq!(st, 404);
+        let (st, _) = pools[0].get("/v1/snapshots/hubbed/info").await;
+        assert_eq!(st, 404);
+    });
+    // Back, it finds the tombstone naming its copy and deletes it too.
+    pools.insert(other, start(other, url.trim_start_matches("http://")));
+    block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while pools[other].get("/v1/snapshots/hubbed/info").await.0 != 404 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "node {} kept a tag deleted while it was down",
+                names[other]
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
         }
         let (st, v) = pools[other]
             .post("/v1/sandboxes", json!({"snapshot_tag": "hubbed"}))

@@ -33,6 +33,10 @@ pub struct Config {
     pub token: Option<String>,
     /// Bearer token the gateway sends to nodes.
     pub node_token: Option<String>,
+    /// The key the nodes' E2B planes take (their `e2b.api_key_file`);
+    /// None: each node's bearer token, which then crosses to the nodes'
+    /// plain-HTTP E2B planes.
+    pub node_e2b_key: Option<String>,
     /// PEM of the CA that signed the nodes' TLS certificates (https nodes).
     pub node_ca_cert: Option<Vec<u8>>,
     /// Time between health polls of every node.

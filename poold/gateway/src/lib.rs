@@ -59,7 +59,12 @@ pub async fn serve(
     let Some(l) = e2b else {
         return listener.serve(app).await;
     };
-    let front = e2b::E2bFront::new(registry, l.domain, config.token.clone());
+    let front = e2b::E2bFront::new(
+        registry,
+        l.domain,
+        config.token.clone(),
+        config.node_e2b_key.clone(),
+    );
     let shutdown = forkd_edge::listen::shutdown_signal;
     let no_delay = forkd_edge::listen::no_delay;
     let api = axum::serve(no_delay(l.api), e2b::control_routes(front.clone()))

@@ -39,6 +39,11 @@ struct Args {
     /// File whose first line is the bearer token of the nodes' poold.
     #[arg(long, env = "FORKD_NODE_TOKEN_FILE")]
     node_token_file: Option<std::path::PathBuf>,
+    /// File whose first line is the key of the nodes' E2B planes (their
+    /// `e2b.api_key_file`); without it the gateway sends each node its
+    /// bearer token as the E2B key, in clear (the planes are plain HTTP).
+    #[arg(long, env = "FORKD_NODE_E2B_KEY_FILE")]
+    node_e2b_key_file: Option<std::path::PathBuf>,
     /// PEM file of the CA that signed the nodes' TLS certificates.
     #[arg(long, env = "FORKD_NODE_CA_CERT")]
     node_ca_cert: Option<std::path::PathBuf>,
@@ -102,6 +107,7 @@ async fn main() -> anyhow::Result<()> {
         source,
         token,
         node_token: a.node_token_file.as_deref().map(read_token).transpose()?,
+        node_e2b_key: a.node_e2b_key_file.as_deref().map(read_token).transpose()?,
         node_ca_cert: a
             .node_ca_cert
             .as_deref()

@@ -569,7 +569,7 @@ pub(crate) async fn read_reply(
     })
 }
 
-fn with_unreachable(mut r: Response, missing: &[String]) -> Response {
+pub(crate) fn with_unreachable(mut r: Response, missing: &[String]) -> Response {
     if !missing.is_empty() {
         if let Ok(v) = HeaderValue::from_str(&missing.join(",")) {
             r.headers_mut().insert(UNREACHABLE_HEADER, v);

@@ -15,6 +15,7 @@
 
 use crate::transfer::{pull, PullOptions, TransferReport};
 use anyhow::{Context, Result};
+use forkd_remote::layout::TagObject;
 use forkd_remote::{read_token, Hub};
 use forkd_snapshot::Paths;
 use serde::{Deserialize, Serialize};
@@ -135,7 +136,10 @@ pub fn push_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<TransferRep
 
 /// Deletes the hub's tag `tag` if it still names snapshot `id` (a tag
 /// another node moved since is left alone); the snapshot's objects stay
-/// for the hub's own GC. Whether it deleted. Blocking.
+/// for the hub's own GC. Its tombstone (`deleted/<tag>` naming `id`) is
+/// written first, so a node that missed the delete drops its copy
+/// ([`deleted_tags`]) even if this stops between the two. Whether it
+/// deleted. Blocking.
 pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -> Result<bool> {
     let hub = cfg.open()?;
     let rt = runtime()?;
@@ -143,11 +147,40 @@ pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -
     let Some(bytes) = rt.block_on(hub.get(&key))? else {
         return Ok(false);
     };
-    if forkd_remote::layout::TagObject::decode(tag, &bytes)?.snapshot != id {
+    if TagObject::decode(tag, &bytes)?.snapshot != id {
         return Ok(false);
     }
+    let tombstone = TagObject { snapshot: id }.encode();
+    rt.block_on(hub.put(&forkd_remote::Key::deleted(tag)?, tombstone))?;
     rt.block_on(hub.delete(&key))?;
     Ok(true)
+}
+
+/// Which of `local` (tag, the snapshot it names here) were deleted on the
+/// hub: the hub's tombstone of the tag names that very snapshot and its
+/// tag does not (a tag published again, or moved, is not deleted). A
+/// tag the hub never had is not either. Blocking.
+pub fn deleted_tags(
+    cfg: &HubConfig,
+    local: &[(String, forkd_layers::SnapshotId)],
+) -> Result<Vec<String>> {
+    let hub = cfg.open()?;
+    let rt = runtime()?;
+    let names = |key: forkd_remote::Key, tag: &str| -> Result<Option<forkd_layers::SnapshotId>> {
+        Ok(match rt.block_on(hub.get(&key))? {
+            Some(b) => Some(TagObject::decode(tag, &b)?.snapshot),
+            None => None,
+        })
+    };
+    let mut out = Vec::new();
+    for (tag, id) in local {
+        if names(forkd_remote::Key::deleted(tag)?, tag)? == Some(*id)
+            && names(forkd_remote::Key::tag(tag)?, tag)? != Some(*id)
+        {
+            out.push(tag.clone());
+        }
+    }
+    Ok(out)
 }
 
 /// Pulls every tag of `cfg` into the data dir at `paths`, moving a local
@@ -214,6 +247,37 @@ pub fn start_filling(paths: &Paths, head: Option<forkd_layers::SnapshotId>) -> R
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_deleted_tag_leaves_a_tombstone_naming_exactly_its_snapshot() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg: HubConfig =
+            toml::from_str(&format!("url = \"file://{}\"", dir.path().display())).unwrap();
+        let (hub, rt) = (cfg.open().unwrap(), runtime().unwrap());
+        let (a, b) = (
+            forkd_layers::SnapshotId::random(),
+            forkd_layers::SnapshotId::random(),
+        );
+        let publish = |id| {
+            let key = forkd_remote::Key::tag("t").unwrap();
+            rt.block_on(hub.put(&key, TagObject { snapshot: id }.encode()))
+                .unwrap()
+        };
+        publish(a);
+        // A tag that names another snapshot is left alone.
+        assert!(!unpublish_tag(&cfg, "t", b).unwrap());
+        assert!(deleted_tags(&cfg, &[("t".into(), a)]).unwrap().is_empty());
+        assert!(unpublish_tag(&cfg, "t", a).unwrap());
+        let local = [
+            ("t".to_string(), a),
+            ("t".to_string(), b),
+            ("never".to_string(), a),
+        ];
+        assert_eq!(deleted_tags(&cfg, &local).unwrap(), ["t"]);
+        // Published again: not deleted any more.
+        publish(a);
+        assert!(deleted_tags(&cfg, &[("t".into(), a)]).unwrap().is_empty());
+    }
 
     #[test]
     fn config_parses() {

@@ -405,6 +405,9 @@ fn store_verified(st: &AppState, key: &Key, body: &[u8]) -> Result<(), Refusal> 
             }
             hub.flush().map_err(internal)?;
         }
+        Key::Deleted(t) => {
+            TagObject::decode(t, body).map_err(|e| invalid(format!("{e:#}")))?;
+        }
         Key::Tag(t) => {
             let obj = TagObject::decode(t, body).map_err(|e| invalid(format!("{e:#}")))?;
             if !present(&Key::Snapshot(obj.snapshot)) {
@@ -419,7 +422,12 @@ fn store_verified(st: &AppState, key: &Key, body: &[u8]) -> Result<(), Refusal> 
     hub.put(key, body).map_err(internal)?;
     if matches!(
         key,
-        Key::Snapshot(_) | Key::Tag(_) | Key::Index(_) | Key::Locator(_) | Key::Layout
+        Key::Snapshot(_)
+            | Key::Tag(_)
+            | Key::Deleted(_)
+            | Key::Index(_)
+            | Key::Locator(_)
+            | Key::Layout
     ) {
         hub.flush().map_err(internal)?;
     }

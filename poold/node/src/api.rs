@@ -99,6 +99,7 @@ impl Node {
         tokio::spawn(reaper::reaper_loop(self.clone()));
         tokio::spawn(reaper::reclaim_loop(self.clone()));
         tokio::spawn(mount_watch::watch_loop(self.clone()));
+        tokio::spawn(hub::reconcile_loop(self.clone()));
         if self.cfg.auto_gc {
             tokio::spawn(reaper::gc_loop(self.clone()));
         }

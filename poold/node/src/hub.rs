@@ -12,7 +12,11 @@
 //!   [`publish`] pushes it in the background (the operation has answered;
 //!   a failed push is logged and counted, and `forkd push` repeats it);
 //! - a snapshot deleted here: [`unpublish`] deletes the hub's tag if it
-//!   still names that snapshot.
+//!   still names that snapshot, leaving a tombstone naming it;
+//! - at attach and every [`RECONCILE_EVERY`]: [`reconcile`] deletes here
+//!   the tags whose tombstones name the very snapshot they name here (a
+//!   delete this node missed, down or partitioned). A local-only snapshot,
+//!   or a tag published again since, is never named so.
 //!
 //! Hub credentials stay in poold's (and forkd-fs's) environment; no guest
 //! sees them.
@@ -40,8 +44,13 @@ pub trait SnapshotHub: Send + Sync + 'static {
     fn fetch(&self, tag: String) -> HubFuture<'_, bool>;
     /// Pushes local snapshot `tag` under the same tag.
     fn push(&self, tag: String) -> HubFuture<'_, ()>;
-    /// Deletes the hub's `tag` if it names snapshot `id`.
+    /// Deletes the hub's `tag` if it names snapshot `id`, leaving a
+    /// tombstone that names `id`.
     fn unpublish(&self, tag: String, id: forkd_layers::SnapshotId) -> HubFuture<'_, bool>;
+    /// Which of `local` (tag, snapshot id here) the hub's tombstones say
+    /// were deleted elsewhere.
+    fn deleted(&self, local: Vec<(String, forkd_layers::SnapshotId)>)
+        -> HubFuture<'_, Vec<String>>;
 }
 
 /// When the node's hub fetches on demand and `tag` is not in the store,
@@ -122,5 +131,51 @@ pub(crate) async fn unpublish(n: &Arc<Node>, tag: &str, id: forkd_layers::Snapsh
             "deleting tag {tag:?} on hub {} failed: {e:#}; other nodes may still pull it",
             hub.describe()
         ),
+    }
+}
+
+/// How often a node with a pushing hub looks for deletes it missed.
+pub const RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Deletes the local tags the hub's tombstones say were deleted elsewhere
+/// (when the node pushes: a hub it only pulls from says nothing of its
+/// deletes). A delete that fails (a live child, a pool) is logged and
+/// tried again next time.
+pub(crate) async fn reconcile(n: &Arc<Node>) {
+    let Some(hub) = n.hub().filter(|h| h.pushes()) else {
+        return;
+    };
+    let local = match crate::snapshots::tags(n).await {
+        Ok(l) => l,
+        Err(e) => return tracing::warn!("listing snapshots for the hub's tombstones: {e}"),
+    };
+    let gone = match hub.deleted(local).await {
+        Ok(g) => g,
+        Err(e) => {
+            return tracing::warn!(
+                "reading tombstones from hub {} failed: {e:#}; trying again in {}s",
+                hub.describe(),
+                RECONCILE_EVERY.as_secs()
+            )
+        }
+    };
+    for tag in gone {
+        match n.delete_snapshot(&tag, false, false).await {
+            Ok(()) => {
+                tracing::info!(tag, hub = %hub.describe(), "deleted a tag deleted elsewhere in the cluster")
+            }
+            Err(e) => tracing::warn!(
+                "tag {tag:?} was deleted elsewhere in the cluster, but not here yet: {e}"
+            ),
+        }
+    }
+}
+
+/// [`reconcile`] now (a node back from being down) and every
+/// [`RECONCILE_EVERY`] (one that was only cut off).
+pub(crate) async fn reconcile_loop(n: Arc<Node>) {
+    loop {
+        reconcile(&n).await;
+        tokio::time::sleep(RECONCILE_EVERY).await;
     }
 }

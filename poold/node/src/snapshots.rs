@@ -143,6 +143,16 @@ pub(crate) async fn resolve(n: &Arc<Node>, tag: &str) -> Result<SnapshotRecord> 
         .ok_or_else(|| Error::not_found(Kind::Snapshot, tag))
 }
 
+/// Every tag and the snapshot it names (none in flight).
+pub(crate) async fn tags(n: &Arc<Node>) -> Result<Vec<(String, forkd_layers::SnapshotId)>> {
+    let writing = n.writing();
+    let all = n.read(|v| Ok(v.tags()?)).await?;
+    Ok(all
+        .into_iter()
+        .filter(|(t, _)| !writing.contains(t))
+        .collect())
+}
+
 /// Whether a tag exists, through the read view.
 pub(crate) async fn tag_exists(n: &Arc<Node>, tag: &str) -> Result<bool> {
     let t = tag.to_string();

@@ -1,0 +1,242 @@
+//! E2B's lists through the gateway: every node's whole list (its pages
+//! followed), merged, and paged here as poold pages (`limit` up to
+//! [`PAGE`], `nextToken` naming the last item of the page before, an
+//! `x-next-token` header on a page with more after it).
+
+use std::collections::HashSet;
+
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::Value;
+
+use super::{e2b_error, E2bFront, F};
+use crate::error::GatewayError;
+use crate::nodes::{Bound, Node};
+use crate::proxy::{read_reply, with_unreachable};
+
+/// E2B's page size, and the most a page may hold.
+pub const PAGE: usize = 100;
+/// Pages read from one node for a merged list.
+const MAX_PAGES: usize = 100;
+
+/// A list query: E2B's paging keys, and the rest (filters) as sent.
+#[derive(Debug, PartialEq)]
+struct Paging {
+    limit: usize,
+    next: Option<String>,
+    filters: Vec<String>,
+}
+
+/// The query's paging and filters; Err: what is wrong with it.
+fn paging(query: Option<&str>) -> Result<Paging, String> {
+    let mut p = Paging {
+        limit: PAGE,
+        next: None,
+        filters: Vec::new(),
+    };
+    for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
+        match kv.split_once('=').unwrap_or((kv, "")) {
+            ("limit", v) => {
+                p.limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=PAGE).contains(n))
+                    .ok_or_else(|| format!("limit must be 1-{PAGE}"))?
+            }
+            ("nextToken" | "next_token", v) => p.next = Some(v.to_string()),
+            _ => p.filters.push(kv.to_string()),
+        }
+    }
+    Ok(p)
+}
+
+/// `GET /sandboxes`, `GET /v2/sandboxes`: merged in poold's order (start
+/// time, then id).
+pub(super) async fn sandboxes(State(f): F, req: Request) -> Response {
+    let p = match paging(req.uri().query()) {
+        Ok(p) => p,
+        Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
+    };
+    let (mut all, missing) = match gather(&f, req.uri().path(), &p.filters, req.headers()).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let key = |v: &Value| {
+        let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+        (s("startedAt"), s("sandboxID"))
+    };
+    all.sort_by_key(key);
+    with_unreachable(page(&all, "sandboxID", &p, "sandbox"), &missing)
+}
+
+/// `GET /snapshots`: every node's, a snapshot held by several once, in
+/// the nodes' order.
+pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
+    let p = match paging(req.uri().query()) {
+        Ok(p) => p,
+        Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
+    };
+    let (all, missing) = match gather(&f, req.uri().path(), &p.filters, req.headers()).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let mut seen = HashSet::new();
+    let all: Vec<Value> = all
+        .into_iter()
+        .filter(|s| {
+            seen.insert(
+                s.get("snapshotID")
+                    .cloned()
+                    .unwrap_or(Value::Null)
+                    .to_string(),
+            )
+        })
+        .collect();
+    with_unreachable(page(&all, "snapshotID", &p, "snapshot"), &missing)
+}
+
+/// The page of `all` that `p` asks for; items are named by their `id` key.
+fn page(all: &[Value], id: &str, p: &Paging, what: &str) -> Response {
+    let name = |v: &Value| v.get(id).and_then(Value::as_str).unwrap_or("").to_string();
+    let start = match &p.next {
+        None => 0,
+        Some(t) => match all.iter().position(|v| name(v) == *t) {
+            Some(i) => i + 1,
+            None => {
+                return e2b_error(
+                    StatusCode::BAD_REQUEST,
+                    format!("nextToken does not name a listed {what}; list from the start"),
+                )
+            }
+        },
+    };
+    let page: Vec<&Value> = all.iter().skip(start).take(p.limit).collect();
+    let mut r = Json(&page).into_response();
+    if all.len() > start + p.limit {
+        if let Some(v) = page
+            .last()
+            .and_then(|l| HeaderValue::from_str(&name(l)).ok())
+        {
+            r.headers_mut().insert("x-next-token", v);
+        }
+    }
+    r
+}
+
+/// Every E2B node's whole list at `path` with the client's filters, and
+/// the names of the nodes that could not be asked. A node's refusal (a
+/// bad filter) is the client's answer.
+async fn gather(
+    f: &E2bFront,
+    path: &str,
+    filters: &[String],
+    h: &HeaderMap,
+) -> Result<(Vec<Value>, Vec<String>), Response> {
+    let nodes = f.nodes();
+    let lists = nodes.iter().map(|n| whole_list(f, n, path, filters, h));
+    let mut all = Vec::new();
+    let mut missing = f.reg.down().0;
+    for (r, n) in futures::future::join_all(lists)
+        .await
+        .into_iter()
+        .zip(&nodes)
+    {
+        match r {
+            Ok(items) => all.extend(items),
+            Err(Listing::Unreachable(e)) => {
+                tracing::warn!(node = %n.name, error = %e, "E2B list: node left out");
+                missing.push(n.name.clone());
+            }
+            Err(Listing::Refused(r)) => return Err(r),
+        }
+    }
+    Ok((all, missing))
+}
+
+/// Why a node's list is not in a merged one.
+enum Listing {
+    Unreachable(GatewayError),
+    Refused(Response),
+}
+
+/// One node's whole list, its pages followed (at most [`MAX_PAGES`]).
+async fn whole_list(
+    f: &E2bFront,
+    node: &Node,
+    path: &str,
+    filters: &[String],
+    h: &HeaderMap,
+) -> Result<Vec<Value>, Listing> {
+    let mut out = Vec::new();
+    let mut token: Option<String> = None;
+    for _ in 0..MAX_PAGES {
+        let mut q: Vec<String> = filters.to_vec();
+        q.push(format!("limit={PAGE}"));
+        if let Some(t) = &token {
+            q.push(format!("nextToken={t}"));
+        }
+        let pq = format!("{path}?{}", q.join("&"));
+        let Some(rb) = f.to_node(node, Bound::Whole, Method::GET, &pq, h) else {
+            return Ok(out);
+        };
+        let r = read_reply(node, rb.send().await)
+            .await
+            .map_err(Listing::Unreachable)?;
+        if !r.status.is_success() {
+            return Err(Listing::Refused(r.into_response()));
+        }
+        let items: Vec<Value> = serde_json::from_slice(&r.body).map_err(|e| {
+            Listing::Unreachable(GatewayError::NodeUnreachable {
+                node: node.name.clone(),
+                why: format!("its E2B list is not a list: {e}"),
+            })
+        })?;
+        out.extend(items);
+        match r.headers.get("x-next-token").and_then(|v| v.to_str().ok()) {
+            Some(t) => token = Some(t.to_string()),
+            None => return Ok(out),
+        }
+    }
+    tracing::warn!(node = %node.name, "E2B list: over {MAX_PAGES} pages; the rest left out");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_split_into_paging_and_filters() {
+        let p = paging(Some("limit=2&nextToken=sb-1&metadata=a%3Db&state=running")).unwrap();
+        assert_eq!(p.limit, 2);
+        assert_eq!(p.next.as_deref(), Some("sb-1"));
+        assert_eq!(p.filters, ["metadata=a%3Db", "state=running"]);
+        assert_eq!(
+            paging(Some("next_token=x")).unwrap().next.as_deref(),
+            Some("x")
+        );
+        assert!(paging(Some("limit=0")).is_err() && paging(Some("limit=101")).is_err());
+        assert_eq!(paging(None).unwrap().limit, PAGE);
+    }
+
+    #[test]
+    fn pages_follow_the_merged_order() {
+        let all: Vec<Value> = ["a", "b", "c"]
+            .iter()
+            .map(|i| serde_json::json!({"sandboxID": i}))
+            .collect();
+        let p = |next: Option<&str>| Paging {
+            limit: 2,
+            next: next.map(str::to_string),
+            filters: vec![],
+        };
+        let r = page(&all, "sandboxID", &p(None), "sandbox");
+        assert_eq!(r.headers()["x-next-token"], "b");
+        let r = page(&all, "sandboxID", &p(Some("b")), "sandbox");
+        assert!(r.headers().get("x-next-token").is_none());
+        let r = page(&all, "sandboxID", &p(Some("zz")), "sandbox");
+        assert_eq!(r.status(), StatusCode::BAD_REQUEST);
+    }
+}
