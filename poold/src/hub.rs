@@ -77,7 +77,7 @@ impl SnapshotHub for PooldHub {
     fn deleted(
         &self,
         local: Vec<(String, forkd_layers::SnapshotId)>,
-    ) -> HubFuture<'_, Vec<String>> {
+    ) -> HubFuture<'_, Vec<(String, forkd_layers::SnapshotId)>> {
         self.blocking("tombstone check", move |_, c| lazy::deleted_tags(c, &local))
     }
 }

@@ -152,6 +152,7 @@ pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -
     }
     let tombstone = TagObject { snapshot: id }.encode();
     rt.block_on(hub.put(&forkd_remote::Key::deleted(tag)?, tombstone))?;
+    rt.block_on(hub.flush())?;
     rt.block_on(hub.delete(&key))?;
     Ok(true)
 }
@@ -159,11 +160,12 @@ pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -
 /// Which of `local` (tag, the snapshot it names here) were deleted on the
 /// hub: the hub's tombstone of the tag names that very snapshot and its
 /// tag does not (a tag published again, or moved, is not deleted). A
-/// tag the hub never had is not either. Blocking.
+/// tag the hub never had is not either; one whose objects cannot be read
+/// is logged and left for the next check. Blocking.
 pub fn deleted_tags(
     cfg: &HubConfig,
     local: &[(String, forkd_layers::SnapshotId)],
-) -> Result<Vec<String>> {
+) -> Result<Vec<(String, forkd_layers::SnapshotId)>> {
     let hub = cfg.open()?;
     let rt = runtime()?;
     let names = |key: forkd_remote::Key, tag: &str| -> Result<Option<forkd_layers::SnapshotId>> {
@@ -174,10 +176,13 @@ pub fn deleted_tags(
     };
     let mut out = Vec::new();
     for (tag, id) in local {
-        if names(forkd_remote::Key::deleted(tag)?, tag)? == Some(*id)
-            && names(forkd_remote::Key::tag(tag)?, tag)? != Some(*id)
-        {
-            out.push(tag.clone());
+        let gone = names(forkd_remote::Key::deleted(tag)?, tag).and_then(|t| {
+            Ok(t == Some(*id) && names(forkd_remote::Key::tag(tag)?, tag)? != Some(*id))
+        });
+        match gone {
+            Ok(true) => out.push((tag.clone(), *id)),
+            Ok(false) => {}
+            Err(e) => tracing::warn!("checking tag {tag:?} against hub {}: {e:#}", cfg.url),
         }
     }
     Ok(out)
@@ -273,7 +278,7 @@ mod tests {
             ("t".to_string(), b),
             ("never".to_string(), a),
         ];
-        assert_eq!(deleted_tags(&cfg, &local).unwrap(), ["t"]);
+        assert_eq!(deleted_tags(&cfg, &local).unwrap(), [("t".to_string(), a)]);
         // Published again: not deleted any more.
         publish(a);
         assert!(deleted_tags(&cfg, &[("t".into(), a)]).unwrap().is_empty());

@@ -49,8 +49,10 @@ pub trait SnapshotHub: Send + Sync + 'static {
     fn unpublish(&self, tag: String, id: forkd_layers::SnapshotId) -> HubFuture<'_, bool>;
     /// Which of `local` (tag, snapshot id here) the hub's tombstones say
     /// were deleted elsewhere.
-    fn deleted(&self, local: Vec<(String, forkd_layers::SnapshotId)>)
-        -> HubFuture<'_, Vec<String>>;
+    fn deleted(
+        &self,
+        local: Vec<(String, forkd_layers::SnapshotId)>,
+    ) -> HubFuture<'_, Vec<(String, forkd_layers::SnapshotId)>>;
 }
 
 /// When the node's hub fetches on demand and `tag` is not in the store,
@@ -137,10 +139,11 @@ pub(crate) async fn unpublish(n: &Arc<Node>, tag: &str, id: forkd_layers::Snapsh
 /// How often a node with a pushing hub looks for deletes it missed.
 pub const RECONCILE_EVERY: std::time::Duration = std::time::Duration::from_secs(30);
 
-/// Deletes the local tags the hub's tombstones say were deleted elsewhere
-/// (when the node pushes: a hub it only pulls from says nothing of its
-/// deletes). A delete that fails (a live child, a pool) is logged and
-/// tried again next time.
+/// Deletes the local snapshots the hub's tombstones say were deleted
+/// elsewhere (when the node pushes: a hub it only pulls from says nothing
+/// of its deletes). A delete refused (a live child, a dependent) is logged
+/// and tried again next time; a live child is checked before any pool is
+/// touched, so a kept snapshot keeps its warm pool.
 pub(crate) async fn reconcile(n: &Arc<Node>) {
     let Some(hub) = n.hub().filter(|h| h.pushes()) else {
         return;
@@ -159,13 +162,15 @@ pub(crate) async fn reconcile(n: &Arc<Node>) {
             )
         }
     };
-    for tag in gone {
-        match n.delete_snapshot(&tag, false, false).await {
-            Ok(()) => {
-                tracing::info!(tag, hub = %hub.describe(), "deleted a tag deleted elsewhere in the cluster")
-            }
+    for (tag, id) in gone {
+        // By id: a tag moved here since it was read keeps its new snapshot.
+        // Not unpublished: the hub's tag is gone or names another snapshot.
+        match crate::snapshots::delete_exact(n, id).await {
+            Ok(true) => tracing::info!(tag, %id, hub = %hub.describe(), "deleted a snapshot deleted elsewhere in the cluster"),
+            Ok(false) => {}
             Err(e) => tracing::warn!(
-                "tag {tag:?} was deleted elsewhere in the cluster, but not here yet: {e}"
+                "snapshot {id} (tag {tag:?}) was deleted elsewhere in the cluster, but not here yet: {e}; trying again in {}s",
+                RECONCILE_EVERY.as_secs()
             ),
         }
     }

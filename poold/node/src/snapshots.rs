@@ -295,6 +295,30 @@ pub(crate) async fn delete(n: &Arc<Node>, tag: &str, cascade: bool, force: bool)
     delete_record(n, rec, tag, deps).await
 }
 
+/// Deletes exactly snapshot `id` (with every tag naming it, wherever
+/// they moved since it was chosen), never another one its tags name now:
+/// the store deletes it by id. Refused without touching any pool while a
+/// sandbox spawned from it lives ([`Error::Conflict`]); `Ok(false)` when
+/// it is gone already.
+pub(crate) async fn delete_exact(n: &Arc<Node>, id: forkd_layers::SnapshotId) -> Result<bool> {
+    let Some(rec) = n.read(move |v| Ok(v.snapshot(&id)?)).await? else {
+        return Ok(false);
+    };
+    let key = id.to_string();
+    let live = n
+        .list()
+        .into_iter()
+        .filter(|s| s.snapshot_id == key)
+        .count();
+    if live > 0 {
+        return Err(Error::Conflict(format!(
+            "{live} sandbox(es) spawned from snapshot {key} still run"
+        )));
+    }
+    delete_record(n, rec, &key, Dependents::Refuse).await?;
+    Ok(true)
+}
+
 /// Deletes snapshot `rec` (named `tag`) and, with cascade, its dependents:
 /// refuses dependents first, then stops refilling the pools of every tag
 /// about to go, waits for their restores in flight, destroys their parked

@@ -18,6 +18,8 @@ use crate::proxy::{check_id, hop_by_hop, stream_back, unreachable};
 const TOKEN_CACHE_MAX: usize = 65_536;
 /// The longest access token remembered (poold's are 32 hex digits).
 const MAX_TOKEN_LEN: usize = 64;
+/// How long the body of a request naming no sandbox may take to arrive.
+const ASKED_BODY_TIME: std::time::Duration = std::time::Duration::from_secs(30);
 
 /// The sandbox plane: everything goes through [`plane`].
 pub fn plane_routes(f: Arc<E2bFront>) -> Router {
@@ -87,10 +89,10 @@ fn plane_request(
     rb
 }
 
-/// Hop-by-hop headers stay on their hop; `Authorization` passes (envd
-/// reads the guest user from it).
+/// Hop-by-hop headers stay on their hop, and a client's API key at the
+/// gateway; `Authorization` passes (envd reads the guest user from it).
 fn plane_passes(h: &HeaderName) -> bool {
-    !hop_by_hop(h) && h != header::CONTENT_LENGTH
+    !hop_by_hop(h) && h != header::CONTENT_LENGTH && h.as_str() != "x-api-key"
 }
 
 /// The access token a request carries, as the SDKs send it.
@@ -121,10 +123,12 @@ async fn ask_each(f: &E2bFront, req: Request) -> Response {
         );
     };
     let (parts, body) = req.into_parts();
-    let Ok(body) = axum::body::to_bytes(body, MAX_ASKED_BODY).await else {
+    // A turn is not held for a client that sends slowly.
+    let read = tokio::time::timeout(ASKED_BODY_TIME, axum::body::to_bytes(body, MAX_ASKED_BODY));
+    let Ok(Ok(body)) = read.await else {
         return e2b_error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            format!("a request over {MAX_ASKED_BODY} bytes through the gateway must name its sandbox: send E2b-Sandbox-Id or use the sandbox's URL (newer E2B SDKs do)"),
+            format!("a request over {MAX_ASKED_BODY} bytes (or sent over more than {}s) through the gateway must name its sandbox: send E2b-Sandbox-Id or use the sandbox's URL (newer E2B SDKs do)", ASKED_BODY_TIME.as_secs()),
         );
     };
     let mut nodes = f.nodes();
