@@ -42,7 +42,13 @@ struct Seen {
     sandboxes: usize,
     /// The node's `GET /version` (build, accelerator, jail, isolation).
     version: Option<serde_json::Value>,
+    /// Its E2B planes, read from `version` once per poll ([`Node::e2b`]).
+    e2b: Option<E2bUrls>,
 }
+
+/// Where a node serves E2B: `(control plane URL, sandbox plane URL, its
+/// sandbox domain)`.
+pub type E2bUrls = (String, String, String);
 
 /// One poold node.
 #[derive(Debug)]
@@ -151,14 +157,16 @@ impl Node {
         c.request(method, url)
     }
 
-    /// Where this node serves the E2B planes, as its `/version` said:
-    /// `(control plane URL, sandbox plane URL, its sandbox domain)`, at the
-    /// host its `/v1` is reached at. None: E2B is off there.
-    pub fn e2b(&self) -> Option<(String, String, String)> {
-        let planes: forkd_api::E2bPlanes = {
-            let st = self.state.read().unwrap();
-            serde_json::from_value(st.1.version.as_ref()?.get("e2b")?.clone()).ok()?
-        };
+    /// Where this node serves the E2B planes, as its last `/version` said,
+    /// at the host its `/v1` is reached at. None: E2B is off there.
+    pub fn e2b(&self) -> Option<E2bUrls> {
+        self.state.read().unwrap().1.e2b.clone()
+    }
+
+    /// The E2B planes a `/version` names, at the host of this node's URL.
+    fn e2b_of(&self, version: &serde_json::Value) -> Option<E2bUrls> {
+        let planes: forkd_api::E2bPlanes =
+            serde_json::from_value(version.get("e2b")?.clone()).ok()?;
         let url = reqwest::Url::parse(&self.url).ok()?;
         // Bracketed for IPv6, as a URL needs it.
         let host = url.host_str()?;
@@ -374,6 +382,7 @@ impl Registry {
             ready: pools.into_iter().map(|p| (p.tag, p.ready)).collect(),
             snapshots: snaps.into_iter().map(|s| s.tag).collect(),
             sandboxes: sandboxes.len(),
+            e2b: n.e2b_of(&version),
             version: Some(version),
         })
     }
