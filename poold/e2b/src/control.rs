@@ -18,7 +18,7 @@
 
 use crate::error::{E2bError, E2bResult};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::{paging, pause, snapshots};
+use crate::{pause, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::middleware::{self, Next};
@@ -26,6 +26,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
 use forkd_api::BranchBody;
+use forkd_edge::paging;
 use forkd_node::limits::{check_env, check_metadata, MAX_TTL_SECS};
 use forkd_node::PortAccess;
 use forkd_node::{SandboxRecord, SpawnRequest};
@@ -39,7 +40,7 @@ type E = State<Arc<E2b>>;
 
 /// The TTL of a sandbox whose create sets no `timeout` (E2B's default).
 pub const DEFAULT_TIMEOUT_SECS: u64 = 300;
-pub use crate::paging::MAX_PAGE;
+pub use forkd_edge::paging::MAX_PAGE;
 
 type R<T> = E2bResult<T>;
 
@@ -568,7 +569,7 @@ fn parse_list_query(q: Option<&str>) -> R<ListQuery> {
                 .states
                 .get_or_insert_with(Vec::new)
                 .extend(v.split(',').filter(|s| !s.is_empty()).map(str::to_string)),
-            "limit" => out.limit = paging::parse_limit(&v)?,
+            "limit" => out.limit = paging::parse_limit(&v).map_err(bad)?,
             "nextToken" | "next_token" => out.next = Some(v.into_owned()),
             "startedAfter" => out.started_after = Some(parse_started_after(&v)?),
             "template" => out.template = Some(v.into_owned()),
@@ -629,7 +630,8 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
         all.iter().map(|s| s.1.as_str()),
         q.next.as_deref(),
         "sandbox",
-    )?;
+    )
+    .map_err(bad)?;
     let mut page = Vec::new();
     let mut last = None;
     let mut more = false;

@@ -38,7 +38,6 @@ pub mod error;
 pub mod guest;
 pub mod interpreter;
 pub mod metrics;
-pub mod paging;
 pub mod pause;
 pub mod ports;
 pub mod process;

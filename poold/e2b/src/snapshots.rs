@@ -20,13 +20,13 @@
 //!   are not listed.
 
 use crate::error::{E2bError, E2bResult};
-use crate::paging::{self, MAX_PAGE};
 use crate::state::E2b;
 use axum::extract::{Path, RawQuery, State};
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use forkd_api::{BranchBody, SnapshotInfo};
+use forkd_edge::paging::{self, MAX_PAGE};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -117,7 +117,7 @@ fn parse_query(q: Option<&str>) -> R<Query> {
         match k.as_ref() {
             "sandboxID" => out.sandbox = Some(v.into_owned()),
             "name" => out.name = Some(v.into_owned()),
-            "limit" => out.limit = paging::parse_limit(&v)?,
+            "limit" => out.limit = paging::parse_limit(&v).map_err(bad)?,
             "nextToken" => out.next = Some(v.into_owned()),
             _ => {}
         }
@@ -153,7 +153,8 @@ pub async fn list(State(e): State<Arc<E2b>>, RawQuery(q): RawQuery) -> R<Respons
         all.iter().map(|s| s.tag.as_str()),
         q.next.as_deref(),
         "snapshot",
-    )?;
+    )
+    .map_err(bad)?;
     let rest = &all[start.min(all.len())..];
     let page: Vec<Value> = rest
         .iter()

@@ -1,7 +1,6 @@
 //! E2B's lists through the gateway: every node's whole list (its pages
-//! followed), merged, and paged here as poold pages (`limit` up to
-//! [`PAGE`], `nextToken` naming the last item of the page before, an
-//! `x-next-token` header on a page with more after it).
+//! followed), merged, and paged here as poold pages them
+//! ([`forkd_edge::paging`]).
 
 use std::collections::HashSet;
 
@@ -9,6 +8,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use forkd_edge::paging::{self, MAX_PAGE};
 use serde_json::Value;
 
 use super::{e2b_error, E2bFront, F};
@@ -16,8 +16,6 @@ use crate::error::GatewayError;
 use crate::nodes::{Bound, Node};
 use crate::proxy::{read_reply, with_unreachable};
 
-/// E2B's page size, and the most a page may hold.
-pub const PAGE: usize = 100;
 /// Pages read from one node for a merged list.
 const MAX_PAGES: usize = 100;
 
@@ -30,21 +28,15 @@ struct Paging {
 }
 
 /// The query's paging and filters; Err: what is wrong with it.
-fn paging(query: Option<&str>) -> Result<Paging, String> {
+fn parse_query(query: Option<&str>) -> Result<Paging, String> {
     let mut p = Paging {
-        limit: PAGE,
+        limit: MAX_PAGE,
         next: None,
         filters: Vec::new(),
     };
     for kv in query.unwrap_or("").split('&').filter(|s| !s.is_empty()) {
         match kv.split_once('=').unwrap_or((kv, "")) {
-            ("limit", v) => {
-                p.limit = v
-                    .parse()
-                    .ok()
-                    .filter(|n| (1..=PAGE).contains(n))
-                    .ok_or_else(|| format!("limit must be 1-{PAGE}"))?
-            }
+            ("limit", v) => p.limit = paging::parse_limit(v)?,
             ("nextToken" | "next_token", v) => p.next = Some(v.to_string()),
             _ => p.filters.push(kv.to_string()),
         }
@@ -55,7 +47,7 @@ fn paging(query: Option<&str>) -> Result<Paging, String> {
 /// `GET /sandboxes`, `GET /v2/sandboxes`: merged in poold's order (start
 /// time, then id).
 pub(super) async fn sandboxes(State(f): F, req: Request) -> Response {
-    let p = match paging(req.uri().query()) {
+    let p = match parse_query(req.uri().query()) {
         Ok(p) => p,
         Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
     };
@@ -74,7 +66,7 @@ pub(super) async fn sandboxes(State(f): F, req: Request) -> Response {
 /// `GET /snapshots`: every node's, a snapshot held by several once, in
 /// the nodes' order.
 pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
-    let p = match paging(req.uri().query()) {
+    let p = match parse_query(req.uri().query()) {
         Ok(p) => p,
         Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
     };
@@ -98,26 +90,18 @@ pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
 }
 
 /// The page of `all` that `p` asks for; items are named by their `id` key.
-fn page(all: &[Value], id: &str, p: &Paging, what: &str) -> Response {
-    let name = |v: &Value| v.get(id).and_then(Value::as_str).unwrap_or("").to_string();
-    let start = match &p.next {
-        None => 0,
-        Some(t) => match all.iter().position(|v| name(v) == *t) {
-            Some(i) => i + 1,
-            None => {
-                return e2b_error(
-                    StatusCode::BAD_REQUEST,
-                    format!("nextToken does not name a listed {what}; list from the start"),
-                )
-            }
-        },
+fn page<'a>(all: &'a [Value], id: &str, p: &Paging, what: &str) -> Response {
+    let name = |v: &'a Value| v.get(id).and_then(Value::as_str).unwrap_or("");
+    let start = match paging::start_after(all.iter().map(name), p.next.as_deref(), what) {
+        Ok(i) => i,
+        Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
     };
     let page: Vec<&Value> = all.iter().skip(start).take(p.limit).collect();
     let mut r = Json(&page).into_response();
     if all.len() > start + p.limit {
         if let Some(v) = page
             .last()
-            .and_then(|l| HeaderValue::from_str(&name(l)).ok())
+            .and_then(|l| HeaderValue::from_str(name(l)).ok())
         {
             r.headers_mut().insert("x-next-token", v);
         }
@@ -173,7 +157,7 @@ async fn whole_list(
     let mut token: Option<String> = None;
     for _ in 0..MAX_PAGES {
         let mut q: Vec<String> = filters.to_vec();
-        q.push(format!("limit={PAGE}"));
+        q.push(format!("limit={MAX_PAGE}"));
         if let Some(t) = &token {
             q.push(format!("nextToken={t}"));
         }
@@ -209,16 +193,16 @@ mod tests {
 
     #[test]
     fn queries_split_into_paging_and_filters() {
-        let p = paging(Some("limit=2&nextToken=sb-1&metadata=a%3Db&state=running")).unwrap();
+        let p = parse_query(Some("limit=2&nextToken=sb-1&metadata=a%3Db&state=running")).unwrap();
         assert_eq!(p.limit, 2);
         assert_eq!(p.next.as_deref(), Some("sb-1"));
         assert_eq!(p.filters, ["metadata=a%3Db", "state=running"]);
         assert_eq!(
-            paging(Some("next_token=x")).unwrap().next.as_deref(),
+            parse_query(Some("next_token=x")).unwrap().next.as_deref(),
             Some("x")
         );
-        assert!(paging(Some("limit=0")).is_err() && paging(Some("limit=101")).is_err());
-        assert_eq!(paging(None).unwrap().limit, PAGE);
+        assert!(parse_query(Some("limit=0")).is_err() && parse_query(Some("limit=101")).is_err());
+        assert_eq!(parse_query(None).unwrap().limit, MAX_PAGE);
     }
 
     #[test]
