@@ -25,6 +25,8 @@ pub enum GatewayError {
     SandboxNotFound { id: String, down: DownList },
     #[error("node {node} did not answer: {why}")]
     NodeUnreachable { node: String, why: String },
+    #[error("node {node} may have made it: the connection broke after the request was sent ({why}); it was not placed elsewhere, so nothing is made twice. List sandboxes to find it before asking again")]
+    MaybeMade { node: String, why: String },
     #[error("{what} is not routed by the gateway yet: {hint}")]
     NotRouted {
         what: &'static str,
@@ -56,7 +58,9 @@ impl GatewayError {
             }
             GatewayError::NoHealthyNode { .. } => StatusCode::SERVICE_UNAVAILABLE,
             GatewayError::SandboxNodeDown { .. } => StatusCode::GONE,
-            GatewayError::NodeUnreachable { .. } => StatusCode::BAD_GATEWAY,
+            GatewayError::NodeUnreachable { .. } | GatewayError::MaybeMade { .. } => {
+                StatusCode::BAD_GATEWAY
+            }
             GatewayError::NotRouted { .. } => StatusCode::NOT_IMPLEMENTED,
         }
     }

@@ -28,6 +28,9 @@
 //! - **No partial spawns.** A spawn of `n` either returns `n` sandboxes or
 //!   none: shares that fail are placed again on other nodes once, and if that
 //!   fails too, the sandboxes already made are killed before the error.
+//! - **Nothing made twice.** Only a request that never reached its node is
+//!   placed again; one whose connection broke after sending may have been
+//!   made there, so it ends the spawn (`proxy::Making`).
 
 pub mod config;
 pub mod e2b;

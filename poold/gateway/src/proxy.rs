@@ -142,9 +142,11 @@ async fn nodes(State(app): State<App>) -> Json<Vec<crate::NodeView>> {
 /// How a node's share of a spawn went.
 enum Share {
     Made(Vec<Value>),
-    /// The node refused the request itself (a 4xx that every node would
-    /// give): passed to the client as it is.
-    Refused(NodeReply),
+    /// Ends the spawn, passed to the client as it is: the node refused the
+    /// request itself (a 4xx that every node would give), or it may have
+    /// made the share without answering (placed again, it could be made
+    /// twice).
+    Refused(Response),
     /// Worth placing elsewhere: unreachable, out of capacity, lost the
     /// snapshot since the last poll.
     Failed(Response),
@@ -207,9 +209,9 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
                     nodes[i].note_spawned(&tag, list.len());
                     made.extend(list.into_iter().map(|s| (i, s)));
                 }
-                Share::Refused(reply) => {
+                Share::Refused(resp) => {
                     undo(&nodes, &made).await;
-                    return Ok(reply.into_response());
+                    return Ok(resp);
                 }
                 Share::Failed(resp) => {
                     failed.insert(i);
@@ -276,9 +278,10 @@ async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usiz
         .json(&body)
         .send()
         .await;
-    let reply = match read_reply(node, sent).await {
-        Ok(r) => r,
-        Err(e) => return Share::Failed(e.into_response()),
+    let reply = match read_making(node, sent).await {
+        Making::Answered(r) => r,
+        Making::NotSent(e) => return Share::Failed(e.into_response()),
+        Making::MaybeMade(e) => return Share::Refused(e.into_response()),
     };
     if reply.status.is_success() {
         return match serde_json::from_slice::<Vec<Value>>(&reply.body) {
@@ -301,7 +304,7 @@ async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usiz
         tracing::warn!(node = %node.name, status = %reply.status, "spawn share failed; placing it elsewhere");
         Share::Failed(reply.into_response())
     } else {
-        Share::Refused(reply)
+        Share::Refused(reply.into_response())
     }
 }
 
@@ -567,6 +570,41 @@ pub(crate) async fn read_reply(
         headers,
         body,
     })
+}
+
+/// A node's answer to a request that makes something (a spawn, an E2B
+/// create), told apart by whether a failure may still have made it.
+pub(crate) enum Making {
+    /// The node answered, with any status.
+    Answered(NodeReply),
+    /// The request never reached the node (no connection): safe to place
+    /// elsewhere.
+    NotSent(GatewayError),
+    /// The connection broke after the request was sent, or the reply was
+    /// cut: the node may have made it, so placing it again could make it
+    /// twice.
+    MaybeMade(GatewayError),
+}
+
+/// Reads the reply to a making request, as [`Making`].
+pub(crate) async fn read_making(
+    node: &Node,
+    sent: Result<reqwest::Response, reqwest::Error>,
+) -> Making {
+    match sent {
+        Err(e) if e.is_connect() => Making::NotSent(unreachable(node, &e)),
+        Err(e) => Making::MaybeMade(GatewayError::MaybeMade {
+            node: node.name.clone(),
+            why: error_chain(&e),
+        }),
+        Ok(r) => match read_reply(node, Ok(r)).await {
+            Ok(reply) => Making::Answered(reply),
+            Err(e) => Making::MaybeMade(GatewayError::MaybeMade {
+                node: node.name.clone(),
+                why: e.to_string(),
+            }),
+        },
+    }
 }
 
 pub(crate) fn with_unreachable(mut r: Response, missing: &[String]) -> Response {
@@ -840,5 +878,89 @@ async fn read_object(req: Request) -> Result<serde_json::Map<String, Value>, Gat
             field: "body",
             why: format!("not JSON: {e}"),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Config, NodeAddr, NodeSource};
+    use crate::nodes::Registry;
+    use std::time::Duration;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    fn node_at(addr: std::net::SocketAddr) -> Arc<Node> {
+        let cfg = Config {
+            source: NodeSource::Static(vec![NodeAddr {
+                name: "n1".into(),
+                url: format!("http://{addr}"),
+            }]),
+            token: None,
+            node_token: None,
+            node_e2b_key: None,
+            node_ca_cert: None,
+            poll_interval: Duration::from_secs(60),
+            node_timeout: Duration::from_secs(5),
+        };
+        Registry::new(&cfg).unwrap().nodes().remove(0)
+    }
+
+    /// A loopback node that reads one request, sends `reply` (if any) and
+    /// closes the connection.
+    async fn fake_node(reply: Option<&'static [u8]>) -> std::net::SocketAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (mut c, _) = l.accept().await.unwrap();
+            let mut buf = vec![0u8; 4096];
+            let _ = c.read(&mut buf).await;
+            if let Some(r) = reply {
+                c.write_all(r).await.unwrap();
+            }
+            // Dropped: the connection closes.
+        });
+        addr
+    }
+
+    async fn making(addr: std::net::SocketAddr) -> Making {
+        let node = node_at(addr);
+        let sent = node
+            .call(Bound::Connect, Method::POST, "/v1/sandboxes")
+            .body("{}")
+            .send()
+            .await;
+        read_making(&node, sent).await
+    }
+
+    #[tokio::test]
+    async fn a_spawn_is_placed_again_only_when_it_never_reached_the_node() {
+        // Nothing listens: the request never left, so another node may
+        // take it.
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closed.local_addr().unwrap();
+        drop(closed);
+        assert!(matches!(making(addr).await, Making::NotSent(_)));
+        // The node read the spawn and hung up: it may have made the
+        // sandboxes, so the error says so and nothing is placed again.
+        match making(fake_node(None).await).await {
+            Making::MaybeMade(e) => {
+                assert_eq!(e.status(), StatusCode::BAD_GATEWAY);
+                assert!(e.to_string().contains("may have made it"), "{e}");
+            }
+            _ => panic!("a cut connection must be MaybeMade"),
+        }
+        // A reply cut short after its status: the same.
+        let cut = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\n[{\"id\"";
+        assert!(matches!(
+            making(fake_node(Some(cut)).await).await,
+            Making::MaybeMade(_)
+        ));
+        // A whole answer, any status, is the node's.
+        let whole = b"HTTP/1.1 503 Service Unavailable\r\ncontent-length: 2\r\n\r\n{}";
+        match making(fake_node(Some(whole)).await).await {
+            Making::Answered(r) => assert_eq!(r.status, StatusCode::SERVICE_UNAVAILABLE),
+            _ => panic!("a whole reply must be Answered"),
+        }
     }
 }

@@ -15,7 +15,9 @@ use super::{e2b_error, from_gateway, lists, E2bFront, F};
 use crate::error::GatewayError;
 use crate::nodes::{Bound, Node};
 use crate::place::place;
-use crate::proxy::{candidates, check_id, read_reply, NodeReply, MAX_JSON_BODY};
+use crate::proxy::{
+    candidates, check_id, read_making, read_reply, Making, NodeReply, MAX_JSON_BODY,
+};
 
 /// The control plane's routes, behind the API-key check.
 pub fn control_routes(f: Arc<E2bFront>) -> Router {
@@ -69,7 +71,8 @@ fn template_of(body: &[u8]) -> Option<String> {
 }
 
 /// `POST /sandboxes`: placed by the template's tag, tried on a second
-/// node when the first fails it for a reason another may not have.
+/// node when the first fails it for a reason another may not have, never
+/// when the first may have made it ([`Making::MaybeMade`]).
 async fn create(State(f): F, req: Request) -> Response {
     let (parts, body) = req.into_parts();
     let Ok(body) = axum::body::to_bytes(body, MAX_JSON_BODY).await else {
@@ -102,13 +105,14 @@ async fn create(State(f): F, req: Request) -> Response {
         ) else {
             continue;
         };
-        match read_reply(node, rb.body(body.clone()).send().await).await {
-            Err(e) => last = Some(from_gateway(e)),
-            Ok(reply) if elsewhere(reply.status) => {
+        match read_making(node, rb.body(body.clone()).send().await).await {
+            Making::NotSent(e) => last = Some(from_gateway(e)),
+            Making::MaybeMade(e) => return from_gateway(e),
+            Making::Answered(reply) if elsewhere(reply.status) => {
                 tracing::warn!(node = %node.name, status = %reply.status, "E2B create failed; placing it elsewhere");
                 last = Some(reply.into_response());
             }
-            Ok(reply) => return created(&f, node, &tag, reply),
+            Making::Answered(reply) => return created(&f, node, &tag, reply),
         }
     }
     last.unwrap_or_else(|| {
