@@ -94,7 +94,7 @@ install_packages() {
   say "Installing host packages"
   . /etc/os-release
   local codename=${VERSION_CODENAME:-}
-  local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev lld
+  local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
               build-essential file iproute2 nftables ca-certificates git
               libseccomp-dev libcap-ng-dev)
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"

@@ -25,7 +25,7 @@ pub enum GatewayError {
     SandboxNotFound { id: String, down: DownList },
     #[error("node {node} did not answer: {why}")]
     NodeUnreachable { node: String, why: String },
-    #[error("node {node} may have made it: the connection broke after the request was sent ({why}); it was not placed elsewhere, so nothing is made twice. List sandboxes to find it before asking again")]
+    #[error("node {node} may have made it ({why}); it was not placed elsewhere, so nothing is made twice. List sandboxes to find it before asking again")]
     MaybeMade { node: String, why: String },
     #[error("{what} is not routed by the gateway yet: {hint}")]
     NotRouted {

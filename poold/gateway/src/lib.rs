@@ -28,9 +28,10 @@
 //! - **No partial spawns.** A spawn of `n` either returns `n` sandboxes or
 //!   none: shares that fail are placed again on other nodes once, and if that
 //!   fails too, the sandboxes already made are killed before the error.
-//! - **Nothing made twice.** Only a request that never reached its node is
-//!   placed again; one whose connection broke after sending may have been
-//!   made there, so it ends the spawn (`proxy::Making`).
+//! - **Nothing made twice.** A share is placed again only when it never
+//!   reached its node or the node answered that it did not make it; one
+//!   whose connection broke after sending may have been made there, so it
+//!   ends the spawn (`proxy::Making`).
 
 pub mod config;
 pub mod e2b;

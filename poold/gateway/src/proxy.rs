@@ -203,6 +203,9 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
         let shares = plan.iter().map(|&(i, k)| spawn_share(&nodes[i], &body, k));
         let results = futures::future::join_all(shares).await;
         todo = 0;
+        // Every share's outcome first: a refusal must not leave a later
+        // share's sandboxes out of what `undo` kills.
+        let mut refused = None;
         for (&(i, k), r) in plan.iter().zip(results) {
             match r {
                 Share::Made(list) => {
@@ -210,8 +213,7 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
                     made.extend(list.into_iter().map(|s| (i, s)));
                 }
                 Share::Refused(resp) => {
-                    undo(&nodes, &made).await;
-                    return Ok(resp);
+                    refused.get_or_insert(resp);
                 }
                 Share::Failed(resp) => {
                     failed.insert(i);
@@ -219,6 +221,10 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
                     last_failure = Some(resp);
                 }
             }
+        }
+        if let Some(resp) = refused {
+            undo(&nodes, &made).await;
+            return Ok(resp);
         }
         if todo == 0 {
             break;
@@ -284,12 +290,17 @@ async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usiz
         Making::MaybeMade(e) => return Share::Refused(e.into_response()),
     };
     if reply.status.is_success() {
+        // The node says it made them: a reply we cannot read is not a
+        // reason to make them again elsewhere.
         return match serde_json::from_slice::<Vec<Value>>(&reply.body) {
             Ok(list) => Share::Made(list),
-            Err(e) => Share::Failed(
-                GatewayError::NodeUnreachable {
+            Err(e) => Share::Refused(
+                GatewayError::MaybeMade {
                     node: node.name.clone(),
-                    why: format!("its spawn reply is not a list of sandboxes: {e}"),
+                    why: format!(
+                        "it answered {} with a body that is not a list of sandboxes ({e})",
+                        reply.status
+                    ),
                 }
                 .into_response(),
             ),
@@ -591,18 +602,24 @@ pub(crate) async fn read_making(
     node: &Node,
     sent: Result<reqwest::Response, reqwest::Error>,
 ) -> Making {
-    match sent {
-        Err(e) if e.is_connect() => Making::NotSent(unreachable(node, &e)),
-        Err(e) => Making::MaybeMade(GatewayError::MaybeMade {
+    let maybe = |why: String| {
+        Making::MaybeMade(GatewayError::MaybeMade {
             node: node.name.clone(),
-            why: error_chain(&e),
-        }),
+            why,
+        })
+    };
+    match sent {
+        Err(e) if e.is_connect() || e.is_builder() => Making::NotSent(unreachable(node, &e)),
+        Err(e) => maybe(format!(
+            "the connection broke after the request was sent: {}",
+            error_chain(&e)
+        )),
         Ok(r) => match read_reply(node, Ok(r)).await {
             Ok(reply) => Making::Answered(reply),
-            Err(e) => Making::MaybeMade(GatewayError::MaybeMade {
-                node: node.name.clone(),
-                why: e.to_string(),
-            }),
+            Err(GatewayError::NodeUnreachable { why, .. }) => {
+                maybe(format!("its reply was cut short: {why}"))
+            }
+            Err(e) => maybe(e.to_string()),
         },
     }
 }
