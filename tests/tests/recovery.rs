@@ -523,19 +523,13 @@ fn holder_pid(home: &std::path::Path) -> i32 {
 
 /// Aborts the FUSE connection mounted at `mnt` (`/sys/fs/fuse/connections`):
 /// the kernel ends it for good, as when a holder dies with nobody keeping
-/// its connection.
+/// its connection. forkd-fs's own abort, which mounts fusectl first where
+/// nothing has (a host without systemd, as this test once found).
 fn abort_connection(mnt: &std::path::Path) {
-    let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let dev = info
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            (std::path::Path::new(f.get(4)?) == mnt).then(|| f[2].to_string())
-        })
-        .next_back()
+    let entry = forkd_fs::mount::mount_at(mnt)
+        .unwrap()
         .expect("the mount is in the mount table");
-    let minor = dev.split_once(':').unwrap().1;
-    std::fs::write(format!("/sys/fs/fuse/connections/{minor}/abort"), "1").unwrap();
+    forkd_fs::mount::abort_connection(&entry).unwrap();
 }
 
 /// The holder of the mount killed (-9; an OOM kill, an operator's `pkill
