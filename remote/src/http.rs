@@ -84,6 +84,7 @@ impl HttpHub {
         if !base.path().ends_with('/') {
             base.set_path(&format!("{}/", base.path()));
         }
+        crate::install_tls_provider();
         let client = Client::builder()
             .connect_timeout(connect)
             .timeout(request)

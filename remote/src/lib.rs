@@ -29,6 +29,15 @@ pub use layout::{Key, LAYOUT_CHUNKS, LAYOUT_PACKED};
 pub use packfile::PackReader;
 pub use s3::S3Hub;
 
+/// Installs rustls's ring provider as the process's default unless one
+/// already is. reqwest (ours and object_store's) is built without a provider
+/// of its own (the workspace Cargo.toml says why) and panics building a
+/// client when none is installed: hub clients call this first.
+pub fn install_tls_provider() {
+    // Err only means a provider is already installed: that one is used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

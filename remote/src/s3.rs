@@ -60,6 +60,7 @@ impl S3Hub {
         env: &BTreeMap<String, String>,
         t: Timeouts,
     ) -> Result<S3Hub> {
+        crate::install_tls_provider();
         let mut b = AmazonS3Builder::new()
             .with_bucket_name(bucket)
             .with_retry(RetryConfig {

@@ -73,7 +73,7 @@ fn children() -> &'static Children {
 }
 
 fn client() -> reqwest::Client {
-    reqwest::Client::builder()
+    forkd_api::http_builder()
         .http1_only()
         .timeout(Duration::from_secs(600))
         .build()

@@ -141,7 +141,9 @@ async fn websocket_auth(p: &str, id: &str, token: &str) {
 
     // A subprotocol is read only on an upgrade: a plain request with it
     // is refused like one without a token.
-    let r = reqwest::Client::new()
+    let r = forkd_api::http_builder()
+        .build()
+        .unwrap()
         .get(format!("{p}/v1/sandboxes"))
         .header("sec-websocket-protocol", good.as_str())
         .send()
@@ -153,7 +155,7 @@ async fn websocket_auth(p: &str, id: &str, token: &str) {
 /// The console's own answers at `base`: no token needed, strict headers;
 /// the API beside it still wants the token.
 async fn console_headers(base: &str) {
-    let c = reqwest::Client::new();
+    let c = forkd_api::http_builder().build().unwrap();
     for path in ["/console/", "/console/app.js", "/console/style.css"] {
         let r = c.get(format!("{base}{path}")).send().await.unwrap();
         assert_eq!(r.status().as_u16(), 200, "{path}");

@@ -462,7 +462,9 @@ async fn e2b_call(
     body: Option<serde_json::Value>,
 ) -> (u16, serde_json::Value) {
     let (api, _) = gw.e2b.clone().expect("the gateway serves E2B");
-    let mut rb = reqwest::Client::new()
+    let mut rb = forkd_api::http_builder()
+        .build()
+        .unwrap()
         .request(method, format!("{api}{path}"))
         .header("X-API-KEY", "e2b_gateway_test");
     if let Some(b) = body {

@@ -66,7 +66,7 @@ impl Ca {
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
 fn server_config(ca: &Ca, name: &str) -> Arc<rustls::ServerConfig> {

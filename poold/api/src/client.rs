@@ -10,6 +10,16 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use std::time::Duration;
 
+/// A `reqwest` client builder with rustls's ring provider installed as the
+/// process's default (unless one already is): forkd builds reqwest without
+/// a provider of its own (the workspace Cargo.toml says why), and building
+/// a client with none installed panics. Every forkd HTTP client starts here.
+pub fn http_builder() -> reqwest::ClientBuilder {
+    // Err only means a provider is already installed: that one is used.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    reqwest::Client::builder()
+}
+
 /// Where poold listens unless `$FORKD_URL` says otherwise.
 pub const DEFAULT_URL: &str = "http://127.0.0.1:8889";
 
@@ -51,7 +61,7 @@ impl Client {
         token: Option<String>,
         ca: Option<&std::path::Path>,
     ) -> Result<Client> {
-        let mut builder = reqwest::Client::builder().timeout(Duration::from_secs(3600));
+        let mut builder = http_builder().timeout(Duration::from_secs(3600));
         if let Some(ca) = ca {
             let pem = std::fs::read(ca)
                 .with_context(|| format!("reading FORKD_CA_CERT {}", ca.display()))?;

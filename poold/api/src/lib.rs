@@ -17,6 +17,8 @@ mod types;
 mod workspaces;
 
 #[cfg(feature = "client")]
-pub use client::{Client, JsonLines, Method, StatusCode, DEFAULT_URL, MAX_LINE_BYTES};
+pub use client::{
+    http_builder, Client, JsonLines, Method, StatusCode, DEFAULT_URL, MAX_LINE_BYTES,
+};
 pub use types::*;
 pub use workspaces::*;

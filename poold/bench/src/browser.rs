@@ -334,7 +334,7 @@ async fn navigate_twice(port: u16) -> Result<[f64; 4]> {
 
 async fn http_json(port: u16, path: &str) -> Result<Value> {
     let url = format!("http://127.0.0.1:{port}{path}");
-    let r = reqwest::Client::builder()
+    let r = forkd_api::http_builder()
         .timeout(CDP_TIMEOUT)
         .build()?
         .get(&url)

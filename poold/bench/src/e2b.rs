@@ -45,7 +45,7 @@ struct Trip {
 /// Runs the benchmark against the poold of `Client::from_env` and prints its report.
 pub async fn run(b: E2bBench) -> Result<()> {
     let c = Client::from_env()?;
-    let http = reqwest::Client::builder()
+    let http = forkd_api::http_builder()
         .timeout(Duration::from_secs(600))
         .build()?;
     let _: Value = c

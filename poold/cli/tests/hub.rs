@@ -461,7 +461,7 @@ async fn http_hub_served_by_forkd_hub_serve() {
         assert!(e.contains("401"), "{e}");
     }
     // The server verifies what it is sent.
-    let client = reqwest::Client::new();
+    let client = forkd_api::http_builder().build().unwrap();
     let put = |path: String, body: Vec<u8>| {
         client
             .put(format!("{url}/v1/objects/{path}"))

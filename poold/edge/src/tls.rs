@@ -1,6 +1,7 @@
 //! TLS on poold's TCP listener (`tls_cert`/`tls_key`, `--tls-cert`/
-//! `--tls-key`): rustls with the aws-lc-rs provider, the one reqwest
-//! already brings, so the build carries one crypto library.
+//! `--tls-key`): rustls with the ring provider, the one every forkd HTTP
+//! client installs (`forkd_api::http_builder`), so the build carries one
+//! crypto library.
 //!
 //! Handshakes run on their own tasks, off the accept loop, each bounded by
 //! [`HANDSHAKE_TIMEOUT`], and at most [`MAX_HANDSHAKES`] at once: a peer
@@ -49,7 +50,7 @@ pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig
             key.display()
         )
     })?;
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .context("TLS protocol versions")?

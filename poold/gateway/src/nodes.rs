@@ -103,7 +103,7 @@ impl Node {
         pin: Option<(&str, std::net::SocketAddr)>,
     ) -> anyhow::Result<Node> {
         let build = |whole: bool| -> anyhow::Result<reqwest::Client> {
-            let mut b = reqwest::Client::builder().connect_timeout(cfg.timeout);
+            let mut b = forkd_api::http_builder().connect_timeout(cfg.timeout);
             if whole {
                 b = b.timeout(cfg.timeout);
             }
