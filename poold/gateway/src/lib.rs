@@ -33,6 +33,7 @@
 //!   whose connection broke after sending may have been made there, so it
 //!   ends the spawn (`proxy::Making`).
 
+pub mod cli;
 pub mod config;
 pub mod e2b;
 mod error;
