@@ -7,15 +7,16 @@
 #
 # Runs as root: from a root shell as is, else it re-runs itself through sudo.
 # Steps (each one's time, and the total, are printed at the end):
-#   1. host packages: QEMU >= 10 (from bookworm-backports on Debian 12, derived
-#      from your existing apt sources), debootstrap, e2fsprogs, FUSE, build
-#      tools; Rust >= 1.88: cargo on PATH, in root's or the sudo-invoking
+#   1. host packages: debootstrap, e2fsprogs, FUSE, build tools, and QEMU
+#      >= 10 (from bookworm-backports on Debian 12, derived from your
+#      existing apt sources; installed in the background during step 3);
+#      Rust >= 1.88: cargo on PATH, in root's or the sudo-invoking
 #      user's ~/.cargo/bin (rustup), else the distribution's packages
 #      (rustc-web/cargo-web on Debian 12); virtiofsd for volumes (Debian's
 #      package on Debian 13+, else built with cargo install, pinned)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)
 #   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
-#   4. the guest initramfs (scripts/build-guest.sh)
+#   4. the guest initramfs (scripts/build-guest.sh), and beside it
 #   5. the guest images `minimal` and `python-numpy` into $FORKD_HOME/images
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -100,6 +101,35 @@ install_packages() {
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
   apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
   note "installed: ${base[*]}"
+}
+
+# QEMU >= 10: nothing before the quickstart needs it (the build, the
+# initramfs and the images do not boot anything), so start_qemu installs it
+# in the background beside the build and wait_qemu waits for it at the end.
+# It starts after every other apt use of setup's (Rust, virtiofsd, the
+# kernel's download), so nothing waits on apt's lock.
+QEMU_PID=
+QEMU_LOG=
+start_qemu() {
+  QEMU_LOG=$(mktemp /tmp/forkd-qemu-install.XXXXXX)
+  note "installing QEMU in the background, beside the build (log: $QEMU_LOG)"
+  install_qemu >"$QEMU_LOG" 2>&1 &
+  QEMU_PID=$!
+}
+
+wait_qemu() {
+  [ -n "$QEMU_PID" ] || return 0
+  if ! wait "$QEMU_PID"; then
+    cat "$QEMU_LOG" >&2
+    die "installing QEMU failed (above); forkd needs QEMU >= 10. Re-run scripts/setup.sh"
+  fi
+  cat "$QEMU_LOG"
+  rm -f "$QEMU_LOG"
+}
+
+install_qemu() {
+  . /etc/os-release
+  local codename=${VERSION_CODENAME:-}
   if [ "$(qemu_major)" != "" ] && [ "$(qemu_major)" -ge 10 ]; then
     note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') already installed"
     apt-get install -y -q --no-install-recommends qemu-utils >/dev/null
@@ -178,6 +208,24 @@ build_workspace() {
   fi
 }
 
+# The static guest binaries (a small cargo build: CPU) and the images
+# (debootstrap: downloads and unpacking) need nothing of each other, so they
+# are made side by side; the initramfs build's output is shown after.
+build_guest() {
+  [ "$images" = 1 ] || { "$REPO_ROOT/scripts/build-guest.sh"; return; }
+  local log pid
+  log=$(mktemp /tmp/forkd-initramfs.XXXXXX)
+  "$REPO_ROOT/scripts/build-guest.sh" >"$log" 2>&1 &
+  pid=$!
+  build_images || { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; die "building the images failed (above)"; }
+  if ! wait "$pid"; then
+    cat "$log" >&2
+    die "building the initramfs failed (above). Re-run scripts/setup.sh"
+  fi
+  cat "$log"
+  rm -f "$log"
+}
+
 build_images() {
   local forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
   for r in minimal python-numpy; do
@@ -196,10 +244,15 @@ step virtiofsd install_virtiofsd
 # Root's and closed to other users, as poold sets it at start (docs/security.md).
 mkdir -p "$FORKD_HOME" && chmod 700 "$FORKD_HOME"
 step kernel "$REPO_ROOT/scripts/fetch-kernel.sh"
+start_qemu
 step build build_workspace
-step initramfs "$REPO_ROOT/scripts/build-guest.sh"
 export FORKD_HOME
-[ "$images" = 1 ] && step images build_images
+if [ "$images" = 1 ]; then
+  step "initramfs + images" build_guest
+else
+  step initramfs build_guest
+fi
+step qemu wait_qemu
 step_summary "Setup done"
 [ "$images" = 1 ] && say "Try: forkd run --image python-numpy -- python3 -c 'import numpy; print(numpy.zeros(5).tolist())'"
 exit 0
