@@ -93,63 +93,80 @@ enable_backports() {
 
 install_packages() {
   say "Installing host packages"
-  . /etc/os-release
-  local codename=${VERSION_CODENAME:-}
   local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
               build-essential file iproute2 nftables ca-certificates git
               libseccomp-dev libcap-ng-dev)
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
   apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
   note "installed: ${base[*]}"
+  plan_qemu
 }
 
-# QEMU >= 10: nothing before the quickstart needs it (the build, the
-# initramfs and the images do not boot anything), so start_qemu installs it
-# in the background beside the build and wait_qemu waits for it at the end.
-# It starts after every other apt use of setup's (Rust, virtiofsd, the
-# kernel's download), so nothing waits on apt's lock.
+# QEMU >= 10. Nothing before the quickstart boots a guest (the build, the
+# initramfs and the images do not), so plan_qemu only decides where QEMU
+# comes from (enabling backports, or failing early when no source has it),
+# start_qemu runs the apt install in the background beside the build, and
+# wait_qemu waits for it at the end. The install starts after every other
+# apt use of setup's (Rust, virtiofsd, the kernel's download), so nothing
+# waits on apt's lock; an exit before wait_qemu still waits for it (see the
+# EXIT trap below), never leaving dpkg half done.
+QEMU_APT=()
 QEMU_PID=
 QEMU_LOG=
-start_qemu() {
-  QEMU_LOG=$(mktemp /tmp/forkd-qemu-install.XXXXXX)
-  note "installing QEMU in the background, beside the build (log: $QEMU_LOG)"
-  install_qemu >"$QEMU_LOG" 2>&1 &
-  QEMU_PID=$!
-}
-
-wait_qemu() {
-  [ -n "$QEMU_PID" ] || return 0
-  if ! wait "$QEMU_PID"; then
-    cat "$QEMU_LOG" >&2
-    die "installing QEMU failed (above); forkd needs QEMU >= 10. Re-run scripts/setup.sh"
-  fi
-  cat "$QEMU_LOG"
-  rm -f "$QEMU_LOG"
-}
-
-install_qemu() {
+plan_qemu() {
   . /etc/os-release
   local codename=${VERSION_CODENAME:-}
   if [ "$(qemu_major)" != "" ] && [ "$(qemu_major)" -ge 10 ]; then
     note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') already installed"
-    apt-get install -y -q --no-install-recommends qemu-utils >/dev/null
+    QEMU_APT=(qemu-utils)
     return
   fi
-  local qemu_pkgs=(qemu-system-x86 qemu-utils)
   local m; m=$(candidate_major qemu-system-x86)
   if [ -n "$m" ] && [ "$m" -ge 10 ]; then
-    apt-get install -y -q --no-install-recommends "${qemu_pkgs[@]}" >/dev/null
+    QEMU_APT=(qemu-system-x86 qemu-utils)
   elif [ "${ID:-}" = debian ] && [ -n "$codename" ]; then
     note "QEMU in $codename is ${m:-missing}; forkd needs >= 10 from $codename-backports"
     enable_backports "$codename"
     m=$(candidate_major qemu-system-x86 "$codename-backports")
     [ -n "$m" ] && [ "$m" -ge 10 ] || die "$codename-backports has no QEMU >= 10 (found ${m:-none})"
-    apt-get install -y -q --no-install-recommends -t "$codename-backports" "${qemu_pkgs[@]}" >/dev/null
+    QEMU_APT=(-t "$codename-backports" qemu-system-x86 qemu-utils)
   else
     die "QEMU >= 10 is not available from your apt sources (found ${m:-none}); forkd needs Debian 12 with backports, Debian 13+, or Ubuntu 25.10+"
   fi
-  note "QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed"
 }
+
+start_qemu() {
+  QEMU_LOG=$(mktemp /tmp/forkd-qemu-install.XXXXXX)
+  note "installing ${QEMU_APT[*]} in the background, beside the build (log: $QEMU_LOG)"
+  (
+    t0=$SECONDS
+    apt-get install -y -q --no-install-recommends "${QEMU_APT[@]}" >/dev/null
+    echo "    QEMU $(qemu-system-x86_64 --version | sed -n '1s/.*version \([^ ]*\).*/\1/p') installed, in the background ($(( SECONDS - t0 ))s)"
+  ) >"$QEMU_LOG" 2>&1 &
+  QEMU_PID=$!
+}
+
+wait_qemu() {
+  [ -n "$QEMU_PID" ] || return 0
+  local pid=$QEMU_PID
+  QEMU_PID=
+  if ! wait "$pid"; then
+    cat "$QEMU_LOG" >&2
+    die "installing QEMU (apt-get install ${QEMU_APT[*]}) failed (above); forkd needs QEMU >= 10. Re-run scripts/setup.sh"
+  fi
+  cat "$QEMU_LOG"
+  rm -f "$QEMU_LOG"
+}
+
+# On any exit (a failed build, Ctrl-C): a QEMU install still running is
+# waited for, so dpkg finishes and the apt lock is free for a re-run.
+on_exit() {
+  if [ -n "$QEMU_PID" ]; then
+    note "waiting for the background QEMU install to finish (log: $QEMU_LOG)"
+    wait "$QEMU_PID" 2>/dev/null || true
+  fi
+}
+trap on_exit EXIT
 
 # virtiofsd serves host folders to guests (docs/volumes.md): Debian's
 # package where the release has one (Debian 13+; bookworm has none), else the
@@ -192,7 +209,7 @@ build_workspace() {
   # cargo --quiet prints nothing until it is done; say what to expect so a
   # first build (RocksDB's C++ and ~400 crates) does not look hung.
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
-    note "first build: ~400 crates and RocksDB, about 18 minutes on a 2-core host with Debian's Rust; quiet until done"
+    note "first build: ~400 crates and RocksDB, about 14 minutes on a 2-core host with Debian's Rust, 9 with rustup's; quiet until done"
   (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
   wait_virtiofsd
   return_target
@@ -213,11 +230,19 @@ build_workspace() {
 # are made side by side; the initramfs build's output is shown after.
 build_guest() {
   [ "$images" = 1 ] || { "$REPO_ROOT/scripts/build-guest.sh"; return; }
-  local log pid
+  local log pid rc=0
   log=$(mktemp /tmp/forkd-initramfs.XXXXXX)
   "$REPO_ROOT/scripts/build-guest.sh" >"$log" 2>&1 &
   pid=$!
-  build_images || { kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; die "building the images failed (above)"; }
+  build_images || rc=$?
+  if [ "$rc" != 0 ]; then
+    # The initramfs build (and its cargo) stops too; the images' error is above.
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    rm -f "$log"
+    die "building the images failed (above). Re-run scripts/setup.sh"
+  fi
   if ! wait "$pid"; then
     cat "$log" >&2
     die "building the initramfs failed (above). Re-run scripts/setup.sh"
@@ -230,9 +255,9 @@ build_images() {
   local forkd="${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/forkd"
   for r in minimal python-numpy; do
     if [ -n "${FORKD_REBUILD_IMAGES:-}" ]; then
-      "$forkd" image build --recipe "$r"
+      "$forkd" image build --recipe "$r" || return
     else
-      "$forkd" image build --recipe "$r" --if-changed
+      "$forkd" image build --recipe "$r" --if-changed || return
     fi
   done
 }
@@ -252,7 +277,7 @@ if [ "$images" = 1 ]; then
 else
   step initramfs build_guest
 fi
-step qemu wait_qemu
+step "qemu (rest of its background install)" wait_qemu
 step_summary "Setup done"
 [ "$images" = 1 ] && say "Try: forkd run --image python-numpy -- python3 -c 'import numpy; print(numpy.zeros(5).tolist())'"
 exit 0

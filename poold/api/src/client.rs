@@ -13,7 +13,8 @@ use std::time::Duration;
 /// A `reqwest` client builder with rustls's ring provider installed as the
 /// process's default (unless one already is): forkd builds reqwest without
 /// a provider of its own (the workspace Cargo.toml says why), and building
-/// a client with none installed panics. Every forkd HTTP client starts here.
+/// a client with none installed panics. Every forkd HTTP client starts here
+/// but the hub's (`forkd_remote::install_tls_provider`, below this crate).
 pub fn http_builder() -> reqwest::ClientBuilder {
     // Err only means a provider is already installed: that one is used.
     let _ = rustls::crypto::ring::default_provider().install_default();
