@@ -143,10 +143,13 @@ async fn nodes(State(app): State<App>) -> Json<Vec<crate::NodeView>> {
 enum Share {
     Made(Vec<Value>),
     /// Ends the spawn, passed to the client as it is: the node refused the
-    /// request itself (a 4xx that every node would give), or it may have
-    /// made the share without answering (placed again, it could be made
-    /// twice).
+    /// request itself (a 4xx that every node would give).
     Refused(Response),
+    /// Ends the spawn too: the node may have made the share without
+    /// answering (placed again, it could be made twice). Told to the
+    /// client before any refusal of the same round, since only this one
+    /// says sandboxes may exist that the gateway could not kill.
+    MaybeMade(Response),
     /// Worth placing elsewhere: unreachable, out of capacity, lost the
     /// snapshot since the last poll.
     Failed(Response),
@@ -205,7 +208,7 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
         todo = 0;
         // Every share's outcome first: a refusal must not leave a later
         // share's sandboxes out of what `undo` kills.
-        let mut refused = None;
+        let (mut refused, mut maybe_made) = (None, None);
         for (&(i, k), r) in plan.iter().zip(results) {
             match r {
                 Share::Made(list) => {
@@ -215,6 +218,9 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
                 Share::Refused(resp) => {
                     refused.get_or_insert(resp);
                 }
+                Share::MaybeMade(resp) => {
+                    maybe_made.get_or_insert(resp);
+                }
                 Share::Failed(resp) => {
                     failed.insert(i);
                     todo += k;
@@ -222,7 +228,7 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
                 }
             }
         }
-        if let Some(resp) = refused {
+        if let Some(resp) = maybe_made.or(refused) {
             undo(&nodes, &made).await;
             return Ok(resp);
         }
@@ -287,14 +293,14 @@ async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usiz
     let reply = match read_making(node, sent).await {
         Making::Answered(r) => r,
         Making::NotSent(e) => return Share::Failed(e.into_response()),
-        Making::MaybeMade(e) => return Share::Refused(e.into_response()),
+        Making::MaybeMade(e) => return Share::MaybeMade(e.into_response()),
     };
     if reply.status.is_success() {
         // The node says it made them: a reply we cannot read is not a
         // reason to make them again elsewhere.
         return match serde_json::from_slice::<Vec<Value>>(&reply.body) {
             Ok(list) => Share::Made(list),
-            Err(e) => Share::Refused(
+            Err(e) => Share::MaybeMade(
                 GatewayError::MaybeMade {
                     node: node.name.clone(),
                     why: format!(
@@ -306,12 +312,7 @@ async fn spawn_share(node: &Node, body: &serde_json::Map<String, Value>, k: usiz
             ),
         };
     }
-    let elsewhere = reply.status.is_server_error()
-        || matches!(
-            reply.status,
-            StatusCode::CONFLICT | StatusCode::NOT_FOUND | StatusCode::TOO_MANY_REQUESTS
-        );
-    if elsewhere {
+    if worth_placing_elsewhere(reply.status) {
         tracing::warn!(node = %node.name, status = %reply.status, "spawn share failed; placing it elsewhere");
         Share::Failed(reply.into_response())
     } else {
@@ -597,6 +598,18 @@ pub(crate) enum Making {
     MaybeMade(GatewayError),
 }
 
+/// Whether a node's refusal to make something may not be another node's:
+/// it failed (5xx), lacks the snapshot (404), is busy with it (409) or out
+/// of capacity (429). Any other 4xx is about the request, which every node
+/// would refuse alike.
+pub(crate) fn worth_placing_elsewhere(status: StatusCode) -> bool {
+    status.is_server_error()
+        || matches!(
+            status,
+            StatusCode::NOT_FOUND | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
+        )
+}
+
 /// Reads the reply to a making request, as [`Making`].
 pub(crate) async fn read_making(
     node: &Node,
@@ -617,7 +630,7 @@ pub(crate) async fn read_making(
         Ok(r) => match read_reply(node, Ok(r)).await {
             Ok(reply) => Making::Answered(reply),
             Err(GatewayError::NodeUnreachable { why, .. }) => {
-                maybe(format!("its reply was cut short: {why}"))
+                maybe(format!("its reply could not be read whole: {why}"))
             }
             Err(e) => maybe(e.to_string()),
         },
@@ -948,6 +961,66 @@ mod tests {
             .send()
             .await;
         read_making(&node, sent).await
+    }
+
+    /// A node with one ready child of `py` whose spawn answers
+    /// `spawn_status` with `spawn_body`.
+    async fn pool_node(spawn_status: u16, spawn_body: &'static str) -> NodeAddr {
+        let json = |b: &'static str| {
+            move || async move { ([(header::CONTENT_TYPE, "application/json")], b) }
+        };
+        let app = Router::new()
+            .route("/v1/pools", get(json(r#"[{"tag":"py","ready":1}]"#)))
+            .route("/v1/snapshots", get(json(r#"[{"tag":"py"}]"#)))
+            .route(
+                "/v1/sandboxes",
+                get(json("[]")).post(move || async move {
+                    (StatusCode::from_u16(spawn_status).unwrap(), spawn_body)
+                }),
+            )
+            .route("/version", get(json("{}")));
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        NodeAddr {
+            name: format!("n{}", addr.port()),
+            url: format!("http://{addr}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_spawn_that_may_have_made_sandboxes_says_so_over_another_nodes_refusal() {
+        // One share refused outright (400), the other answered 201 with a
+        // body that is no list of sandboxes: it may have made them, and
+        // that is what the client must hear, whichever share came first.
+        let refusing = pool_node(400, r#"{"error":"no such image"}"#).await;
+        let unreadable = pool_node(201, "not json").await;
+        let cfg = Config {
+            source: NodeSource::Static(vec![refusing, unreadable]),
+            token: None,
+            node_token: None,
+            node_e2b_key: None,
+            node_ca_cert: None,
+            poll_interval: Duration::from_secs(60),
+            node_timeout: Duration::from_secs(5),
+        };
+        let reg = Arc::new(Registry::new(&cfg).unwrap());
+        reg.poll_once().await;
+        assert_eq!(reg.up_nodes().len(), 2);
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gw = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, router(reg, None)).await.unwrap() });
+        let resp = forkd_api::http_builder()
+            .build()
+            .unwrap()
+            .post(format!("http://{gw}/v1/sandboxes"))
+            .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("may have made it"), "{text}");
     }
 
     #[tokio::test]

@@ -16,7 +16,8 @@ use crate::error::GatewayError;
 use crate::nodes::{Bound, Node};
 use crate::place::place;
 use crate::proxy::{
-    candidates, check_id, read_making, read_reply, Making, NodeReply, MAX_JSON_BODY,
+    candidates, check_id, read_making, read_reply, worth_placing_elsewhere, Making, NodeReply,
+    MAX_JSON_BODY,
 };
 
 /// The control plane's routes, behind the API-key check.
@@ -108,7 +109,7 @@ async fn create(State(f): F, req: Request) -> Response {
         match read_making(node, rb.body(body.clone()).send().await).await {
             Making::NotSent(e) => last = Some(from_gateway(e)),
             Making::MaybeMade(e) => return from_gateway(e),
-            Making::Answered(reply) if elsewhere(reply.status) => {
+            Making::Answered(reply) if worth_placing_elsewhere(reply.status) => {
                 tracing::warn!(node = %node.name, status = %reply.status, "E2B create failed; placing it elsewhere");
                 last = Some(reply.into_response());
             }
@@ -121,15 +122,6 @@ async fn create(State(f): F, req: Request) -> Response {
             down: f.reg.down(),
         })
     })
-}
-
-/// Whether a node's refusal of a create may not be another node's.
-fn elsewhere(status: StatusCode) -> bool {
-    status.is_server_error()
-        || matches!(
-            status,
-            StatusCode::NOT_FOUND | StatusCode::CONFLICT | StatusCode::TOO_MANY_REQUESTS
-        )
 }
 
 /// A node's answer to a create, counted and with the gateway's domain.
