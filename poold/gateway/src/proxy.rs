@@ -327,8 +327,14 @@ async fn undo(nodes: &[Arc<Node>], made: &[(usize, Value)]) {
         let node = nodes[*i].clone();
         Some(async move {
             let path = format!("/v1/sandboxes/{id}");
-            if let Err(e) = node.call(Bound::Whole, Method::DELETE, &path).send().await {
-                tracing::warn!(node = %node.name, %id, error = %error_chain(&e), "could not kill a sandbox of a failed spawn");
+            match node.call(Bound::Whole, Method::DELETE, &path).send().await {
+                Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {}
+                Ok(r) => {
+                    tracing::warn!(node = %node.name, %id, status = %r.status(), "could not kill a sandbox of a failed spawn")
+                }
+                Err(e) => {
+                    tracing::warn!(node = %node.name, %id, error = %error_chain(&e), "could not kill a sandbox of a failed spawn")
+                }
             }
         })
     });
@@ -571,7 +577,7 @@ pub(crate) async fn read_reply(
         if body.len() + chunk.len() > MAX_NODE_REPLY {
             return Err(GatewayError::NodeUnreachable {
                 node: node.name.clone(),
-                why: format!("its reply is over {MAX_NODE_REPLY} bytes"),
+                why: format!("the reply is over {MAX_NODE_REPLY} bytes"),
             });
         }
         body.extend_from_slice(&chunk);
@@ -630,7 +636,7 @@ pub(crate) async fn read_making(
         Ok(r) => match read_reply(node, Ok(r)).await {
             Ok(reply) => Making::Answered(reply),
             Err(GatewayError::NodeUnreachable { why, .. }) => {
-                maybe(format!("its reply could not be read whole: {why}"))
+                maybe(format!("reading its reply: {why}"))
             }
             Err(e) => maybe(e.to_string()),
         },
@@ -992,35 +998,47 @@ mod tests {
     async fn a_spawn_that_may_have_made_sandboxes_says_so_over_another_nodes_refusal() {
         // One share refused outright (400), the other answered 201 with a
         // body that is no list of sandboxes: it may have made them, and
-        // that is what the client must hear, whichever share came first.
-        let refusing = pool_node(400, r#"{"error":"no such image"}"#).await;
-        let unreadable = pool_node(201, "not json").await;
-        let cfg = Config {
-            source: NodeSource::Static(vec![refusing, unreadable]),
-            token: None,
-            node_token: None,
-            node_e2b_key: None,
-            node_ca_cert: None,
-            poll_interval: Duration::from_secs(60),
-            node_timeout: Duration::from_secs(5),
-        };
-        let reg = Arc::new(Registry::new(&cfg).unwrap());
-        reg.poll_once().await;
-        assert_eq!(reg.up_nodes().len(), 2);
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gw = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, router(reg, None)).await.unwrap() });
-        let resp = forkd_api::http_builder()
-            .build()
-            .unwrap()
-            .post(format!("http://{gw}/v1/sandboxes"))
-            .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
-        let text = resp.text().await.unwrap();
-        assert!(text.contains("may have made it"), "{text}");
+        // that is what the client must hear, in either order of the shares.
+        for refusing_first in [true, false] {
+            let refusing = pool_node(400, r#"{"error":"no such image"}"#).await;
+            let unreadable = pool_node(201, "not json").await;
+            let nodes = if refusing_first {
+                vec![refusing, unreadable]
+            } else {
+                vec![unreadable, refusing]
+            };
+            let cfg = Config {
+                source: NodeSource::Static(nodes),
+                token: None,
+                node_token: None,
+                node_e2b_key: None,
+                node_ca_cert: None,
+                poll_interval: Duration::from_secs(60),
+                node_timeout: Duration::from_secs(5),
+            };
+            let reg = Arc::new(Registry::new(&cfg).unwrap());
+            reg.poll_once().await;
+            assert_eq!(reg.up_nodes().len(), 2);
+            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let gw = l.local_addr().unwrap();
+            tokio::spawn(async move { axum::serve(l, router(reg, None)).await.unwrap() });
+            let resp = forkd_api::http_builder()
+                .timeout(Duration::from_secs(20))
+                .build()
+                .unwrap()
+                .post(format!("http://{gw}/v1/sandboxes"))
+                .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(
+                resp.status(),
+                StatusCode::BAD_GATEWAY,
+                "refusing first: {refusing_first}"
+            );
+            let text = resp.text().await.unwrap();
+            assert!(text.contains("may have made it"), "{text}");
+        }
     }
 
     #[tokio::test]

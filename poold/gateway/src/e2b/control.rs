@@ -124,16 +124,22 @@ async fn create(State(f): F, req: Request) -> Response {
     })
 }
 
-/// A node's answer to a create, counted and with the gateway's domain.
+/// A node's answer to a create, counted and with the gateway's domain. A
+/// success without a readable `sandboxID` is the /v1 spawn's case: the node
+/// may have made one the client cannot name.
 fn created(f: &E2bFront, node: &Node, tag: &str, reply: NodeReply) -> Response {
     if reply.status.is_success() {
         node.note_spawned(tag, 1);
         let id = serde_json::from_slice::<Value>(&reply.body)
             .ok()
             .and_then(|v| Some(v.get("sandboxID")?.as_str()?.to_string()));
-        if let Some(id) = id {
-            f.reg.remember(&id, &node.name);
-        }
+        let Some(id) = id else {
+            return from_gateway(GatewayError::MaybeMade {
+                node: node.name.clone(),
+                why: format!("it answered {} with no sandboxID in its body", reply.status),
+            });
+        };
+        f.reg.remember(&id, &node.name);
     }
     f.relay_json(reply.status, &reply.headers, &reply.body)
 }
@@ -215,6 +221,37 @@ async fn delete_template(State(f): F, req: Request) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_create_answered_without_a_sandbox_id_may_have_made_one() {
+        use crate::config::{Config, NodeAddr, NodeSource};
+        let cfg = Config {
+            source: NodeSource::Static(vec![NodeAddr {
+                name: "n1".into(),
+                url: "http://127.0.0.1:9".into(),
+            }]),
+            token: None,
+            node_token: None,
+            node_e2b_key: None,
+            node_ca_cert: None,
+            poll_interval: std::time::Duration::from_secs(60),
+            node_timeout: std::time::Duration::from_secs(5),
+        };
+        let reg = Arc::new(crate::Registry::new(&cfg).unwrap());
+        let node = reg.nodes().remove(0);
+        let f = E2bFront::new(reg, "localhost:1".into(), None, None);
+        let reply = |body: &'static str| NodeReply {
+            status: StatusCode::CREATED,
+            headers: axum::http::HeaderMap::new(),
+            body: axum::body::Bytes::from_static(body.as_bytes()),
+        };
+        let r = created(&f, &node, "py", reply("not json"));
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        let body = axum::body::to_bytes(r.into_body(), 1 << 16).await.unwrap();
+        assert!(String::from_utf8_lossy(&body).contains("may have made it"));
+        let r = created(&f, &node, "py", reply(r#"{"sandboxID":"sb-1"}"#));
+        assert_eq!(r.status(), StatusCode::CREATED);
+    }
 
     #[test]
     fn control_paths_name_their_sandbox() {
