@@ -20,7 +20,7 @@ use crate::error::{E2bError, E2bResult};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
 use crate::{pause, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
@@ -662,13 +662,7 @@ async fn list(State(e): E, RawQuery(q): RawQuery) -> R<Response> {
         });
         last = Some(id.clone());
     }
-    let mut r = Json(page).into_response();
-    if let (true, Some(t)) = (more, last) {
-        if let Ok(v) = HeaderValue::from_str(&t) {
-            r.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(r)
+    Ok(paging::reply(page, last.as_deref().filter(|_| more)))
 }
 
 #[cfg(test)]

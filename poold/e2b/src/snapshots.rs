@@ -22,8 +22,8 @@
 use crate::error::{E2bError, E2bResult};
 use crate::state::E2b;
 use axum::extract::{Path, RawQuery, State};
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
+use axum::response::Response;
 use axum::Json;
 use forkd_api::{BranchBody, SnapshotInfo};
 use forkd_edge::paging::{self, MAX_PAGE};
@@ -161,13 +161,8 @@ pub async fn list(State(e): State<Arc<E2b>>, RawQuery(q): RawQuery) -> R<Respons
         .take(q.limit)
         .map(|s| snapshot_json(&s.tag))
         .collect();
-    let mut r = Json(page).into_response();
-    if rest.len() > q.limit {
-        if let Ok(v) = HeaderValue::from_str(&rest[q.limit - 1].tag) {
-            r.headers_mut().insert("x-next-token", v);
-        }
-    }
-    Ok(r)
+    let more_after = (rest.len() > q.limit).then(|| rest[q.limit - 1].tag.as_str());
+    Ok(paging::reply(page, more_after))
 }
 
 /// `DELETE /templates/{id}`: deletes the snapshot (its children and pool

@@ -5,8 +5,27 @@
 //! after it. Errors are the message a 400 carries; each front-end maps them
 //! into its own error type.
 
+use axum::http::HeaderValue;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde::Serialize;
+
 /// Most items on one page (also the default).
 pub const MAX_PAGE: usize = 100;
+
+/// The header that names the last item of a full page with more after it.
+pub const NEXT_TOKEN: &str = "x-next-token";
+
+/// `page` as a JSON reply; `more_after`, the name of its last item when
+/// more items follow, goes in [`NEXT_TOKEN`] (a name that cannot be a
+/// header value is left out, so the client sees a last page, not an error).
+pub fn reply(page: impl Serialize, more_after: Option<&str>) -> Response {
+    let mut r = Json(page).into_response();
+    if let Some(v) = more_after.and_then(|t| HeaderValue::from_str(t).ok()) {
+        r.headers_mut().insert(NEXT_TOKEN, v);
+    }
+    r
+}
 
 /// A `limit` query value.
 pub fn parse_limit(v: &str) -> Result<usize, String> {
@@ -49,5 +68,16 @@ mod tests {
         assert!(start_after(keys.iter().copied(), Some("z"), "x")
             .unwrap_err()
             .contains("listed x"));
+    }
+
+    #[test]
+    fn a_page_names_its_last_item_only_when_more_follow() {
+        let r = reply(["a", "b"], Some("b"));
+        assert_eq!(r.headers()[NEXT_TOKEN], "b");
+        assert!(reply(["a"], None).headers().get(NEXT_TOKEN).is_none());
+        assert!(reply(["a"], Some("bad\nname"))
+            .headers()
+            .get(NEXT_TOKEN)
+            .is_none());
     }
 }

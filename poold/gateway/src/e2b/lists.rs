@@ -5,9 +5,8 @@
 use std::collections::HashSet;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use forkd_edge::paging::{self, MAX_PAGE};
 use serde_json::Value;
 
@@ -97,16 +96,10 @@ fn page<'a>(all: &'a [Value], id: &str, p: &Paging, what: &str) -> Response {
         Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
     };
     let page: Vec<&Value> = all.iter().skip(start).take(p.limit).collect();
-    let mut r = Json(&page).into_response();
-    if all.len() > start + p.limit {
-        if let Some(v) = page
-            .last()
-            .and_then(|l| HeaderValue::from_str(name(l)).ok())
-        {
-            r.headers_mut().insert("x-next-token", v);
-        }
-    }
-    r
+    let more_after = (all.len() > start + p.limit)
+        .then(|| page.last().map(|l| name(l)))
+        .flatten();
+    paging::reply(&page, more_after)
 }
 
 /// Every E2B node's whole list at `path` with the client's filters, and
