@@ -45,6 +45,22 @@ pub struct Config {
     pub node_timeout: Duration,
 }
 
+impl Config {
+    /// Static `nodes`, no tokens, a poll a minute (the tests poll by hand).
+    #[cfg(test)]
+    pub(crate) fn for_test(nodes: Vec<NodeAddr>) -> Config {
+        Config {
+            source: NodeSource::Static(nodes),
+            token: None,
+            node_token: None,
+            node_e2b_key: None,
+            node_ca_cert: None,
+            poll_interval: Duration::from_secs(60),
+            node_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 impl NodeAddr {
     /// Parses `NAME=URL` (or a bare URL, named after its host and port).
     pub fn parse(s: &str) -> Result<NodeAddr, String> {

@@ -920,25 +920,17 @@ async fn read_object(req: Request) -> Result<serde_json::Map<String, Value>, Gat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{Config, NodeAddr, NodeSource};
+    use crate::config::{Config, NodeAddr};
     use crate::nodes::Registry;
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 
     fn node_at(addr: std::net::SocketAddr) -> Arc<Node> {
-        let cfg = Config {
-            source: NodeSource::Static(vec![NodeAddr {
-                name: "n1".into(),
-                url: format!("http://{addr}"),
-            }]),
-            token: None,
-            node_token: None,
-            node_e2b_key: None,
-            node_ca_cert: None,
-            poll_interval: Duration::from_secs(60),
-            node_timeout: Duration::from_secs(5),
-        };
+        let cfg = Config::for_test(vec![NodeAddr {
+            name: "n1".into(),
+            url: format!("http://{addr}"),
+        }]);
         Registry::new(&cfg).unwrap().nodes().remove(0)
     }
 
@@ -1007,16 +999,7 @@ mod tests {
             } else {
                 vec![unreadable, refusing]
             };
-            let cfg = Config {
-                source: NodeSource::Static(nodes),
-                token: None,
-                node_token: None,
-                node_e2b_key: None,
-                node_ca_cert: None,
-                poll_interval: Duration::from_secs(60),
-                node_timeout: Duration::from_secs(5),
-            };
-            let reg = Arc::new(Registry::new(&cfg).unwrap());
+            let reg = Arc::new(Registry::new(&Config::for_test(nodes)).unwrap());
             reg.poll_once().await;
             assert_eq!(reg.up_nodes().len(), 2);
             let l = TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -224,19 +224,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_create_answered_without_a_sandbox_id_may_have_made_one() {
-        use crate::config::{Config, NodeAddr, NodeSource};
-        let cfg = Config {
-            source: NodeSource::Static(vec![NodeAddr {
-                name: "n1".into(),
-                url: "http://127.0.0.1:9".into(),
-            }]),
-            token: None,
-            node_token: None,
-            node_e2b_key: None,
-            node_ca_cert: None,
-            poll_interval: std::time::Duration::from_secs(60),
-            node_timeout: std::time::Duration::from_secs(5),
-        };
+        use crate::config::{Config, NodeAddr};
+        let cfg = Config::for_test(vec![NodeAddr {
+            name: "n1".into(),
+            url: "http://127.0.0.1:9".into(),
+        }]);
         let reg = Arc::new(crate::Registry::new(&cfg).unwrap());
         let node = reg.nodes().remove(0);
         let f = E2bFront::new(reg, "localhost:1".into(), None, None);
