@@ -73,6 +73,10 @@ async function main() {
     await sbx.files.remove('js/missing') // envd: a missing path is done
     const info = await sbx.files.getInfo('js/note.txt')
     check(info.type === 'file' && info.size === 7, `getInfo ${JSON.stringify(info)}`)
+    const tagged = await sbx.files.write('js/tagged.txt', 't', { metadata: { Kind: 'note' } })
+    check(tagged.metadata?.kind === 'note', `write metadata ${JSON.stringify(tagged)}`)
+    const tinfo = await sbx.files.getInfo('js/tagged.txt')
+    check(tinfo.metadata?.kind === 'note', `getInfo metadata ${JSON.stringify(tinfo)}`)
 
     step('watchDir (recursive) sees a write in a subdirectory')
     await sbx.files.makeDir('js/watched/sub')

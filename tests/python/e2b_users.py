@@ -105,6 +105,35 @@ def files(sbx):
     check(sbx.files.get_info("z.txt").owner == "user", "gzip upload owner")
 
 
+def metadata(sbx):
+    step("file metadata: kept as user.e2b.* xattrs, reported by get_info and list, replaced on overwrite")
+    w = sbx.files.write("tagged.txt", "v1", metadata={"Owner": "agent-7", "run": "r 1"})
+    check(w.metadata == {"owner": "agent-7", "run": "r 1"}, f"write answers what it kept: {w.metadata}")
+    check(sbx.files.get_info("tagged.txt").metadata == w.metadata, "get_info metadata")
+    listed = {e.name: e.metadata for e in sbx.files.list(".")}
+    check(listed["tagged.txt"] == w.metadata, f"list metadata {listed.get('tagged.txt')}")
+    check(listed["notes"] is None, f"an untagged entry has none: {listed['notes']}")
+    attr = sbx.commands.run(
+        "python3 -c \"import os; print(os.getxattr('tagged.txt', 'user.e2b.owner').decode())\""
+    ).stdout
+    check(attr == "agent-7\n", f"the guest sees the xattr: {attr!r}")
+    sbx.commands.run("python3 -c \"import os; os.setxattr('tagged.txt', 'user.e2b.set', b'in guest')\"")
+    check(sbx.files.get_info("tagged.txt").metadata.get("set") == "in guest", "set in the guest, read back")
+    w = sbx.files.write("tagged.txt", "v2", metadata={"run": "r 2"})
+    check(w.metadata == {"run": "r 2"}, f"an overwrite replaces the whole set: {w.metadata}")
+    sbx.files.write("tagged.txt", "v3")
+    check(sbx.files.get_info("tagged.txt").metadata is None, "an upload without metadata clears it")
+    for bad in ({"k": "caf\u00e9"}, {"k": "v" * 5000}):
+        try:
+            sbx.files.write("bad.txt", "x", metadata=bad)
+            raise AssertionError(f"metadata {list(bad)} was accepted")
+        except AssertionError:
+            raise
+        except Exception as e:  # the SDK's InvalidArgumentException, or poold's 400
+            check("metadata" in str(e).lower(), f"the refusal says metadata: {e}")
+    check(not sbx.files.exists("bad.txt"), "a refused upload wrote nothing")
+
+
 def signed_urls(sbx):
     step("signed URLs: download and upload with no header; tampered or expired ones refused")
     sbx.files.write("signed.txt", "by a signed URL")
@@ -467,6 +496,7 @@ def main():
     try:
         commands(sbx)
         files(sbx)
+        metadata(sbx)
         signed_urls(sbx)
         watch(sbx)
         terminal(sbx)

@@ -109,7 +109,14 @@ fn files_for_a_user_are_its_own_and_entries_say_so() {
         let u = Some("tester");
         // A relative path is under the home; new parents are the user's.
         let st = a
-            .write_file_as("proj/src/main.py", b"print(1)\n", None, WriteHow::Atomic, u)
+            .write_file_as(
+                "proj/src/main.py",
+                b"print(1)\n",
+                None,
+                WriteHow::Atomic,
+                u,
+                None,
+            )
             .await
             .unwrap();
         assert_eq!(st.path, "/home/tester/proj/src/main.py");

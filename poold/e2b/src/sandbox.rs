@@ -25,8 +25,8 @@ use base64::Engine;
 use forkd_edge::transfers::Transfers;
 use forkd_node::error::GuestErrorKind;
 use forkd_node::limits::MAX_FILE_BYTES;
-use forkd_node::{EntryInfo, ExecSpec, WriteHow};
-use rootfs_init::protocol::{FileKind, MAX_LIST_DEPTH};
+use forkd_node::{EntryInfo, ExecSpec, Metadata, WriteAs, WriteHow};
+use rootfs_init::protocol::{metadata, FileKind, MAX_LIST_DEPTH};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -523,6 +523,9 @@ fn entry_json(e: &EntryInfo) -> Value {
         "group": e.group,
         "modifiedTime": mtime(e.mtime_unix, e.mtime_nsec),
     });
+    if !e.metadata.is_empty() {
+        v["metadata"] = json!(e.metadata);
+    }
     if e.kind == FileKind::Symlink {
         v["isSymlink"] = json!(true);
         if let Some(t) = e.symlink_resolved.as_ref().or(e.symlink_target.as_ref()) {
@@ -750,6 +753,7 @@ pub const MAX_UPLOAD_FILES: usize = 1000;
 /// by the route's body limit.
 async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     let (q, acct) = file_account(g, req.uri().query().unwrap_or(""), req.headers()).await?;
+    let metadata = upload_metadata(req.headers())?;
     let req = decoded(req).await?;
     let multipart = req
         .headers()
@@ -800,22 +804,53 @@ async fn write_files(g: Guest<'_>, req: Request) -> E2bResult<Response> {
     if files.is_empty() {
         return Err(E2bError::bad_request("the upload held no file"));
     }
+    let as_ = WriteAs {
+        how: WriteHow::InPlace,
+        user: acct.agent_user(),
+        // envd replaces the set on every upload, an empty one too.
+        metadata: Some(&metadata),
+        ..Default::default()
+    };
     let mut out = Vec::new();
     for (path, data) in files {
-        g.node
-            .write_file_as(
-                g.id(),
-                &path,
-                &data,
-                None,
-                WriteHow::InPlace,
-                acct.agent_user(),
-            )
-            .await?;
+        g.node.write_file_as(g.id(), &path, &data, as_).await?;
         let name = path.rsplit('/').next().unwrap_or("").to_string();
-        out.push(json!({"name": name, "type": "file", "path": path}));
+        let mut info = json!({"name": name, "type": "file", "path": path});
+        if !metadata.is_empty() {
+            // What the file holds, as envd answers: a filesystem without
+            // user xattrs keeps none.
+            let kept = g.node.entry(g.id(), &path, as_.user).await?.metadata;
+            if !kept.is_empty() {
+                info["metadata"] = json!(kept);
+            }
+        }
+        out.push(info);
     }
     Ok(Json(out).into_response())
+}
+
+/// The prefix of the headers an upload's metadata arrives in (envd's).
+const METADATA_HEADER: &str = "x-metadata-";
+
+/// An upload's `X-Metadata-<key>` headers as the set to store, keys
+/// lowercased (as envd does; the first of repeated headers wins), checked
+/// against what a file can hold.
+fn upload_metadata(h: &HeaderMap) -> E2bResult<Metadata> {
+    let mut m = Metadata::new();
+    for (name, value) in h {
+        let Some(key) = name.as_str().strip_prefix(METADATA_HEADER) else {
+            continue;
+        };
+        let value = value.to_str().map_err(|_| {
+            E2bError::bad_request(format!(
+                "invalid metadata: the value of X-Metadata-{key} is not printable US-ASCII"
+            ))
+        })?;
+        m.entry(key.to_ascii_lowercase())
+            .or_insert_with(|| value.to_string());
+    }
+    metadata::validate(&m).map_err(|e| E2bError::bad_request(format!("invalid metadata: {e}")))?;
+    Ok(m)
 }
 
 #[cfg(test)]
@@ -867,7 +902,32 @@ mod tests {
             mtime_nsec: 5,
             symlink_target: None,
             symlink_resolved: None,
+            metadata: Metadata::new(),
         }
+    }
+
+    /// `X-Metadata-*` headers as envd reads them: keys lowercased, the
+    /// other headers ignored; what a file cannot hold is a 400.
+    #[test]
+    fn upload_metadata_from_headers() {
+        let mut h = HeaderMap::new();
+        h.insert("content-type", "application/octet-stream".parse().unwrap());
+        assert!(upload_metadata(&h).unwrap().is_empty());
+        h.insert("X-Metadata-Owner", "agent 7".parse().unwrap());
+        h.insert("x-metadata-run", "r1".parse().unwrap());
+        let m = upload_metadata(&h).unwrap();
+        assert_eq!(m.len(), 2);
+        assert_eq!((m["owner"].as_str(), m["run"].as_str()), ("agent 7", "r1"));
+        h.insert("x-metadata-tab", "a\tb".parse().unwrap());
+        let e = upload_metadata(&h).unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert!(e.message.contains("invalid metadata"), "{}", e.message);
+        h.remove("x-metadata-tab");
+        h.insert("x-metadata-big", "v".repeat(5000).parse().unwrap());
+        assert_eq!(
+            upload_metadata(&h).unwrap_err().status,
+            StatusCode::BAD_REQUEST
+        );
     }
 
     #[test]
@@ -882,6 +942,10 @@ mod tests {
         assert_eq!(v["group"], "user");
         assert_eq!(v["modifiedTime"], "1970-01-01T00:00:01.000000005Z");
         assert!(v.get("isSymlink").is_none());
+        assert!(v.get("metadata").is_none(), "none set, none reported");
+        let mut tagged = entry(FileKind::File, 0o100644);
+        tagged.metadata.insert("owner".into(), "agent".into());
+        assert_eq!(entry_json(&tagged)["metadata"], json!({"owner": "agent"}));
 
         let mut l = entry(FileKind::Symlink, 0o120777);
         l.symlink_target = Some("../x".into());

@@ -13,9 +13,9 @@ use std::sync::{Arc, Mutex, RwLock};
 use subtle::ConstantTimeEq;
 
 /// The envd version poold's sandbox plane claims: it gates SDK features,
-/// and 0.5.7 is the highest whose features poold serves (octet-stream
-/// uploads; no file metadata, which 0.6.2 would turn on).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// and 0.6.2 is the highest whose features poold serves (octet-stream
+/// uploads, file metadata; not 0.6.3's entries in watch events).
+pub const ENVD_VERSION: &str = "0.6.2";
 /// envd's port, as the SDK names it in `E2b-Sandbox-Port`.
 pub const ENVD_PORT: u16 = 49983;
 /// The code interpreter's port.

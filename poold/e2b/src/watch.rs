@@ -50,7 +50,7 @@ struct WatchRequest {
 async fn start(g: Guest<'_>, acct: &Account, msg: &[u8]) -> RpcResult<Watch> {
     let r: WatchRequest = connect::parse(msg)?;
     if r.include_entry {
-        // The SDK never asks this of envd 0.5.7 (what poold reports).
+        // The SDK never asks this of envd before 0.6.3 (poold reports 0.6.2).
         return Err(RpcError::invalid(format!(
             "include_entry needs envd 0.6.3; poold's envd is {}: watch without it and stat the entries",
             crate::state::ENVD_VERSION

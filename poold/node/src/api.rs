@@ -27,7 +27,7 @@ use crate::config::{Config, PoolSpec};
 use crate::error::{check_tag, Error, Result};
 use crate::guest::{
     EntryInfo, EvalResult, ExecOutput, ExecSpec, FileRead, FileStat, ListResult, PendingPty,
-    PingResult, Process, PtyRequest, WriteHow,
+    PingResult, Process, PtyRequest, WriteAs, WriteHow,
 };
 use crate::mount_watch::{self, MountHealth};
 use crate::node::Node;
@@ -346,22 +346,26 @@ impl Node {
         } else {
             WriteHow::Atomic
         };
-        guest::write_file(self, id, path, data, mode, how, None).await
+        let as_ = WriteAs {
+            mode,
+            how,
+            ..Default::default()
+        };
+        guest::write_file(self, id, path, data, as_).await
     }
 
-    /// [`Self::write_file`] as `user`: the file and the parents the write
-    /// makes belong to it (E2B's rule), a relative path is under its home;
-    /// `how`: atomically, appended, or in place (as E2B's envd writes).
+    /// [`Self::write_file`] as a guest account: the file and the parents
+    /// the write makes belong to it (E2B's rule), a relative path is under
+    /// its home.
+    /// `as_`: who writes, how, and the metadata the file ends with.
     pub async fn write_file_as(
         &self,
         id: &str,
         path: &str,
         data: &[u8],
-        mode: Option<u32>,
-        how: WriteHow,
-        user: Option<&str>,
+        as_: WriteAs<'_>,
     ) -> Result<FileStat> {
-        guest::write_file(self, id, path, data, mode, how, user).await
+        guest::write_file(self, id, path, data, as_).await
     }
 
     /// Lists a guest directory.

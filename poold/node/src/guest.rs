@@ -19,6 +19,7 @@ use crate::node::Node;
 use crate::sandbox::Sandbox;
 use bytes::Bytes;
 use forkd_vmm::AgentClient;
+pub use rootfs_init::protocol::metadata::Metadata;
 pub use rootfs_init::protocol::EntryInfo;
 use rootfs_init::protocol::Reply;
 pub use rootfs_init::protocol::{
@@ -169,22 +170,41 @@ pub(crate) async fn read_file(
     })
 }
 
-/// Writes `data` to `path` as `how` says, creating its parents; its stat
+/// How a file is written ([`crate::Node::write_file_as`]).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WriteAs<'a> {
+    /// Atomically, appended, or in place (as E2B's envd writes).
+    pub how: WriteHow,
+    /// Permission bits of a new file, or to set on an existing one.
+    pub mode: Option<u32>,
+    /// The guest account that owns what the write makes and whose home a
+    /// relative path is under (None: root).
+    pub user: Option<&'a str>,
+    /// The file's whole metadata set after the write (None: as it was);
+    /// refused by a guest agent that predates metadata.
+    pub metadata: Option<&'a Metadata>,
+}
+
+/// Writes `data` to `path` as `as_` says, creating its parents; its stat
 /// after.
 pub(crate) async fn write_file(
     n: &Node,
     id: &str,
     path: &str,
     data: &[u8],
-    mode: Option<u32>,
-    how: WriteHow,
-    user: Option<&str>,
+    as_: WriteAs<'_>,
 ) -> Result<FileStat> {
     check_path(path)?;
     let sb = n.sandbox(id)?;
+    let WriteAs {
+        how,
+        mode,
+        user,
+        metadata,
+    } = as_;
     Ok(sb
         .agent()
-        .write_file_as(path, data, mode, how, user)
+        .write_file_as(path, data, mode, how, user, metadata)
         .await?)
 }
 

@@ -57,8 +57,8 @@ pub use error::{Error, Kind, Result};
 pub use forkd_vmm::{Machine, Tunnel, Watch, WatchUpdate};
 pub use guest::{
     check_path, EntryInfo, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead,
-    FileStat, ListResult, PendingPty, PingResult, Process, ProcessControl, PtyRequest, PtySize,
-    WriteHow,
+    FileStat, ListResult, Metadata, PendingPty, PingResult, Process, ProcessControl, PtyRequest,
+    PtySize, WriteAs, WriteHow,
 };
 pub use hub::{HubFuture, SnapshotHub};
 pub use mount_watch::{Cause as MountCause, MountHealth, Recovery as MountRecovery};

@@ -36,10 +36,10 @@ pub use watch::{Watch, WatchUpdate};
 use anyhow::{anyhow, Context, Result};
 use bytes::{Bytes, BytesMut};
 use rootfs_init::protocol::{
-    encode_request, AgentError, EntryInfo, EntryList, ErrorKind, EvalResult, EvalSpec, ExecInfo,
-    ExecList, ExecResult, ExecSpec, FileStat, FrameDecoder, IdentityResult, IdentitySpec,
-    ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader, RequestHeader, WriteHow,
-    FEATURE_ATTACH, FEATURE_USERS,
+    encode_request, metadata::Metadata, AgentError, EntryInfo, EntryList, ErrorKind, EvalResult,
+    EvalSpec, ExecInfo, ExecList, ExecResult, ExecSpec, FileStat, FrameDecoder, IdentityResult,
+    IdentitySpec, ListResult, Op, PingResult, ReadResult, Reply, ReplyHeader, RequestHeader,
+    WriteHow, FEATURE_ATTACH, FEATURE_METADATA, FEATURE_USERS,
 };
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -231,12 +231,7 @@ impl AgentClient {
     /// learn what it supports. A protocol-1 agent (an image's initramfs
     /// built before these features) reports none.
     pub async fn require(&self, feature: &str) -> Result<(), CallError> {
-        let known = self.features.lock().unwrap().clone();
-        let features = match known {
-            Some(f) => f,
-            None => self.ping(Duration::from_secs(30)).await?.features,
-        };
-        if features.iter().any(|f| f == feature) {
+        if self.supports(feature).await? {
             return Ok(());
         }
         Err(CallError::Agent(AgentError::new(
@@ -246,6 +241,16 @@ impl AgentClient {
                  protocol); rebuild the guest initramfs and take the snapshot again"
             ),
         )))
+    }
+
+    /// Whether the agent reported `feature` (see [`Self::require`]).
+    pub async fn supports(&self, feature: &str) -> Result<bool, CallError> {
+        let known = self.features.lock().unwrap().clone();
+        let features = match known {
+            Some(f) => f,
+            None => self.ping(Duration::from_secs(30)).await?.features,
+        };
+        Ok(features.iter().any(|f| f == feature))
     }
 
     /// [`Self::require`] for [`FEATURE_USERS`] when a request names a user.
@@ -503,7 +508,7 @@ impl AgentClient {
         } else {
             WriteHow::Atomic
         };
-        self.write_file_as(path, data, mode, how, None).await
+        self.write_file_as(path, data, mode, how, None, None).await
     }
 
     /// [`Self::write_file`] for `user`: the file and the parents it creates
@@ -511,6 +516,9 @@ impl AgentClient {
     /// home. `None`: root, as [`Self::write_file`]. `how`: atomically,
     /// appended, or in place (an agent that predates in-place writes
     /// writes atomically: the same bytes, only a watcher sees it differently).
+    /// `metadata`: the file's whole metadata set after the write (None: as
+    /// it was). An agent without metadata is refused a non-empty set, and
+    /// an empty one is moot there: nothing could have set any.
     pub async fn write_file_as(
         &self,
         path: &str,
@@ -518,8 +526,17 @@ impl AgentClient {
         mode: Option<u32>,
         how: WriteHow,
         user: Option<&str>,
+        metadata: Option<&Metadata>,
     ) -> Result<FileStat, CallError> {
         self.require_user(user).await?;
+        let metadata = match metadata {
+            Some(m) if !m.is_empty() => {
+                self.require(FEATURE_METADATA).await?;
+                Some(m.clone())
+            }
+            Some(m) if self.supports(FEATURE_METADATA).await? => Some(m.clone()),
+            _ => None,
+        };
         let op = Op::WriteFile {
             path: path.into(),
             user: user.map(String::from),
@@ -527,6 +544,7 @@ impl AgentClient {
             append: how == WriteHow::Append,
             in_place: how == WriteHow::InPlace,
             create_parents: true,
+            metadata,
         };
         Ok(self.call_typed(op, data, Duration::from_secs(120)).await?.0)
     }
@@ -1058,7 +1076,7 @@ mod tests {
         }
         // The answer is remembered: no second ping, and exec_stream refuses too.
         assert!(c.exec_stream(spec.clone(), &[]).is_err());
-        let w = c.write_file_as("a", b"x", None, WriteHow::Atomic, Some("user"));
+        let w = c.write_file_as("a", b"x", None, WriteHow::Atomic, Some("user"), None);
         match w.await {
             Err(CallError::Agent(e)) => assert_eq!(e.kind, ErrorKind::Unsupported),
             other => panic!("{other:?}"),

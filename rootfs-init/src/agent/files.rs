@@ -8,6 +8,8 @@
 //! in the guest anyway, which is the sandbox).
 
 use super::users::Names;
+use super::xattrs;
+use crate::protocol::metadata::Metadata;
 use crate::protocol::{
     validate_guest_path, AgentError, DirEntry, EntryInfo, EntryList, ErrorKind, FileKind, FileStat,
     ListResult, ReadResult, WriteHow, MAX_LIST_DEPTH, MAX_LIST_ENTRIES, MAX_PAYLOAD,
@@ -77,7 +79,8 @@ pub type Owner = Option<(u32, u32)>;
 /// Writes `data` to `path`. Unless appending, the bytes go to a temporary file
 /// in the same directory that is renamed over `path`, so a reader never sees a
 /// partial file. With an `owner`, the file (replaced or created) and every
-/// parent created belong to it.
+/// parent created belong to it. `metadata`, when given, becomes the file's
+/// whole metadata set, written before the file is renamed into place.
 pub fn write(
     path: &str,
     data: &[u8],
@@ -85,6 +88,7 @@ pub fn write(
     how: WriteHow,
     create_parents: bool,
     owner: Owner,
+    metadata: Option<&Metadata>,
 ) -> Result<FileStat, AgentError> {
     validate_guest_path(path)?;
     let p = Path::new(path);
@@ -94,7 +98,7 @@ pub fn write(
             .map_err(|e| AgentError::io(&parent.display().to_string(), &e))?;
     }
     match how {
-        WriteHow::Atomic => write_atomic(p, data, mode, owner)?,
+        WriteHow::Atomic => write_atomic(p, data, mode, owner, metadata)?,
         WriteHow::Append | WriteHow::InPlace => {
             let append = how == WriteHow::Append;
             let mut f = fs::OpenOptions::new()
@@ -115,6 +119,9 @@ pub fn write(
                     .map_err(|e| AgentError::io(path, &e))?;
             }
             f.write_all(data).map_err(|e| AgentError::io(path, &e))?;
+            if let Some(m) = metadata {
+                xattrs::replace(&f, m).map_err(|e| AgentError::io(path, &e))?;
+            }
         }
     }
     stat(path)
@@ -153,7 +160,13 @@ fn create_dirs(dir: &Path, mode: u32, owner: Owner) -> std::io::Result<()> {
     Ok(())
 }
 
-fn write_atomic(p: &Path, data: &[u8], mode: Option<u32>, owner: Owner) -> Result<(), AgentError> {
+fn write_atomic(
+    p: &Path,
+    data: &[u8],
+    mode: Option<u32>,
+    owner: Owner,
+    metadata: Option<&Metadata>,
+) -> Result<(), AgentError> {
     let path = p.display().to_string();
     if p.is_dir() {
         return Err(AgentError::new(
@@ -182,6 +195,9 @@ fn write_atomic(p: &Path, data: &[u8], mode: Option<u32>, owner: Owner) -> Resul
         }
         // After the chown, which clears setuid/setgid bits.
         f.set_permissions(fs::Permissions::from_mode(mode.unwrap_or(0o644)))?;
+        if let Some(m) = metadata {
+            xattrs::replace(&f, m)?;
+        }
         f.sync_data()?;
         fs::rename(&tmp, p)
     })();
@@ -296,6 +312,7 @@ fn entry_of(p: &Path, m: &fs::Metadata, names: &Names) -> EntryInfo {
         mtime_nsec: m.mtime_nsec().clamp(0, 999_999_999) as u32,
         symlink_target,
         symlink_resolved,
+        metadata: xattrs::read(p),
     }
 }
 
@@ -390,7 +407,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = format!("{}/a/b/f.bin", dir.path().display());
         let data: Vec<u8> = (0..=255u8).cycle().take(100_000).collect();
-        let st = write(&p, &data, Some(0o600), WriteHow::Atomic, true, None).unwrap();
+        let st = write(&p, &data, Some(0o600), WriteHow::Atomic, true, None, None).unwrap();
         assert_eq!(
             (st.size, st.mode, st.kind),
             (100_000, 0o600, FileKind::File)
@@ -399,7 +416,7 @@ mod tests {
         assert_eq!((r.size, back), (100_000, data.clone()));
         let (_, part) = read(&p, 10, Some(5)).unwrap();
         assert_eq!(part, &data[10..15]);
-        write(&p, b"xyz", None, WriteHow::Append, false, None).unwrap();
+        write(&p, b"xyz", None, WriteHow::Append, false, None, None).unwrap();
         assert_eq!(stat(&p).unwrap().size, 100_003);
         let l = list(&format!("{}/a/b", dir.path().display())).unwrap();
         assert_eq!(l.entries.len(), 1, "no temp files left behind");
@@ -423,16 +440,26 @@ mod tests {
             WriteHow::Atomic,
             false,
             None,
+            None,
         )
         .unwrap();
         fs::hard_link(&p, &link).unwrap();
-        let st = write(&p, b"new", None, WriteHow::InPlace, false, None).unwrap();
+        let st = write(&p, b"new", None, WriteHow::InPlace, false, None, None).unwrap();
         assert_eq!((st.size, st.mode), (3, 0o640));
         assert_eq!(fs::read(&link).unwrap(), b"new");
-        let st = write(&p, b"newer", Some(0o600), WriteHow::InPlace, false, None).unwrap();
+        let st = write(
+            &p,
+            b"newer",
+            Some(0o600),
+            WriteHow::InPlace,
+            false,
+            None,
+            None,
+        )
+        .unwrap();
         assert_eq!((st.size, st.mode), (5, 0o600));
         let fresh = format!("{}/sub/g", dir.path().display());
-        let st = write(&fresh, b"x", None, WriteHow::InPlace, true, None).unwrap();
+        let st = write(&fresh, b"x", None, WriteHow::InPlace, true, None, None).unwrap();
         assert_eq!((st.size, st.mode), (1, 0o644));
     }
 
@@ -455,6 +482,7 @@ mod tests {
             WriteHow::Atomic,
             true,
             owner,
+            None,
         )
         .unwrap();
         assert_eq!((st.uid, st.gid, st.mode), (4242, 4343, 0o644));
@@ -470,6 +498,7 @@ mod tests {
             WriteHow::Append,
             false,
             owner,
+            None,
         )
         .unwrap();
         assert_eq!(st.uid, 4242);
@@ -477,6 +506,71 @@ mod tests {
         assert_eq!((st.uid, st.kind), (4242, FileKind::Dir));
         let st = mkdir(&format!("{base}/m/o"), Some(0o700), false, owner).unwrap();
         assert_eq!((st.uid, st.mode), (4242, 0o700));
+    }
+
+    /// Every way of writing replaces the whole set when metadata is
+    /// given, keeps it when not, and `entry` reports it (a link's is its
+    /// target's). Skipped where the test dir has no user xattrs.
+    #[test]
+    fn writes_replace_metadata_and_entries_report_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().display().to_string();
+        let p = format!("{base}/f");
+        let m = |pairs: &[(&str, &str)]| -> Metadata {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let names = Names::load();
+        write(
+            &p,
+            b"1",
+            None,
+            WriteHow::InPlace,
+            false,
+            None,
+            Some(&m(&[("a", "1")])),
+        )
+        .unwrap();
+        if entry(&p, &names).unwrap().metadata.is_empty() {
+            eprintln!("skipped: {base} keeps no user xattrs");
+            return;
+        }
+        let two = m(&[("a", "2"), ("b", "x y")]);
+        write(&p, b"2", None, WriteHow::Atomic, false, None, Some(&two)).unwrap();
+        assert_eq!(entry(&p, &names).unwrap().metadata, two);
+        write(&p, b"3", None, WriteHow::Append, false, None, None).unwrap();
+        assert_eq!(
+            entry(&p, &names).unwrap().metadata,
+            two,
+            "None keeps the set"
+        );
+        write(
+            &p,
+            b"4",
+            None,
+            WriteHow::InPlace,
+            false,
+            None,
+            Some(&m(&[("c", "")])),
+        )
+        .unwrap();
+        assert_eq!(entry(&p, &names).unwrap().metadata, m(&[("c", "")]));
+        std::os::unix::fs::symlink(&p, format!("{base}/l")).unwrap();
+        let link = entry(&format!("{base}/l"), &names).unwrap();
+        assert_eq!(link.metadata, m(&[("c", "")]));
+        write(
+            &p,
+            b"5",
+            None,
+            WriteHow::InPlace,
+            false,
+            None,
+            Some(&Metadata::new()),
+        )
+        .unwrap();
+        assert!(entry(&p, &names).unwrap().metadata.is_empty());
     }
 
     #[test]

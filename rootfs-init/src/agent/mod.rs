@@ -14,6 +14,7 @@ pub mod server;
 pub mod tunnel;
 pub mod users;
 pub mod watch;
+pub mod xattrs;
 
 use crate::protocol::{FrameDecoder, AGENT_PORT_NAME};
 use anyhow::Context;

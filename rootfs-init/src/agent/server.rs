@@ -5,9 +5,9 @@ use super::{
     ca, eval::Interpreter, exec, exec::ExecRegistry, files, identity, tunnel, users, watch,
 };
 use crate::protocol::{
-    encode_reply_head, AgentError, ErrorKind, EvalSpec, ExecList, ExecSpec, Frame, FrameDecoder,
-    IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader, WriteHow,
-    FEATURES, MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
+    encode_reply_head, metadata, AgentError, ErrorKind, EvalSpec, ExecList, ExecSpec, Frame,
+    FrameDecoder, IdentityResult, IdentitySpec, Op, PingResult, Reply, ReplyHeader, RequestHeader,
+    WriteHow, FEATURES, MAX_BUFFERED_OUTPUT_LIMIT, PROTOCOL_VERSION,
 };
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
@@ -375,15 +375,27 @@ async fn file_op(id: u64, op: Op, payload: Bytes, outbox: &Outbox) {
             append,
             in_place,
             create_parents,
+            metadata,
         } => {
+            if let Some(m) = &metadata {
+                metadata::validate(m).map_err(|e| AgentError::new(ErrorKind::BadRequest, e))?;
+            }
             let (path, owner) = as_user(&path, user.as_deref())?;
             let how = match (append, in_place) {
                 (true, _) => WriteHow::Append,
                 (false, true) => WriteHow::InPlace,
                 (false, false) => WriteHow::Atomic,
             };
-            files::write(&path, &payload, mode, how, create_parents, owner)
-                .map(|s| (json(&s), Bytes::new()))
+            files::write(
+                &path,
+                &payload,
+                mode,
+                how,
+                create_parents,
+                owner,
+                metadata.as_ref(),
+            )
+            .map(|s| (json(&s), Bytes::new()))
         }
         Op::ListDir { path } => files::list(&path).map(|l| (json(&l), Bytes::new())),
         Op::Stat { path } => files::stat(&path).map(|s| (json(&s), Bytes::new())),

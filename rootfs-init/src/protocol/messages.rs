@@ -24,8 +24,18 @@ pub const FEATURE_TUNNEL: &str = "tunnel";
 pub const FEATURE_ATTACH: &str = "attach";
 /// [`PingResult::features`]: `watch` and `unwatch`.
 pub const FEATURE_WATCH: &str = "watch";
+/// [`PingResult::features`]: `metadata` on `write_file` and in
+/// [`EntryInfo`] ([`super::metadata`]). An agent without it would ignore
+/// the field, so a host must not send metadata to it.
+pub const FEATURE_METADATA: &str = "metadata";
 /// Every feature this protocol version defines, as an agent of it reports them.
-pub const FEATURES: &[&str] = &[FEATURE_USERS, FEATURE_TUNNEL, FEATURE_ATTACH, FEATURE_WATCH];
+pub const FEATURES: &[&str] = &[
+    FEATURE_USERS,
+    FEATURE_TUNNEL,
+    FEATURE_ATTACH,
+    FEATURE_WATCH,
+    FEATURE_METADATA,
+];
 
 /// Name of the virtio-serial port the agent listens on.
 pub const AGENT_PORT_NAME: &str = "org.forkd.agent";
@@ -116,6 +126,10 @@ pub enum Op {
         /// Create missing parent directories.
         #[serde(default)]
         create_parents: bool,
+        /// Replace the file's metadata with this set (empty: clear it), as
+        /// E2B's envd does on every upload; None leaves it as it is.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metadata: Option<super::metadata::Metadata>,
     },
     /// Directory listing. Reply: [`ListResult`].
     ListDir {
@@ -741,6 +755,10 @@ pub struct EntryInfo {
     /// resolved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub symlink_resolved: Option<String>,
+    /// Its metadata ([`super::metadata`]; a symlink's is its target's),
+    /// read best-effort: a key or value that is not UTF-8 is left out.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub metadata: super::metadata::Metadata,
 }
 
 impl EntryInfo {
@@ -969,6 +987,7 @@ mod tests {
             mtime_nsec: 0,
             symlink_target: None,
             symlink_resolved: None,
+            metadata: Default::default(),
         };
         assert_eq!(e(0o100644).permissions(), "-rw-r--r--");
         assert_eq!(e(0o040755).permissions(), "drwxr-xr-x");

@@ -3,6 +3,7 @@
 
 pub mod frame;
 pub mod messages;
+pub mod metadata;
 
 pub use frame::{Frame, FrameDecoder, FrameError, MAX_PAYLOAD};
 pub use messages::*;
