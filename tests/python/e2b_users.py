@@ -8,6 +8,7 @@ raises on failure; the last line printed is `E2B USERS OK` when all passed.
 """
 
 import asyncio
+import json
 import os
 import re
 import sys
@@ -18,12 +19,19 @@ import urllib.request
 
 from e2b import (
     AsyncSandbox,
+    ConnectionConfig,
     FilesystemEventType,
     Sandbox,
     SandboxException,
     SandboxNotRunningException,
     TimeoutException,
 )
+from e2b.api.client.api.sandboxes import (
+    get_sandboxes_sandbox_id_logs,
+    get_v_2_sandboxes_sandbox_id_logs,
+)
+from e2b.api.client.models import LogLevel, LogsDirection
+from e2b.sandbox_sync.paginator import get_api_client
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
 
@@ -132,6 +140,34 @@ def metadata(sbx):
         except Exception as e:  # the SDK's InvalidArgumentException, or poold's 400
             check("metadata" in str(e).lower(), f"the refusal says metadata: {e}")
     check(not sbx.files.exists("bad.txt"), "a refused upload wrote nothing")
+
+
+def logs(sandbox_id):
+    step("the log API (E2B's generated client): envd's operations and the lifecycle, v1 and v2, after the kill")
+    client = get_api_client(ConnectionConfig())
+    v1 = get_sandboxes_sandbox_id_logs.sync(sandbox_id, client=client)
+    check(hasattr(v1, "log_entries"), f"v1 answered {v1}")
+    msgs = [e.message for e in v1.log_entries]
+    check(msgs[0] == "Sandbox created" and msgs[-1] == "Killing sandbox", f"lifecycle ends: {msgs[:2]} {msgs[-2:]}")
+    for want in ("File write", "File read", "Process start", "Filesystem stat"):
+        check(want in msgs, f"{want!r} logged: {sorted(set(msgs))}")
+    times = [e.timestamp for e in v1.log_entries]
+    check(times == sorted(times), "v1 is oldest first")
+    line = json.loads(v1.logs[0].line)
+    check(line["message"] == "Sandbox created" and line["level"] == "info", f"the raw line {line}")
+    later = int(times[-1].timestamp() * 1000)
+    tail = get_sandboxes_sandbox_id_logs.sync(sandbox_id, client=client, start=later)
+    check(tail.log_entries and all(e.timestamp >= times[-1] for e in tail.log_entries), "v1 from start")
+    errors = get_v_2_sandboxes_sandbox_id_logs.sync(
+        sandbox_id, client=client, direction=LogsDirection.FORWARD, level=LogLevel.ERROR
+    ).logs
+    check(errors and all(e.level == LogLevel.ERROR for e in errors), f"level=error: {errors[:2]}")
+    bad = [e for e in errors if e.message == "File write"]
+    check(bad and bad[0].fields["error_code"] == "400", f"the refused upload is an error entry: {errors}")
+    last = get_v_2_sandboxes_sandbox_id_logs.sync(sandbox_id, client=client, limit=1).logs
+    check([e.message for e in last] == ["Killing sandbox"], f"v2 is newest first: {last}")
+    found = get_v_2_sandboxes_sandbox_id_logs.sync(sandbox_id, client=client, search="Filesystem").logs
+    check(found and all("Filesystem" in e.message for e in found), "search")
 
 
 def signed_urls(sbx):
@@ -505,6 +541,7 @@ def main():
     finally:
         step("kill")
         sbx.kill()
+    logs(sbx.sandbox_id)
     killed_mid_command(template)
     ports(template)
     print("E2B USERS OK", flush=True)

@@ -15,8 +15,10 @@
 //! | `POST /sandboxes/{id}/pause`, `/resume` | pause to the store, resume as the same sandbox ([`crate::pause`]) |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
 //! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
+//! | `GET [/v2]/sandboxes/{id}/logs` | what envd and the control plane logged of it ([`crate::logs`]) |
 
 use crate::error::{E2bError, E2bResult};
+use crate::logs::{self, Level};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
 use crate::{pause, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
@@ -56,6 +58,8 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/fork", post(fork))
         .route("/sandboxes/{id}/snapshots", post(snapshots::create))
         .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/logs", get(logs_v1))
+        .route("/v2/sandboxes/{id}/logs", get(logs_v2))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/pause", post(pause::pause))
@@ -308,7 +312,14 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
             "spawn returned no sandbox",
         )));
     };
-    Ok((StatusCode::CREATED, Json(sandbox_json(&e, &rec))))
+    let template = sandbox_json(&e, &rec);
+    e.logs.record(
+        &rec.id,
+        Level::Info,
+        "Sandbox created",
+        &[("template_id", template["templateID"].as_str().unwrap_or(""))],
+    );
+    Ok((StatusCode::CREATED, Json(template)))
 }
 
 /// The `Sandbox` answer of create and connect. Its `domain` makes the
@@ -395,12 +406,33 @@ async fn kill(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
     let gone = e.node.destroy(&id).await;
     e.forget(&id);
     match gone {
-        Ok(()) => Ok(StatusCode::NO_CONTENT),
+        Ok(()) => {
+            e.logs.record(
+                &id,
+                Level::Info,
+                "Killing sandbox",
+                &[("kill_reason", "killed by the API")],
+            );
+            Ok(StatusCode::NO_CONTENT)
+        }
         Err(forkd_node::Error::NotFound { .. }) => {
             Err(E2bError::not_found(format!("sandbox {id:?} not found")))
         }
         Err(err) => Err(err.into()),
     }
+}
+
+/// `GET /sandboxes/{id}/logs?start&limit`: E2B's v1 log API. Like E2B,
+/// a sandbox with no log (unknown, or pushed out) answers an empty one.
+async fn logs_v1(State(e): E, Path(id): Path<String>, RawQuery(q): RawQuery) -> R<Json<Value>> {
+    let q = logs::V1Query::parse(q.as_deref())?;
+    Ok(Json(e.logs.v1(&id, &q)))
+}
+
+/// `GET /v2/sandboxes/{id}/logs?cursor&limit&direction&level&search`.
+async fn logs_v2(State(e): E, Path(id): Path<String>, RawQuery(q): RawQuery) -> R<Json<Value>> {
+    let q = logs::V2Query::parse(q.as_deref())?;
+    Ok(Json(e.logs.v2(&id, &q)))
 }
 
 #[derive(Debug, Deserialize)]

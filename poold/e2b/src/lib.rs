@@ -29,7 +29,8 @@
 //! - what a client or guest can make poold hold is bounded: processes per
 //!   sandbox ([`process::MAX_PROCESSES`]), output queued per subscriber,
 //!   polled directory watchers and their queued events ([`watch`]),
-//!   request bodies, metadata and env sizes (`forkd_node::limits`).
+//!   log entries per sandbox and sandboxes logged ([`logs`]), request
+//!   bodies, metadata and env sizes (`forkd_node::limits`).
 
 pub mod config;
 pub mod connect;
@@ -37,6 +38,7 @@ pub mod control;
 pub mod error;
 pub mod guest;
 pub mod interpreter;
+pub mod logs;
 pub mod metrics;
 pub mod pause;
 pub mod ports;

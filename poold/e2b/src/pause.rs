@@ -10,6 +10,7 @@
 
 use crate::control::{bad, body_or_default, check_timeout, sandbox_json, DEFAULT_TIMEOUT_SECS};
 use crate::error::{E2bError, E2bResult};
+use crate::logs::Level;
 use crate::state::E2b;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -66,6 +67,7 @@ pub async fn pause(
     e.node.pause(&id).await?;
     // Its processes and kernel sessions ended with the VM.
     e.forget(&id);
+    e.logs.record(&id, Level::Info, "Pausing sandbox", &[]);
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -108,6 +110,7 @@ pub(crate) async fn resume_paused(
 ) -> R<Value> {
     e.forget(id);
     let rec = e.node.resume(id, timeout, auto_pause).await?;
+    e.logs.record(id, Level::Info, "Sandbox resumed", &[]);
     Ok(sandbox_json(e, &rec))
 }
 

@@ -143,12 +143,73 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
         sb: &sb,
     };
     match port {
-        ENVD_PORT => envd(g, req).await,
+        ENVD_PORT => {
+            let op = EnvdOp::of(&req);
+            let res = envd(g, req).await;
+            if let Some(op) = op {
+                op.log(&e, sb.id(), res.status());
+            }
+            res
+        }
         INTERPRETER_PORT => crate::interpreter::handle(g, req).await,
         p => E2bError::bad_request(format!(
             "E2b-Sandbox-Port {p}: this header names envd ({ENVD_PORT}) or the code interpreter ({INTERPRETER_PORT}); reach other ports by their sandbox URL, the SDK's get_host({p}) (docs/e2b.md, \"Ports\")"
         ))
         .into_response(),
+    }
+}
+
+/// An envd request as envd's log names it (`crate::logs`); health checks
+/// are not logged.
+struct EnvdOp {
+    method: String,
+    message: String,
+    path: Option<String>,
+}
+
+impl EnvdOp {
+    fn of(req: &Request) -> Option<EnvdOp> {
+        let p = req.uri().path();
+        let method = format!("{} {p}", req.method());
+        let (message, path) = match (req.method() == Method::POST, p) {
+            (_, "/health") => return None,
+            (true, "/files") => ("File write".to_string(), true),
+            (false, "/files") => ("File read".to_string(), true),
+            (_, procedure) => (
+                crate::logs::procedure_message(procedure.trim_start_matches('/')),
+                false,
+            ),
+        };
+        let path = path
+            .then(|| parse_file_query(req.uri().query().unwrap_or("")).path)
+            .flatten();
+        Some(EnvdOp {
+            method,
+            message,
+            path,
+        })
+    }
+
+    /// Logs it with how it was answered: an error status is an error.
+    fn log(self, e: &E2b, id: &str, status: StatusCode) {
+        let level = if status.is_client_error() || status.is_server_error() {
+            crate::logs::Level::Error
+        } else {
+            crate::logs::Level::Info
+        };
+        let op = e.logs.operation();
+        let code = status.as_u16().to_string();
+        let mut fields = vec![
+            ("method", self.method.as_str()),
+            ("operation_id", op.as_str()),
+        ];
+        if level == crate::logs::Level::Error {
+            fields.push(("error_code", code.as_str()));
+        }
+        if let Some(p) = &self.path {
+            fields.push(("path", p.as_str()));
+        }
+        e.logs.record(id, level, &self.message, &fields);
     }
 }
 

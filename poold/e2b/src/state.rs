@@ -79,6 +79,8 @@ pub struct E2b {
     pub(crate) transfers: Arc<Transfers>,
     /// Sandbox URLs' domain (`E2bConfig::domain`), lowercase.
     pub(crate) domain: String,
+    /// Every sandbox's log ([`crate::logs`]).
+    pub logs: crate::logs::Logs,
 }
 
 /// The host part of a `host[:port]` domain.
@@ -115,6 +117,7 @@ impl E2b {
             hosts: hosts.with_suffix(domain_host(&domain)),
             transfers,
             domain,
+            logs: Default::default(),
         }))
     }
 
