@@ -459,6 +459,60 @@ fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
     }
 }
 
+/// E2B volumes (docs/e2b.md, "Volumes"): with `volume_roots` configured,
+/// the unmodified SDK (tests/python/e2b_volumes.py) makes a volume,
+/// writes, lists, chmods (set-id bits dropped) and removes its files
+/// through the content API with no sandbox, mounts it by object and by
+/// name into two sandboxes of a template whose snapshot has a volume at
+/// /mnt/vol (each sees the other's writes and the API's), cannot read a
+/// guest's symlink to /etc/passwd through the API, is refused a mount
+/// where the template has no volume and a volume that does not exist, and
+/// destroys it. On the host, the volume's files are gone after.
+#[test]
+fn e2b_volumes_mount_into_sandboxes_and_serve_their_files() {
+    let py = client("FORKD_TEST_PYTHON");
+    let home = Home::new();
+    let root = home.dir.join("volumes");
+    let slot = root.join("slot");
+    std::fs::create_dir_all(&slot).unwrap();
+    let key = format!("e2b_{}", forkd_snapshot::random_hex(20));
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let mut args = e2b_args(&key_file);
+    args.extend(["--volume-root".to_string(), root.display().to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let p = Poold::start(&home.dir, &args, None);
+    let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
+    let (st, v) = block_on(p.post(
+        "/v1/snapshots",
+        json!({"tag": "e2b-vol", "image": "minimal", "mem_mib": 256,
+               "volumes": [{"host_path": slot, "guest_path": "/mnt/vol"}]}),
+    ));
+    assert_eq!(st, 201, "{v}");
+    let out = sdk_client(&py, &api, &sbx, &key)
+        .env("E2B_VOLUME_API_URL", &api)
+        .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/e2b_volumes.py"))
+        .arg("e2b-vol")
+        .output()
+        .expect("running tests/python/e2b_volumes.py");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains("E2B VOLUMES OK"),
+        "e2b_volumes.py failed:\n{stdout}\n{stderr}"
+    );
+    let left: Vec<_> = std::fs::read_dir(root.join("e2b-volumes"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "a destroyed volume left {left:?}");
+    assert_eq!(
+        std::fs::read_dir(&slot).unwrap().count(),
+        0,
+        "the template's own folder was not written"
+    );
+}
+
 /// E2B's sandboxes run as `user` (home `/home/user`, passwordless sudo):
 /// against a snapshot of the `e2b-base` image (which has that account) the
 /// unmodified SDK (tests/python/e2b_users.py) runs commands as `user` in

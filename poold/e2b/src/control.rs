@@ -15,12 +15,13 @@
 //! | `POST /sandboxes/{id}/pause`, `/resume` | pause to the store, resume as the same sandbox ([`crate::pause`]) |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
 //! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
+//! | `POST /volumes`, `GET /volumes[/{id}]`, `DELETE /volumes/{id}` | E2B volumes ([`crate::volumes`]) |
 //! | `GET [/v2]/sandboxes/{id}/logs` | what envd and the control plane logged of it ([`crate::logs`]) |
 
 use crate::error::{E2bError, E2bResult};
 use crate::logs::{self, Level};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::{pause, snapshots};
+use crate::{pause, snapshots, volumes};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -60,6 +61,8 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/metrics", get(metrics))
         .route("/sandboxes/{id}/logs", get(logs_v1))
         .route("/v2/sandboxes/{id}/logs", get(logs_v2))
+        .route("/volumes", post(volume_create).get(volume_list))
+        .route("/volumes/{id}", get(volume_get).delete(volume_delete))
         .route("/snapshots", get(snapshots::list))
         .route("/templates/{id}", delete(snapshots::delete))
         .route("/sandboxes/{id}/pause", post(pause::pause))
@@ -67,6 +70,8 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .fallback(not_served)
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
         .layer(middleware::from_fn_with_state(e.clone(), api_key))
+        // A volume's files take its token, not the API key.
+        .merge(crate::volume_files::routes())
         .with_state(e)
 }
 
@@ -111,7 +116,7 @@ struct NewSandbox {
     #[serde(default, rename = "autoResume")]
     auto_resume: Option<Value>,
     #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
-    volume_mounts: Option<Vec<Value>>,
+    volume_mounts: Option<Vec<volumes::Mount>>,
     /// E2B's hosted MCP gateway settings (refused: poold does not run it).
     #[serde(default)]
     mcp: Option<Value>,
@@ -286,9 +291,9 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
             "mcp: E2B's MCP gateway is an E2B cloud service poold does not run; leave it out and start MCP servers in the sandbox yourself (reach them by get_host(port))",
         ));
     }
-    if b.volume_mounts.is_some_and(|v| !v.is_empty()) {
-        return Err(bad("volumeMounts are not supported by poold (docs/e2b.md)"));
-    }
+    let volumes = e
+        .volumes
+        .mounts(b.volume_mounts.as_deref().unwrap_or(&[]))?;
     let (net, network) = egress_of(b.allow_internet_access, b.network.as_ref())?;
     let port_access = port_access_of(b.network.as_ref())?;
     // The metadata, envs and template alias are the node's, persisted
@@ -304,6 +309,7 @@ async fn create(State(e): E, Json(b): Json<NewSandbox>) -> R<(StatusCode, Json<V
         network,
         auto_pause: b.auto_pause == Some(true),
         port_access,
+        volumes,
         ..Default::default()
     };
     let recs = e.node.spawn(req).await?;
@@ -433,6 +439,32 @@ async fn logs_v1(State(e): E, Path(id): Path<String>, RawQuery(q): RawQuery) -> 
 async fn logs_v2(State(e): E, Path(id): Path<String>, RawQuery(q): RawQuery) -> R<Json<Value>> {
     let q = logs::V2Query::parse(q.as_deref())?;
     Ok(Json(e.logs.v2(&id, &q)))
+}
+
+#[derive(Deserialize)]
+struct NewVolume {
+    name: String,
+}
+
+/// `POST /volumes {name}`: 201 with its id and content-API token.
+async fn volume_create(State(e): E, Json(b): Json<NewVolume>) -> R<(StatusCode, Json<Value>)> {
+    Ok((StatusCode::CREATED, Json(e.volumes.create(&b.name)?)))
+}
+
+/// `GET /volumes`.
+async fn volume_list(State(e): E) -> R<Json<Value>> {
+    Ok(Json(e.volumes.list()?))
+}
+
+/// `GET /volumes/{id}`.
+async fn volume_get(State(e): E, Path(id): Path<String>) -> R<Json<Value>> {
+    Ok(Json(e.volumes.get(&id)?))
+}
+
+/// `DELETE /volumes/{id}`: 204, or 404.
+async fn volume_delete(State(e): E, Path(id): Path<String>) -> R<StatusCode> {
+    e.volumes.delete(&id).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[derive(Debug, Deserialize)]

@@ -47,6 +47,8 @@ pub mod sandbox;
 pub mod signed;
 pub mod snapshots;
 pub mod state;
+pub mod volume_files;
+pub mod volumes;
 pub mod watch;
 
 pub use config::E2bConfig;

@@ -81,6 +81,8 @@ pub struct E2b {
     pub(crate) domain: String,
     /// Every sandbox's log ([`crate::logs`]).
     pub logs: crate::logs::Logs,
+    /// E2B volumes ([`crate::volumes`]).
+    pub volumes: crate::volumes::Volumes,
 }
 
 /// The host part of a `host[:port]` domain.
@@ -111,6 +113,7 @@ impl E2b {
             None => token,
         };
         Ok(Arc::new(E2b {
+            volumes: crate::volumes::Volumes::new(node.volume_roots()),
             node,
             api_key,
             sessions: RwLock::new(HashMap::new()),

@@ -116,6 +116,11 @@ impl Node {
         self.hub().map(|h| h.describe())
     }
 
+    /// The folders host volumes may lie in (config `volume_roots`).
+    pub fn volume_roots(&self) -> &[std::path::PathBuf] {
+        &self.cfg.volume_roots
+    }
+
     /// This node's name in a cluster (`node_name`), if it has one.
     pub fn name(&self) -> Option<&str> {
         self.cfg.node_name.as_deref()

@@ -30,6 +30,9 @@ pub fn control_routes(f: Arc<E2bFront>) -> Router {
         .route("/v2/sandboxes/{id}/{*rest}", any(per_sandbox))
         .route("/snapshots", get(lists::snapshots))
         .route("/templates/{id}", delete(delete_template))
+        .route("/volumes", any(no_volumes))
+        .route("/volumes/{*rest}", any(no_volumes))
+        .route("/volumecontent/{*rest}", any(no_volumes))
         .fallback(|req: Request| async move {
             e2b_error(
                 StatusCode::NOT_FOUND,
@@ -65,6 +68,25 @@ fn same(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// The template a create names (its snapshot tag).
+/// Why the gateway serves no E2B volumes: each is a host folder of one
+/// node, and a create through the gateway may land on any node.
+const NO_VOLUMES: &str = "E2B volumes are host folders of one poold, and the gateway places a sandbox on any node: make volumes and the sandboxes that mount them against one poold's E2B API (docs/e2b.md, \"Volumes\")";
+
+async fn no_volumes() -> Response {
+    e2b_error(StatusCode::BAD_REQUEST, NO_VOLUMES)
+}
+
+/// Whether a create body asks for volume mounts.
+fn mounts_volumes(body: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(body).is_ok_and(|v| {
+        ["volumeMounts", "volume_mounts"].iter().any(|k| {
+            v.get(k)
+                .and_then(Value::as_array)
+                .is_some_and(|a| !a.is_empty())
+        })
+    })
+}
+
 fn template_of(body: &[u8]) -> Option<String> {
     let v = serde_json::from_slice::<Value>(body).ok()?;
     let t = v.get("templateID").or_else(|| v.get("template_id"))?;
@@ -87,6 +109,9 @@ async fn create(State(f): F, req: Request) -> Response {
             "the body must be a JSON object with templateID (the snapshot tag)",
         );
     };
+    if mounts_volumes(&body) {
+        return e2b_error(StatusCode::BAD_REQUEST, NO_VOLUMES);
+    }
     let nodes = f.nodes();
     let mut failed = HashSet::new();
     let mut last = None;
@@ -243,6 +268,17 @@ mod tests {
         assert!(String::from_utf8_lossy(&body).contains("may have made it"));
         let r = created(&f, &node, "py", reply(r#"{"sandboxID":"sb-1"}"#));
         assert_eq!(r.status(), StatusCode::CREATED);
+    }
+
+    /// A volume is one node's folder: a create through the gateway that
+    /// mounts one is refused before it is placed.
+    #[test]
+    fn creates_mounting_volumes_are_refused() {
+        assert!(mounts_volumes(
+            br#"{"templateID":"t","volumeMounts":[{"name":"v","path":"/d"}]}"#
+        ));
+        assert!(!mounts_volumes(br#"{"templateID":"t","volumeMounts":[]}"#));
+        assert!(!mounts_volumes(br#"{"templateID":"t"}"#));
     }
 
     #[test]
