@@ -7,7 +7,10 @@
 //! exchange per tunnel, the answer streamed back as the guest sends it, the
 //! sandbox's access token stripped (the guest never sees a credential).
 //! Whether a sandbox has one is learned at its first request (a tunnel to a
-//! port nothing listens on is refused) and kept with its session.
+//! port nothing listens on is refused) and kept with its session; that it
+//! has none is also kept per snapshot, since its other children were forked
+//! from the same processes: their first request then skips the tunnel,
+//! which under TCG cost a fresh child's first `/execute` ~50 ms.
 //!
 //! Any other guest gets `POST /execute` served by its warm interpreter (the
 //! agent's `eval`): the code runs in the persistent Python process the
@@ -23,7 +26,7 @@
 //! are refused.
 
 use crate::error::E2bError;
-use crate::state::{Guest, INTERPRETER_PORT};
+use crate::state::{E2b, Guest, INTERPRETER_PORT};
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
@@ -57,8 +60,14 @@ fn error(status: StatusCode, message: impl Into<String>) -> Response {
 
 /// Serves a request for port 49999: proxied to the guest's own code
 /// interpreter when it has one, else from the warm interpreter.
-pub async fn handle(g: Guest<'_>, req: Request) -> Response {
-    if *g.sb.session.guest_interpreter.get().unwrap_or(&true) {
+pub async fn handle(e: &E2b, g: Guest<'_>, req: Request) -> Response {
+    let session = &g.sb.session;
+    if session.guest_interpreter.get().is_none()
+        && e.snapshot_lacks_interpreter(&g.sb.rec.snapshot_id)
+    {
+        let _ = session.guest_interpreter.set(false);
+    }
+    if *session.guest_interpreter.get().unwrap_or(&true) {
         match g.node.open_tunnel(g.id(), INTERPRETER_PORT).await {
             Ok(t) => {
                 let _ = g.sb.session.guest_interpreter.set(true);
@@ -76,6 +85,7 @@ pub async fn handle(g: Guest<'_>, req: Request) -> Response {
                     && g.sb.session.guest_interpreter.get().is_none() =>
             {
                 let _ = g.sb.session.guest_interpreter.set(false);
+                e.note_no_interpreter(&g.sb.rec.snapshot_id);
             }
             Err(e) => {
                 return E2bError::new(

@@ -151,7 +151,7 @@ async fn handle(State(e): State<Arc<E2b>>, req: Request) -> Response {
             }
             res
         }
-        INTERPRETER_PORT => crate::interpreter::handle(g, req).await,
+        INTERPRETER_PORT => crate::interpreter::handle(&e, g, req).await,
         p => E2bError::bad_request(format!(
             "E2b-Sandbox-Port {p}: this header names envd ({ENVD_PORT}) or the code interpreter ({INTERPRETER_PORT}); reach other ports by their sandbox URL, the SDK's get_host({p}) (docs/e2b.md, \"Ports\")"
         ))

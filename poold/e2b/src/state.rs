@@ -83,7 +83,14 @@ pub struct E2b {
     pub logs: crate::logs::Logs,
     /// E2B volumes ([`crate::volumes`]).
     pub volumes: crate::volumes::Volumes,
+    /// Snapshots (by id) whose children have no code interpreter of their
+    /// own (`crate::interpreter`); at most [`MAX_KNOWN_SNAPSHOTS`].
+    no_interpreter: Mutex<std::collections::HashSet<String>>,
 }
+
+/// Most snapshots [`E2b::note_no_interpreter`] remembers (forgotten all at
+/// once past that; the cost of forgetting is one tunnel attempt each).
+pub const MAX_KNOWN_SNAPSHOTS: usize = 4096;
 
 /// The host part of a `host[:port]` domain.
 fn domain_host(domain: &str) -> &str {
@@ -121,6 +128,7 @@ impl E2b {
             transfers,
             domain,
             logs: Default::default(),
+            no_interpreter: Default::default(),
         }))
     }
 
@@ -177,6 +185,21 @@ impl E2b {
         }
         let session = m.entry(rec.id.clone()).or_default().clone();
         E2bSandbox { session, rec }
+    }
+
+    /// Whether children of snapshot `id` are known to have no code
+    /// interpreter of their own.
+    pub fn snapshot_lacks_interpreter(&self, id: &str) -> bool {
+        self.no_interpreter.lock().unwrap().contains(id)
+    }
+
+    /// Notes that children of snapshot `id` have no code interpreter.
+    pub fn note_no_interpreter(&self, id: &str) {
+        let mut s = self.no_interpreter.lock().unwrap();
+        if s.len() >= MAX_KNOWN_SNAPSHOTS {
+            s.clear();
+        }
+        s.insert(id.to_string());
     }
 
     /// Forgets sandbox `id`'s session.
