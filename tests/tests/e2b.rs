@@ -463,8 +463,9 @@ fn e2b_fork_snapshots_are_reclaimed_once_their_children_are_gone() {
 /// the unmodified SDK (tests/python/e2b_volumes.py) makes a volume,
 /// writes, lists, chmods (set-id bits dropped) and removes its files
 /// through the content API with no sandbox, mounts it by object and by
-/// name into two sandboxes of a template whose snapshot has a volume at
-/// /mnt/vol (each sees the other's writes and the API's), cannot read a
+/// name into two sandboxes of an `e2b-base` template whose snapshot has a
+/// volume at /mnt/vol (commands run as E2B's `user`; each sees the
+/// other's writes and the API's), cannot read a
 /// guest's symlink to /etc/passwd through the API, is refused a mount
 /// where the template has no volume and a volume that does not exist, and
 /// destroys it. On the host, the volume's files are gone after.
@@ -485,7 +486,7 @@ fn e2b_volumes_mount_into_sandboxes_and_serve_their_files() {
     let (api, sbx) = p.e2b.clone().expect("poold printed its E2B listeners");
     let (st, v) = block_on(p.post(
         "/v1/snapshots",
-        json!({"tag": "e2b-vol", "image": "minimal", "mem_mib": 256,
+        json!({"tag": "e2b-vol", "image": "e2b-base", "mem_mib": 512,
                "volumes": [{"host_path": slot, "guest_path": "/mnt/vol"}]}),
     ));
     assert_eq!(st, 201, "{v}");

@@ -71,7 +71,7 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
         .layer(middleware::from_fn_with_state(e.clone(), api_key))
         // A volume's files take its token, not the API key.
-        .merge(crate::volume_files::routes())
+        .merge(crate::volume_files::routes(e.clone()))
         .with_state(e)
 }
 

@@ -48,6 +48,7 @@ pub mod signed;
 pub mod snapshots;
 pub mod state;
 pub mod volume_files;
+pub mod volume_fs;
 pub mod volumes;
 pub mod watch;
 

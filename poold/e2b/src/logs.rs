@@ -27,6 +27,17 @@ pub const MAX_SANDBOXES: usize = 1024;
 pub const MAX_LIMIT: usize = 1000;
 /// Longest `search` a v2 query may give (E2B's limit).
 pub const MAX_SEARCH: usize = 256;
+/// Longest message or field value kept (a request's path is a client's).
+pub const MAX_FIELD: usize = 1024;
+
+/// `s`, cut to at most [`MAX_FIELD`] bytes at a character boundary.
+fn clip(s: &str) -> String {
+    let mut end = s.len().min(MAX_FIELD);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    s[..end].to_string()
+}
 
 /// An entry's level, E2B's `LogLevel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -133,10 +144,10 @@ impl Logs {
             Entry {
                 at: SystemTime::now(),
                 level,
-                message: message.to_string(),
+                message: clip(message),
                 fields: fields
                     .iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .map(|(k, v)| (k.to_string(), clip(v)))
                     .collect(),
             },
         );
@@ -463,6 +474,18 @@ mod tests {
     #[test]
     fn what_is_kept_is_bounded() {
         let l = Logs::default();
+        l.record(
+            "long",
+            Level::Info,
+            &"é".repeat(MAX_FIELD),
+            &[("path", &"p".repeat(10_000))],
+        );
+        let v = l.v1("long", &V1Query::parse(None).unwrap());
+        assert!(v["logEntries"][0]["message"].as_str().unwrap().len() <= MAX_FIELD);
+        assert_eq!(
+            v["logEntries"][0]["fields"]["path"].as_str().unwrap().len(),
+            MAX_FIELD
+        );
         for i in 0..MAX_ENTRIES + 5 {
             l.record("s", Level::Info, &i.to_string(), &[]);
         }

@@ -1,47 +1,56 @@
 //! E2B's volume content API (`/volumecontent/{id}/...`, the SDK's
 //! `Volume` file calls, `E2B_VOLUME_API_URL`): files of a volume
 //! ([`crate::volumes`]) read and written on the host, no sandbox needed.
-//! Each request carries the volume's token (`Authorization: Bearer`).
+//! Each request carries the volume's token (`Authorization: Bearer`),
+//! checked before its body is read.
 //!
 //! Invariants: what sandboxes wrote into a volume is hostile to the host.
-//! Every path is resolved with `openat2(RESOLVE_IN_ROOT)` against the
-//! volume's folder, so neither `..` nor a symlink leaves it; nothing but a
-//! regular file is ever opened for reading (a device node a guest made is
-//! only looked at through `O_PATH`); a write goes to a new file renamed
-//! into place, so it never opens what is there; set-id and sticky bits are
-//! never set; a tree is removed through directory descriptors, never
-//! following a link. Bodies are bounded by [`MAX_FILE_BYTES`].
+//! Every path resolves inside the volume's folder ([`crate::volume_fs`]),
+//! so neither `..` nor a symlink leaves it; nothing but a regular file or
+//! a directory is ever opened for reading or changed (a device node or
+//! FIFO a guest made is only looked at through `O_PATH`); a write goes to
+//! a new file renamed into place, so it never opens what is there;
+//! set-id and sticky bits are never set; a tree is removed through
+//! directory descriptors, never following a link. Bodies are bounded by
+//! [`MAX_FILE_BYTES`], listings by [`MAX_ENTRIES`] and [`MAX_DEPTH`].
 
 use crate::error::{E2bError, E2bResult};
 use crate::state::E2b;
+use crate::volume_fs::{self, names, open_in, owned};
 use axum::body::Bytes;
-use axum::extract::{Path, RawQuery, State};
-use axum::http::{header, HeaderMap, StatusCode};
-use axum::response::IntoResponse;
+use axum::extract::{Path, RawQuery, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use forkd_node::limits::MAX_FILE_BYTES;
-use nix::dir::Dir;
 use nix::errno::Errno;
-use nix::fcntl::{openat2, AtFlags, OFlag, OpenHow, ResolveFlag};
-use nix::sys::stat::{fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
+use nix::fcntl::{renameat2, AtFlags, OFlag, RenameFlags};
+use nix::sys::stat::{fchmod, fstat, fstatat, mkdirat, FileStat, Mode, SFlag};
 use nix::unistd::{fchown, unlinkat, Gid, Uid, UnlinkatFlags};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::ffi::CString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 use subtle::ConstantTimeEq;
 
-/// Deepest listing.
-pub const MAX_DEPTH: u32 = 16;
+/// Deepest listing (E2B's limit).
+pub const MAX_DEPTH: u32 = 10;
 /// Most entries one listing answers.
 pub const MAX_ENTRIES: usize = 10_000;
+/// Mode of a file the API makes when none is given (E2B's).
+const FILE_MODE: u32 = 0o666;
+/// Mode of a directory the API makes when none is given (E2B's).
+const DIR_MODE: u32 = 0o777;
 
 type E = State<Arc<E2b>>;
 
-/// The content API's routes (the token, not the API key, is checked).
-pub fn routes() -> Router<Arc<E2b>> {
+/// The content API's routes: the volume's token, not the API key, is
+/// checked, before anything else.
+pub fn routes(e: Arc<E2b>) -> Router<Arc<E2b>> {
     Router::new()
         .route("/volumecontent/{id}/dir", get(list).post(make_dir))
         .route(
@@ -49,30 +58,35 @@ pub fn routes() -> Router<Arc<E2b>> {
             get(info).patch(set_owner_mode).delete(remove),
         )
         .route("/volumecontent/{id}/file", get(read).put(write))
+        .route_layer(middleware::from_fn_with_state(e, token_first))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
 }
 
-/// The volume's folder, once the request's token is its token.
-fn open_volume(e: &E2b, id: &str, h: &HeaderMap) -> E2bResult<OwnedFd> {
-    let want = e.volumes.token(id)?;
-    let got = h
+/// Answers 401 unless the request's bearer token is its volume's; an
+/// unknown volume is a 401 too, so names cannot be probed without a token.
+async fn token_first(State(e): E, req: Request, next: Next) -> Response {
+    let id = req
+        .uri()
+        .path()
+        .strip_prefix("/volumecontent/")
+        .and_then(|r| r.split('/').next())
+        .unwrap_or("");
+    let got = req
+        .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !bool::from(want.as_bytes().ct_eq(got.as_bytes())) {
-        return Err(E2bError::unauthorized(
-            "missing or wrong volume token: send Authorization: Bearer <the token Volume.create or Volume.connect answered>",
-        ));
+        .and_then(|v| v.strip_prefix("Bearer "));
+    let ok = match (e.volumes.token(id), got) {
+        (Ok(want), Some(got)) => bool::from(want.as_bytes().ct_eq(got.as_bytes())),
+        _ => false,
+    };
+    if !ok {
+        return E2bError::unauthorized(
+            "missing or wrong volume token, or no such volume: send Authorization: Bearer <the token Volume.create or Volume.connect answered>",
+        )
+        .into_response();
     }
-    let data = e.volumes.data(id)?;
-    let fd = nix::fcntl::open(
-        &data,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| errno("opening the volume", e))?;
-    Ok(owned(fd))
+    next.run(req).await
 }
 
 /// An errno as the API's status: what the caller can fix says so.
@@ -80,9 +94,12 @@ fn errno(what: &str, e: Errno) -> E2bError {
     let status = match e {
         Errno::ENOENT => StatusCode::NOT_FOUND,
         Errno::EEXIST | Errno::ENOTEMPTY => StatusCode::CONFLICT,
-        Errno::ENOTDIR | Errno::EISDIR | Errno::ELOOP | Errno::EINVAL | Errno::EXDEV => {
-            StatusCode::BAD_REQUEST
-        }
+        Errno::ENOTDIR
+        | Errno::EISDIR
+        | Errno::ELOOP
+        | Errno::EINVAL
+        | Errno::EXDEV
+        | Errno::ENAMETOOLONG => StatusCode::BAD_REQUEST,
         Errno::ENOSPC | Errno::EDQUOT => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
@@ -110,32 +127,9 @@ fn shown(rel: &str) -> String {
     }
 }
 
-/// A descriptor nix just returned, owned.
-fn owned(fd: std::os::fd::RawFd) -> OwnedFd {
-    // SAFETY: every caller passes a descriptor `open`/`openat2` has just
-    // returned, which nothing else holds.
-    unsafe { OwnedFd::from_raw_fd(fd) }
-}
-
-fn open_in(root: &OwnedFd, rel: &str, flags: OFlag, mode: Mode) -> Result<OwnedFd, Errno> {
-    let how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC)
-        .mode(mode)
-        .resolve(
-            ResolveFlag::RESOLVE_IN_ROOT
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS
-                | ResolveFlag::RESOLVE_NO_XDEV,
-        );
-    let fd = openat2(root.as_raw_fd(), rel, how)?;
-    Ok(owned(fd))
-}
-
 /// `rel`'s parent, opened, and its last component.
 fn parent_of<'a>(root: &OwnedFd, rel: &'a str) -> E2bResult<(OwnedFd, &'a str)> {
-    let (dir, name) = match rel.rsplit_once('/') {
-        Some((d, n)) => (d, n),
-        None => (".", rel),
-    };
+    let (dir, name) = rel.rsplit_once('/').unwrap_or((".", rel));
     if name == "." || name == ".." || rel == "." {
         return Err(E2bError::bad_request(format!(
             "{}: name a file or directory inside the volume",
@@ -153,7 +147,17 @@ fn make_parents(root: &OwnedFd, rel: &str, mode: Mode) -> E2bResult<()> {
         .map_err(|e| errno("/", e))?;
     for comp in rel.split('/').filter(|c| !c.is_empty() && *c != ".") {
         match mkdirat(Some(cur.as_raw_fd()), comp, mode) {
-            Ok(()) | Err(Errno::EEXIST) => {}
+            Ok(()) => {
+                let fd = open_in(
+                    &cur,
+                    comp,
+                    OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
+                    Mode::empty(),
+                )
+                .map_err(|e| errno(comp, e))?;
+                fchmod(fd.as_raw_fd(), mode).map_err(|e| errno(comp, e))?;
+            }
+            Err(Errno::EEXIST) => {}
             Err(e) => return Err(errno(&format!("making {comp}"), e)),
         }
         cur = open_in(
@@ -189,7 +193,7 @@ fn stat_json(rel: &str, st: &FileStat, target: Option<String>) -> Value {
         "type": kind(st),
         "path": shown(rel),
         "size": st.st_size,
-        "mode": st.st_mode & 0o7777,
+        "mode": st.st_mode & 0o777,
         "uid": st.st_uid,
         "gid": st.st_gid,
         "atime": time(st.st_atime, st.st_atime_nsec),
@@ -222,7 +226,7 @@ struct Q {
     uid: Option<u32>,
     gid: Option<u32>,
     mode: Option<u32>,
-    force: Option<bool>,
+    force: bool,
 }
 
 /// Parses a request's query; a malformed number is a 400.
@@ -239,7 +243,7 @@ fn query(raw: Option<&str>) -> E2bResult<Q> {
             "uid" => q.uid = Some(num("uid")?),
             "gid" => q.gid = Some(num("gid")?),
             "mode" => q.mode = Some(num("mode")?),
-            "force" => q.force = Some(v == "true"),
+            "force" => q.force = v == "true",
             _ => {}
         }
     }
@@ -259,17 +263,21 @@ fn perm(mode: Option<u32>, default: u32) -> Mode {
     Mode::from_bits_truncate(mode.unwrap_or(default) & 0o777)
 }
 
-/// Runs blocking file work off the async threads.
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> E2bResult<T> + Send + 'static,
+/// Runs blocking file work off the async threads, on the volume `id`'s
+/// folder.
+async fn on_volume<T: Send + 'static>(
+    e: &E2b,
+    id: &str,
+    f: impl FnOnce(OwnedFd) -> E2bResult<T> + Send + 'static,
 ) -> E2bResult<T> {
-    tokio::task::spawn_blocking(f)
+    let root = e.volumes.data_fd(id)?;
+    tokio::task::spawn_blocking(move || f(root))
         .await
         .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 /// Sets owner and permission bits of the file `fd` is open on.
-fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Option<Mode>) -> E2bResult<()> {
+fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Mode) -> E2bResult<()> {
     if uid.is_some() || gid.is_some() {
         fchown(
             fd.as_raw_fd(),
@@ -278,96 +286,115 @@ fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Option<Mode>) -> 
         )
         .map_err(|e| errno("setting the owner", e))?;
     }
-    if let Some(m) = mode {
-        nix::sys::stat::fchmod(fd.as_raw_fd(), m).map_err(|e| errno("setting the mode", e))?;
-    }
-    Ok(())
+    // After the chown, which clears set-id bits; always, so the umask
+    // does not decide.
+    fchmod(fd.as_raw_fd(), mode).map_err(|e| errno("setting the mode", e))
 }
 
-/// `GET .../dir?path&depth`: the entries under a directory, `depth` levels.
+/// `GET .../dir?path&depth`: the entries under a directory, `depth`
+/// levels (1-10), depth first, each directory's by name.
 async fn list(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Json<Value>> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = rel(q.path.as_deref().unwrap_or("/"))?;
-    let depth = q.depth.unwrap_or(1).clamp(1, MAX_DEPTH);
-    blocking(move || {
+    let depth = q.depth.unwrap_or(1);
+    if !(1..=MAX_DEPTH).contains(&depth) {
+        return Err(E2bError::bad_request(format!(
+            "depth must be between 1 and {MAX_DEPTH}"
+        )));
+    }
+    on_volume(&e, &id, move |root| {
+        let dir = open_in(
+            &root,
+            &r,
+            OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+            Mode::empty(),
+        )
+        .map_err(|e| errno(&shown(&r), e))?;
         let mut out = Vec::new();
-        walk(&root, &r, depth, &mut out)?;
+        walk(&dir, &r, depth, &mut out)?;
         Ok(Json(json!(out)))
     })
     .await
 }
 
-fn walk(root: &OwnedFd, dir_rel: &str, depth: u32, out: &mut Vec<Value>) -> E2bResult<()> {
-    let fd = open_in(
-        root,
-        dir_rel,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
-        Mode::empty(),
-    )
-    .map_err(|e| errno(&shown(dir_rel), e))?;
-    let raw = fd.as_raw_fd();
-    let mut d = Dir::from_fd(nix::unistd::dup(raw).map_err(|e| errno("listing", e))?)
-        .map_err(|e| errno("listing", e))?;
-    let mut names: Vec<String> = d
-        .iter()
-        .filter_map(Result::ok)
-        .filter_map(|en| en.file_name().to_str().ok().map(String::from))
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    names.sort();
-    for name in names {
+fn walk(dir: &OwnedFd, dir_rel: &str, depth: u32, out: &mut Vec<Value>) -> E2bResult<()> {
+    let too_many = || {
+        E2bError::bad_request(format!(
+            "{}: more than {MAX_ENTRIES} entries; list less deep or a smaller directory",
+            shown(dir_rel)
+        ))
+    };
+    let mut found =
+        names(dir, MAX_ENTRIES - out.len() + 1).map_err(|e| errno(&shown(dir_rel), e))?;
+    if out.len() + found.len() > MAX_ENTRIES {
+        return Err(too_many());
+    }
+    found.sort();
+    for name in found {
         if out.len() == MAX_ENTRIES {
-            return Err(E2bError::bad_request(format!(
-                "{}: more than {MAX_ENTRIES} entries; list less deep or a smaller directory",
-                shown(dir_rel)
-            )));
+            return Err(too_many());
         }
-        let Ok(st) = fstatat(Some(raw), name.as_str(), AtFlags::AT_SYMLINK_NOFOLLOW) else {
+        // Gone meanwhile (a guest renaming as we list): left out.
+        let Ok(st) = fstatat(
+            Some(dir.as_raw_fd()),
+            name.as_c_str(),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) else {
             continue;
         };
+        let shown_name = name.to_string_lossy().into_owned();
         let child = if dir_rel == "." {
-            name.clone()
+            shown_name
         } else {
-            format!("{dir_rel}/{name}")
+            format!("{dir_rel}/{shown_name}")
         };
         let target = (kind(&st) == "symlink")
-            .then(|| nix::fcntl::readlinkat(Some(raw), name.as_str()).ok())
+            .then(|| nix::fcntl::readlinkat(Some(dir.as_raw_fd()), name.as_c_str()).ok())
             .flatten()
             .map(|t| t.to_string_lossy().into_owned());
         out.push(stat_json(&child, &st, target));
         if depth > 1 && kind(&st) == "directory" {
-            walk(root, &child, depth - 1, out)?;
+            let sub = nix::fcntl::openat(
+                Some(dir.as_raw_fd()),
+                name.as_c_str(),
+                OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                Mode::empty(),
+            );
+            if let Ok(sub) = sub.map(owned) {
+                walk(&sub, &child, depth - 1, out)?;
+            }
         }
     }
     Ok(())
 }
 
-/// `POST .../dir?path&uid&gid&mode&force`: 201 with the new directory;
-/// `force` makes missing parents; an existing path is a 409.
+/// `POST .../dir?path&uid&gid&mode&force`: 201 with the directory;
+/// `force` makes missing parents and takes an existing directory; else an
+/// existing path is a 409.
 async fn make_dir(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<impl IntoResponse> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    blocking(move || {
-        let mode = perm(q.mode, 0o777);
-        if q.force == Some(true) {
+    on_volume(&e, &id, move |root| {
+        let mode = perm(q.mode, DIR_MODE);
+        if q.force {
             if let Some((parent, _)) = r.rsplit_once('/') {
-                make_parents(&root, parent, mode)?;
+                make_parents(&root, parent, perm(None, DIR_MODE))?;
             }
         }
         let (parent, name) = parent_of(&root, &r)?;
-        mkdirat(Some(parent.as_raw_fd()), name, mode).map_err(|e| errno(&shown(&r), e))?;
+        match mkdirat(Some(parent.as_raw_fd()), name, mode) {
+            Ok(()) => {}
+            Err(Errno::EEXIST) if q.force => {}
+            Err(e) => return Err(errno(&shown(&r), e)),
+        }
         let fd = open_in(
             &root,
             &r,
@@ -375,7 +402,7 @@ async fn make_dir(
             Mode::empty(),
         )
         .map_err(|e| errno(&shown(&r), e))?;
-        own(&fd, q.uid, q.gid, q.mode.map(|_| mode))?;
+        own(&fd, q.uid, q.gid, mode)?;
         Ok((StatusCode::CREATED, Json(entry(&root, &r)?)))
     })
     .await
@@ -385,13 +412,11 @@ async fn make_dir(
 async fn info(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<Json<Value>> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    blocking(move || Ok(Json(entry(&root, &r)?))).await
+    on_volume(&e, &id, move |root| Ok(Json(entry(&root, &r)?))).await
 }
 
 #[derive(Deserialize)]
@@ -406,16 +431,23 @@ struct OwnerMode {
 async fn set_owner_mode(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
     Json(b): Json<OwnerMode>,
 ) -> E2bResult<Json<Value>> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    blocking(move || {
+    on_volume(&e, &id, move |root| {
         let fd = regular_or_dir(&root, &r)?;
-        own(&fd, b.uid, b.gid, b.mode.map(|m| perm(Some(m), 0)))?;
+        let mode = match b.mode {
+            Some(m) => perm(Some(m), 0),
+            None => Mode::from_bits_truncate(
+                fstat(fd.as_raw_fd())
+                    .map_err(|e| errno(&shown(&r), e))?
+                    .st_mode
+                    & 0o777,
+            ),
+        };
+        own(&fd, b.uid, b.gid, mode)?;
         Ok(Json(entry(&root, &r)?))
     })
     .await
@@ -435,88 +467,64 @@ fn regular_or_dir(root: &OwnedFd, rel: &str) -> E2bResult<OwnedFd> {
             kind(&st)
         )));
     }
-    let fd = nix::fcntl::open(
+    nix::fcntl::open(
         format!("/proc/self/fd/{}", p.as_raw_fd()).as_str(),
         OFlag::O_RDONLY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )
-    .map_err(|e| errno(&shown(rel), e))?;
-    Ok(owned(fd))
+    .map(owned)
+    .map_err(|e| errno(&shown(rel), e))
 }
 
 /// `DELETE .../path?path`: a file, or a directory with all in it.
 async fn remove(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<StatusCode> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    blocking(move || {
+    on_volume(&e, &id, move |root| {
         if r == "." {
-            return Err(E2bError::bad_request(
-                "the volume's root is not removed; delete the volume instead",
-            ));
+            return Err(E2bError::bad_request("the volume's root is not removed; delete the volume instead"));
         }
         let (parent, name) = parent_of(&root, &r)?;
-        remove_tree(&parent, name).map_err(|e| errno(&shown(&r), e))?;
+        let name = CString::new(name).map_err(|_| E2bError::bad_request("path: no NUL byte"))?;
+        volume_fs::remove_tree(&parent, &name).map_err(|e| match e {
+            Errno::ELOOP => E2bError::bad_request(format!(
+                "{} is more than {} directories deep; what could be removed is gone, remove the rest from a sandbox",
+                shown(&r),
+                volume_fs::MAX_TREE_DEPTH
+            )),
+            e => errno(&shown(&r), e),
+        })?;
         Ok(StatusCode::NO_CONTENT)
     })
     .await
-}
-
-/// Removes `name` in `dir`: a file or link as is, a directory with
-/// everything in it, through descriptors (no link is followed).
-fn remove_tree(dir: &OwnedFd, name: &str) -> Result<(), Errno> {
-    match unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::NoRemoveDir) {
-        Err(Errno::EISDIR) => {}
-        r => return r,
-    }
-    let sub = open_in(
-        dir,
-        name,
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW,
-        Mode::empty(),
-    )?;
-    let mut d = Dir::from_fd(nix::unistd::dup(sub.as_raw_fd())?)?;
-    let names: Vec<String> = d
-        .iter()
-        .filter_map(Result::ok)
-        .filter_map(|en| en.file_name().to_str().ok().map(String::from))
-        .filter(|n| n != "." && n != "..")
-        .collect();
-    for n in names {
-        remove_tree(&sub, &n)?;
-    }
-    unlinkat(Some(dir.as_raw_fd()), name, UnlinkatFlags::RemoveDir)
 }
 
 /// `GET .../file?path`: a regular file's bytes.
 async fn read(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
 ) -> E2bResult<impl IntoResponse> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    let bytes = blocking(move || {
+    let bytes = on_volume(&e, &id, move |root| {
         let fd = regular_or_dir(&root, &r)?;
         let mut f = std::fs::File::from(fd);
-        let size = f.metadata().map(|m| m.len()).unwrap_or(0);
-        if f.metadata().is_ok_and(|m| m.is_dir()) {
+        let m = f.metadata().map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        if m.is_dir() {
             return Err(E2bError::bad_request(format!("{} is a directory: list it", shown(&r))));
         }
-        if size > MAX_FILE_BYTES as u64 {
+        if m.len() > MAX_FILE_BYTES as u64 {
             return Err(E2bError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                format!("{} is {size} bytes, over the {MAX_FILE_BYTES} one read returns; read it in a sandbox that mounts the volume", shown(&r)),
+                format!("{} is {} bytes, over the {MAX_FILE_BYTES} one read returns; read it in a sandbox that mounts the volume", shown(&r), m.len()),
             ));
         }
-        let mut buf = Vec::with_capacity(size as usize);
+        let mut buf = Vec::with_capacity(m.len() as usize);
         std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, MAX_FILE_BYTES as u64), &mut buf)
             .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("reading {}: {e}", shown(&r))))?;
         Ok(buf)
@@ -526,27 +534,27 @@ async fn read(
 }
 
 /// `PUT .../file?path&uid&gid&mode&force`: 201 with the file. The bytes
-/// go to a new file that is renamed over the path, so whatever was there
-/// (a guest's device node too) is replaced, never opened.
+/// go to a new file, synced, then renamed to the path: over what is there
+/// with `force` (which also makes missing parents), else only if nothing
+/// is (409), as E2B. Whatever was there (a guest's device node too) is
+/// replaced, never opened.
 async fn write(
     State(e): E,
     Path(id): Path<String>,
-    h: HeaderMap,
     RawQuery(raw): RawQuery,
     body: Bytes,
 ) -> E2bResult<impl IntoResponse> {
     let q = query(raw.as_deref())?;
-    let root = open_volume(&e, &id, &h)?;
     let r = path_of(&q)?;
-    blocking(move || {
-        if q.force == Some(true) {
+    on_volume(&e, &id, move |root| {
+        if q.force {
             if let Some((parent, _)) = r.rsplit_once('/') {
-                make_parents(&root, parent, perm(None, 0o777))?;
+                make_parents(&root, parent, perm(None, DIR_MODE))?;
             }
         }
         let (parent, name) = parent_of(&root, &r)?;
-        let tmp = format!(".{name}.forkd-upload-{:08x}", rand::random::<u32>());
-        let mode = perm(q.mode, 0o666);
+        let tmp = format!(".fk-{:08x}", rand::random::<u32>());
+        let mode = perm(q.mode, FILE_MODE);
         let fd = open_in(
             &parent,
             &tmp,
@@ -556,21 +564,34 @@ async fn write(
         .map_err(|e| errno(&shown(&r), e))?;
         let written = (|| {
             let mut f = std::fs::File::from(fd);
-            std::io::Write::write_all(&mut f, &body).map_err(|e| {
-                E2bError::new(
-                    StatusCode::INSUFFICIENT_STORAGE,
-                    format!("writing {}: {e}", shown(&r)),
-                )
-            })?;
-            let fd = OwnedFd::from(f);
-            own(&fd, q.uid, q.gid, q.mode.map(|_| mode))?;
-            nix::fcntl::renameat(
+            std::io::Write::write_all(&mut f, &body)
+                .and_then(|()| f.sync_all())
+                .map_err(|e| {
+                    E2bError::new(
+                        StatusCode::INSUFFICIENT_STORAGE,
+                        format!("writing {}: {e}", shown(&r)),
+                    )
+                })?;
+            own(&OwnedFd::from(f), q.uid, q.gid, mode)?;
+            let how = if q.force {
+                RenameFlags::empty()
+            } else {
+                RenameFlags::RENAME_NOREPLACE
+            };
+            renameat2(
                 Some(parent.as_raw_fd()),
                 tmp.as_str(),
                 Some(parent.as_raw_fd()),
                 name,
+                how,
             )
-            .map_err(|e| errno(&shown(&r), e))
+            .map_err(|e| match e {
+                Errno::EEXIST => E2bError::new(
+                    StatusCode::CONFLICT,
+                    format!("{} exists: write with force to replace it", shown(&r)),
+                ),
+                e => errno(&shown(&r), e),
+            })
         })();
         if written.is_err() {
             let _ = unlinkat(
@@ -631,27 +652,33 @@ mod tests {
     }
 
     #[test]
-    fn trees_are_made_and_removed_through_descriptors() {
+    fn trees_are_listed_within_bounds_and_made_with_their_modes() {
+        use std::os::unix::fs::PermissionsExt;
         let (d, r) = root();
-        make_parents(&r, "a/b/c", perm(None, 0o755)).unwrap();
+        make_parents(&r, "a/b/c", perm(None, DIR_MODE)).unwrap();
+        let m = std::fs::metadata(d.path().join("a/b"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(m & 0o7777, 0o777, "the umask does not narrow it");
         std::fs::write(d.path().join("a/b/c/f"), "x").unwrap();
-        let outside = tempfile::tempdir().unwrap();
-        std::fs::write(outside.path().join("keep"), "k").unwrap();
-        std::os::unix::fs::symlink(outside.path(), d.path().join("a/b/link")).unwrap();
+        std::os::unix::fs::symlink("/", d.path().join("a/b/link")).unwrap();
         let mut out = Vec::new();
         walk(&r, ".", 4, &mut out).unwrap();
         let paths: Vec<_> = out
             .iter()
             .map(|v| v["path"].as_str().unwrap().to_string())
             .collect();
-        assert_eq!(paths, ["/a", "/a/b", "/a/b/c", "/a/b/c/f", "/a/b/link"]);
-        let (parent, name) = parent_of(&r, "a").unwrap();
-        remove_tree(&parent, name).unwrap();
-        assert!(!d.path().join("a").exists());
-        assert!(
-            outside.path().join("keep").exists(),
-            "a link is removed, not followed"
+        assert_eq!(
+            paths,
+            ["/a", "/a/b", "/a/b/c", "/a/b/c/f", "/a/b/link"],
+            "a link is listed, not entered"
         );
+        for i in 0..MAX_ENTRIES {
+            std::fs::write(d.path().join(format!("many{i}")), "").unwrap();
+        }
+        let e = walk(&r, ".", 1, &mut Vec::new()).unwrap_err();
+        assert!(e.message.contains("more than"), "{}", e.message);
         assert!(parent_of(&r, ".").is_err());
         assert_eq!(perm(Some(0o4777), 0), Mode::from_bits_truncate(0o777));
     }

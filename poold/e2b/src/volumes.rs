@@ -2,37 +2,55 @@
 //! (`volumeMounts`), kept on this host as poold's own volumes are
 //! (docs/volumes.md): host folders over virtio-fs, inside `volume_roots`.
 //!
-//! Layout, under the first of `volume_roots`:
-//! `e2b-volumes/<name>/data` is the folder sandboxes mount and the content
-//! API serves ([`crate::volume_files`]); `e2b-volumes/<name>/token` is
-//! the bearer token of that API. A volume's id is its name (E2B's names
-//! are `[a-zA-Z0-9_-]`, safe as a path component).
+//! Layout, under the first of `volume_roots`: `e2b-volumes/` (mode 0700,
+//! so no host user reaches what guests leave there, set-id files
+//! included), in it per volume `<name>/data` (mode 0777: the folder
+//! sandboxes mount and the content API serves, [`crate::volume_files`])
+//! and `<name>/token` (the content API's bearer token). A volume's id is
+//! its name (E2B's names are `[a-zA-Z0-9_-]`, safe as a path component).
 //!
-//! Invariants: a volume exists exactly when its `data` folder does; a
-//! create made the name's folder first (`mkdir`, so two creates of one
-//! name cannot both win), then the token, then `data`, so a create cut off
-//! half way is finished by the next create of that name, never answered
-//! as an existing volume. A mount goes where the template's snapshot has
-//! a volume (a restored machine gets no new devices); anywhere else is a
-//! 400 naming where it can go.
+//! Invariants:
+//! - a volume exists exactly when its `data` folder does; a create makes
+//!   the name's folder, then the token, then `data`, under one lock, so a
+//!   create cut off half way is finished by the next create of that name,
+//!   never answered as an existing volume, and two creates of one name
+//!   never both succeed;
+//! - the store's names resolve from the store's descriptor with
+//!   `RESOLVE_BENEATH` and no symlinks ([`crate::volume_fs`]): whoever
+//!   can write the store (a guest given a volume root itself through
+//!   `/v1`) cannot point a volume, or its token, elsewhere on the host;
+//! - a mount goes where the template's snapshot has a volume (a restored
+//!   machine gets no new devices); anywhere else is a 400 naming where it
+//!   can go.
 
 use crate::error::{E2bError, E2bResult};
+use crate::volume_fs::{names, open_beneath, owned, remove_tree};
 use axum::http::StatusCode;
 use forkd_api::VolumeSpec;
+use nix::errno::Errno;
+use nix::fcntl::OFlag;
+use nix::sys::stat::{fchmod, mkdirat, Mode};
 use serde::Deserialize;
 use serde_json::{json, Value};
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::{Path, PathBuf};
+use std::ffi::CString;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::path::PathBuf;
+use std::sync::Mutex;
 
 /// Longest volume name.
 pub const MAX_NAME: usize = 128;
 /// Most volumes one sandbox mounts (poold's own limit on volumes).
 pub const MAX_MOUNTS: usize = 8;
+/// A token's length (hex digits); a token file holding anything else is
+/// not a token.
+const TOKEN_LEN: usize = 32;
 
-/// Where E2B volumes live; None when poold has no `volume_roots`.
+/// Where E2B volumes live; `dir` is None when poold has no `volume_roots`.
 pub struct Volumes {
     dir: Option<PathBuf>,
+    /// Held by creates and deletes.
+    turn: Mutex<()>,
 }
 
 /// One `volumeMounts` entry.
@@ -46,7 +64,7 @@ fn not_found(id: &str) -> E2bError {
     E2bError::not_found(format!("volume {id:?} not found"))
 }
 
-fn io_error(what: &str, e: std::io::Error) -> E2bError {
+fn failed(what: &str, e: impl std::fmt::Display) -> E2bError {
     E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}"))
 }
 
@@ -66,65 +84,115 @@ pub fn check_name(name: &str) -> E2bResult<()> {
     }
 }
 
-impl Volumes {
-    /// The volumes of a poold whose `volume_roots` are `roots`.
-    pub fn new(roots: &[PathBuf]) -> Volumes {
-        Volumes {
-            dir: roots.first().map(|r| r.join("e2b-volumes")),
+fn mkdir_mode(dir: &OwnedFd, name: &str, mode: u32) -> Result<(), Errno> {
+    match mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(mode)) {
+        Ok(()) => {
+            // The umask (poold's is 077) must not narrow it.
+            let fd = open_beneath(dir, name, OFlag::O_RDONLY | OFlag::O_DIRECTORY)?;
+            fchmod(fd.as_raw_fd(), Mode::from_bits_truncate(mode))
         }
+        Err(e) => Err(e),
+    }
+}
+
+impl Volumes {
+    /// The volumes of a poold whose `volume_roots` are `roots`; sweeps
+    /// what deletes cut off left behind.
+    pub fn new(roots: &[PathBuf]) -> Volumes {
+        let v = Volumes {
+            dir: roots.first().map(|r| r.join("e2b-volumes")),
+            turn: Mutex::new(()),
+        };
+        if let Ok(store) = v.store_if_there() {
+            for n in names(&store, usize::MAX).unwrap_or_default() {
+                if n.to_bytes().starts_with(b".") {
+                    let _ = remove_tree(&store, &n);
+                }
+            }
+        }
+        v
     }
 
-    fn dir(&self) -> E2bResult<&Path> {
-        self.dir.as_deref().ok_or_else(|| {
+    fn dir(&self) -> E2bResult<&PathBuf> {
+        self.dir.as_ref().ok_or_else(|| {
             E2bError::bad_request(
                 "this poold has no volume_roots configured, so it keeps no volumes; add volume_roots = [\"/srv/forkd-volumes\"] to its config (docs/volumes.md)",
             )
         })
     }
 
-    /// The folder volume `id` mounts and serves, if it exists.
-    pub fn data(&self, id: &str) -> E2bResult<PathBuf> {
-        check_name(id).map_err(|_| not_found(id))?;
-        let data = self.dir()?.join(id).join("data");
-        if data.is_dir() {
-            Ok(data)
-        } else {
-            Err(not_found(id))
-        }
+    /// The store, opened (not through a symlink).
+    fn store_if_there(&self) -> E2bResult<OwnedFd> {
+        let dir = self.dir()?;
+        nix::fcntl::open(
+            dir.as_path(),
+            OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::empty(),
+        )
+        .map(owned)
+        .map_err(|e| failed(&format!("opening {}", dir.display()), e))
     }
 
-    /// Volume `id`'s token, if it exists.
+    /// The store, made (mode 0700) when missing.
+    fn store(&self) -> E2bResult<OwnedFd> {
+        let dir = self.dir()?;
+        let mut b = std::fs::DirBuilder::new();
+        std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
+        match b.create(dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(failed(&format!("making {}", dir.display()), e)),
+        }
+        self.store_if_there()
+    }
+
+    /// Volume `id`'s folder, opened (`O_PATH`), if it exists.
+    pub fn data_fd(&self, id: &str) -> E2bResult<OwnedFd> {
+        check_name(id).map_err(|_| not_found(id))?;
+        let store = self.store_if_there().map_err(|_| not_found(id))?;
+        open_beneath(
+            &store,
+            &format!("{id}/data"),
+            OFlag::O_PATH | OFlag::O_DIRECTORY,
+        )
+        .map_err(|_| not_found(id))
+    }
+
+    /// Volume `id`'s token, if it exists and has a well-formed one (a
+    /// volume without one is not listed or served).
     pub fn token(&self, id: &str) -> E2bResult<String> {
-        self.data(id)?;
-        std::fs::read_to_string(self.dir()?.join(id).join("token"))
-            .map(|t| t.trim().to_string())
-            .map_err(|e| io_error(&format!("reading volume {id:?}'s token"), e))
+        self.data_fd(id)?;
+        let store = self.store_if_there()?;
+        read_token(&store, id).ok_or_else(|| not_found(id))
     }
 
     /// `POST /volumes`: makes volume `name`; a 400 when it exists.
     pub fn create(&self, name: &str) -> E2bResult<Value> {
         check_name(name)?;
-        let base = self.dir()?.join(name);
-        std::fs::create_dir_all(self.dir()?).map_err(|e| io_error("making e2b-volumes", e))?;
-        match std::fs::create_dir(&base) {
+        let _turn = self.turn.lock().unwrap();
+        let store = self.store()?;
+        match mkdir_mode(&store, name, 0o700) {
             Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                if base.join("data").is_dir() {
+            Err(Errno::EEXIST) => {
+                if self.data_fd(name).is_ok() {
                     return Err(E2bError::bad_request(format!(
                         "volume {name:?} exists: pick another name, or delete it first"
                     )));
                 }
                 // A create cut off half way: finish it.
             }
-            Err(e) => return Err(io_error(&format!("making volume {name:?}"), e)),
+            Err(e) => return Err(failed(&format!("making volume {name:?}"), e)),
         }
-        let token = write_token(&base).map_err(|e| io_error("writing the volume's token", e))?;
-        std::fs::create_dir(base.join("data"))
-            .or_else(|e| match e.kind() {
-                std::io::ErrorKind::AlreadyExists => Ok(()),
-                _ => Err(e),
-            })
-            .map_err(|e| io_error(&format!("making volume {name:?}"), e))?;
+        let base = open_beneath(&store, name, OFlag::O_PATH | OFlag::O_DIRECTORY)
+            .map_err(|e| failed(&format!("opening volume {name:?}"), e))?;
+        let token = match read_token(&store, name) {
+            Some(t) => t,
+            None => write_token(&base).map_err(|e| failed("writing the volume's token", e))?,
+        };
+        match mkdir_mode(&base, "data", 0o777) {
+            Ok(()) | Err(Errno::EEXIST) => {}
+            Err(e) => return Err(failed(&format!("making volume {name:?}"), e)),
+        }
         Ok(volume_json(name, &token))
     }
 
@@ -135,20 +203,17 @@ impl Volumes {
 
     /// `GET /volumes`: every volume, by name.
     pub fn list(&self) -> E2bResult<Value> {
-        let Some(dir) = &self.dir else {
+        let Ok(store) = self.store_if_there() else {
             return Ok(json!([]));
         };
-        let mut names: Vec<String> = match std::fs::read_dir(dir) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
-                .filter(|n| check_name(n).is_ok() && dir.join(n).join("data").is_dir())
-                .collect(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io_error("listing e2b-volumes", e)),
-        };
-        names.sort();
-        Ok(json!(names
+        let mut out: Vec<String> = names(&store, usize::MAX)
+            .map_err(|e| failed("listing e2b-volumes", e))?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| self.token(n).is_ok())
+            .collect();
+        out.sort();
+        Ok(json!(out
             .iter()
             .map(|n| json!({"volumeID": n, "name": n}))
             .collect::<Vec<_>>()))
@@ -157,16 +222,30 @@ impl Volumes {
     /// `DELETE /volumes/{id}`: its files go; sandboxes mounting it see
     /// them gone, as with E2B.
     pub async fn delete(&self, id: &str) -> E2bResult<()> {
-        self.data(id)?;
-        let base = self.dir()?.join(id);
-        // Renamed out of the way first (a name `check_name` refuses): the
-        // volume is gone at once, even if the removal is cut off.
-        let doomed = base.with_file_name(format!(".{id}.deleting-{:08x}", rand::random::<u32>()));
-        std::fs::rename(&base, &doomed).map_err(|e| io_error("deleting the volume", e))?;
-        tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&doomed))
-            .await
-            .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
-            .map_err(|e| io_error("deleting the volume's files", e))
+        let doomed = {
+            let _turn = self.turn.lock().unwrap();
+            self.data_fd(id)?;
+            let store = self.store_if_there()?;
+            // Renamed out of the way first (a name `check_name` refuses):
+            // the volume is gone at once, even if the removal is cut off
+            // (the next start sweeps it).
+            let doomed = format!(".{id}.deleting-{:08x}", rand::random::<u32>());
+            nix::fcntl::renameat(
+                Some(store.as_raw_fd()),
+                id,
+                Some(store.as_raw_fd()),
+                doomed.as_str(),
+            )
+            .map_err(|e| failed("deleting the volume", e))?;
+            (store, doomed)
+        };
+        tokio::task::spawn_blocking(move || {
+            let (store, doomed) = doomed;
+            remove_tree(&store, &CString::new(doomed).expect("no NUL in the name"))
+        })
+        .await
+        .map_err(|e| failed("deleting the volume's files", e))?
+        .map_err(|e| failed("deleting the volume's files (the volume is gone; what is left is swept at the next start)", e))
     }
 
     /// A create's `volumeMounts` as the spawn's volumes: each a volume
@@ -191,7 +270,8 @@ impl Volumes {
             if out.iter().any(|v| v.guest_path == m.path) {
                 return Err(bad("that path is mounted twice"));
             }
-            let data = self.data(&m.name).map_err(|e| bad(&e.message))?;
+            self.data_fd(&m.name).map_err(|e| bad(&e.message))?;
+            let data = self.dir()?.join(&m.name).join("data");
             out.push(VolumeSpec {
                 host_path: data.display().to_string(),
                 guest_path: m.path.clone(),
@@ -215,23 +295,49 @@ fn normalised(p: &str) -> String {
     format!("/{}", parts.join("/"))
 }
 
-fn write_token(base: &Path) -> std::io::Result<String> {
-    let path = base.join("token");
-    if let Ok(t) = std::fs::read_to_string(&path) {
-        return Ok(t.trim().to_string());
-    }
+/// Volume `name`'s token, when its file holds a well-formed one.
+fn read_token(store: &OwnedFd, name: &str) -> Option<String> {
+    let fd = open_beneath(store, &format!("{name}/token"), OFlag::O_RDONLY).ok()?;
+    let mut t = String::new();
+    std::fs::File::from(fd)
+        .take(TOKEN_LEN as u64 + 1)
+        .read_to_string(&mut t)
+        .ok()?;
+    (t.len() == TOKEN_LEN && t.bytes().all(|b| b.is_ascii_hexdigit())).then_some(t)
+}
+
+/// A new token in `base`/token, written to a fresh file renamed into place.
+fn write_token(base: &OwnedFd) -> Result<String, Errno> {
     let token = format!("{:032x}", rand::random::<u128>());
-    let tmp = base.join(".token.tmp");
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&tmp)?;
-    f.write_all(token.as_bytes())?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    let tmp = format!(".token.{:08x}", rand::random::<u32>());
+    let fd = nix::fcntl::openat(
+        Some(base.as_raw_fd()),
+        tmp.as_str(),
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )
+    .map(owned)?;
+    let mut f = std::fs::File::from(fd);
+    let written = f.write_all(token.as_bytes()).and_then(|()| f.sync_all());
+    if let Err(e) = written {
+        let _ = nix::unistd::unlinkat(
+            Some(base.as_raw_fd()),
+            tmp.as_str(),
+            nix::unistd::UnlinkatFlags::NoRemoveDir,
+        );
+        return Err(Errno::from_raw(e.raw_os_error().unwrap_or(libc_eio())));
+    }
+    nix::fcntl::renameat(
+        Some(base.as_raw_fd()),
+        tmp.as_str(),
+        Some(base.as_raw_fd()),
+        "token",
+    )?;
     Ok(token)
+}
+
+fn libc_eio() -> i32 {
+    Errno::EIO as i32
 }
 
 fn volume_json(name: &str, token: &str) -> Value {
@@ -278,6 +384,46 @@ mod tests {
         assert_eq!(v.get("half").unwrap_err().status, StatusCode::NOT_FOUND);
         assert_eq!(v.list().unwrap(), json!([]));
         assert!(v.create("half").is_ok());
+    }
+
+    /// Whoever can write the store cannot make a volume of a folder
+    /// elsewhere, or of one with a token they chose to be empty.
+    #[test]
+    fn the_store_is_read_without_following_links() {
+        use std::os::unix::fs::PermissionsExt;
+        let (d, v) = store();
+        v.create("real").unwrap();
+        let st = d.path().join("e2b-volumes");
+        let mode =
+            |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+        assert_eq!(mode(&st), 0o700);
+        assert_eq!(mode(&st.join("real/data")), 0o777);
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::create_dir(outside.path().join("data")).unwrap();
+        std::fs::write(outside.path().join("token"), "0".repeat(32)).unwrap();
+        std::os::unix::fs::symlink(outside.path(), st.join("linked")).unwrap();
+        std::fs::create_dir(st.join("inner")).unwrap();
+        std::os::unix::fs::symlink("/", st.join("inner/data")).unwrap();
+        std::fs::write(st.join("inner/token"), "0".repeat(32)).unwrap();
+        std::fs::create_dir_all(st.join("empty/data")).unwrap();
+        std::fs::write(st.join("empty/token"), "").unwrap();
+        for id in ["linked", "inner", "empty"] {
+            assert_eq!(
+                v.token(id).unwrap_err().status,
+                StatusCode::NOT_FOUND,
+                "{id}"
+            );
+        }
+        assert!(v
+            .mounts(&[Mount {
+                name: "inner".into(),
+                path: "/x".into()
+            }])
+            .is_err());
+        assert_eq!(
+            v.list().unwrap(),
+            json!([{"volumeID":"real","name":"real"}])
+        );
     }
 
     #[test]

@@ -67,7 +67,6 @@ fn same(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && bool::from(a.ct_eq(b))
 }
 
-/// The template a create names (its snapshot tag).
 /// Why the gateway serves no E2B volumes: each is a host folder of one
 /// node, and a create through the gateway may land on any node.
 const NO_VOLUMES: &str = "E2B volumes are host folders of one poold, and the gateway places a sandbox on any node: make volumes and the sandboxes that mount them against one poold's E2B API (docs/e2b.md, \"Volumes\")";
@@ -87,6 +86,7 @@ fn mounts_volumes(body: &[u8]) -> bool {
     })
 }
 
+/// The template a create names (its snapshot tag).
 fn template_of(body: &[u8]) -> Option<String> {
     let v = serde_json::from_slice::<Value>(body).ok()?;
     let t = v.get("templateID").or_else(|| v.get("template_id"))?;
