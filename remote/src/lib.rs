@@ -29,6 +29,14 @@ pub use layout::{Key, LAYOUT_CHUNKS, LAYOUT_PACKED};
 pub use packfile::PackReader;
 pub use s3::S3Hub;
 
+use anyhow::{anyhow, bail, Context, Result};
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
 /// Installs rustls's ring provider as the process's default unless one
 /// already is. reqwest (ours and object_store's) is built without a provider
 /// of its own (the workspace Cargo.toml says why) and panics building a
@@ -37,15 +45,6 @@ pub fn install_tls_provider() {
     // Err only means a provider is already installed: that one is used.
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
-
-use anyhow::{anyhow, bail, Context, Result};
-use bytes::Bytes;
-use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use std::time::Duration;
 
 /// Where snapshots are sent to or fetched from.
 #[derive(Clone)]

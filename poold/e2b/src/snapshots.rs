@@ -19,6 +19,7 @@
 //! - `fork`'s own snapshots (`e2b-fork-*`) are reclaimed by the node and
 //!   are not listed.
 
+use crate::control::bad;
 use crate::error::{E2bError, E2bResult};
 use crate::state::E2b;
 use axum::extract::{Path, RawQuery, State};
@@ -37,10 +38,6 @@ pub const SNAPSHOT_PREFIX: &str = "e2b-snap-";
 pub const FORK_PREFIX: &str = "e2b-fork-";
 
 type R<T> = E2bResult<T>;
-
-fn bad(m: impl Into<String>) -> E2bError {
-    E2bError::bad_request(m)
-}
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]

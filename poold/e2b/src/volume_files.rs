@@ -171,6 +171,14 @@ fn make_parents(root: &OwnedFd, rel: &str, mode: Mode) -> E2bResult<()> {
     Ok(())
 }
 
+/// With `force`, makes the missing parents of `rel` (E2B's 0777).
+fn forced_parents(root: &OwnedFd, q: &Q, rel: &str) -> E2bResult<()> {
+    match rel.rsplit_once('/') {
+        Some((parent, _)) if q.force => make_parents(root, parent, perm(None, DIR_MODE)),
+        _ => Ok(()),
+    }
+}
+
 fn kind(st: &FileStat) -> &'static str {
     match SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT {
         SFlag::S_IFREG => "file",
@@ -384,11 +392,7 @@ async fn make_dir(
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
         let mode = perm(q.mode, DIR_MODE);
-        if q.force {
-            if let Some((parent, _)) = r.rsplit_once('/') {
-                make_parents(&root, parent, perm(None, DIR_MODE))?;
-            }
-        }
+        forced_parents(&root, &q, &r)?;
         let (parent, name) = parent_of(&root, &r)?;
         match mkdirat(Some(parent.as_raw_fd()), name, mode) {
             Ok(()) => {}
@@ -547,11 +551,7 @@ async fn write(
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
-        if q.force {
-            if let Some((parent, _)) = r.rsplit_once('/') {
-                make_parents(&root, parent, perm(None, DIR_MODE))?;
-            }
-        }
+        forced_parents(&root, &q, &r)?;
         let (parent, name) = parent_of(&root, &r)?;
         let tmp = format!(".fk-{:08x}", rand::random::<u32>());
         let mode = perm(q.mode, FILE_MODE);
