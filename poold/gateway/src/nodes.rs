@@ -251,6 +251,12 @@ impl Node {
         }
     }
 
+    /// Counts one sandbox the gateway killed on it, until the next poll.
+    pub fn note_gone(&self) {
+        let mut st = self.state.write().unwrap();
+        st.1.sandboxes = st.1.sandboxes.saturating_sub(1);
+    }
+
     fn view(&self) -> NodeView {
         let st = self.state.read().unwrap();
         let mut snapshots: Vec<String> = st.1.snapshots.iter().cloned().collect();

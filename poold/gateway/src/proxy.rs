@@ -213,6 +213,15 @@ async fn spawn(State(app): State<App>, req: Request) -> Reply {
             match r {
                 Share::Made(list) => {
                     nodes[i].note_spawned(&tag, list.len());
+                    if list.len() != k {
+                        // What it listed is killed with the rest; what it
+                        // may have made besides, only the node knows.
+                        let e = GatewayError::MaybeMade {
+                            node: nodes[i].name.clone(),
+                            why: format!("it answered {} sandboxes for the {k} asked", list.len()),
+                        };
+                        maybe_made.get_or_insert(e.into_response());
+                    }
                     made.extend(list.into_iter().map(|s| (i, s)));
                 }
                 Share::Refused(resp) => {
@@ -328,7 +337,12 @@ async fn undo(nodes: &[Arc<Node>], made: &[(usize, Value)]) {
         Some(async move {
             let path = format!("/v1/sandboxes/{id}");
             match node.call(Bound::Whole, Method::DELETE, &path).send().await {
-                Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {}
+                Ok(r) if r.status().is_success() || r.status() == StatusCode::NOT_FOUND => {
+                    // Taken back from what the spawn counted (the next
+                    // poll would correct it; placements before it would
+                    // not).
+                    node.note_gone();
+                }
                 Ok(r) => {
                     tracing::warn!(node = %node.name, %id, status = %r.status(), "could not kill a sandbox of a failed spawn")
                 }
@@ -964,10 +978,24 @@ mod tests {
     /// A node with one ready child of `py` whose spawn answers
     /// `spawn_status` with `spawn_body`.
     async fn pool_node(spawn_status: u16, spawn_body: &'static str) -> NodeAddr {
+        serve_node(pool_app(spawn_status, spawn_body)).await
+    }
+
+    async fn serve_node(app: Router) -> NodeAddr {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
+        NodeAddr {
+            name: format!("n{}", addr.port()),
+            url: format!("http://{addr}"),
+        }
+    }
+
+    fn pool_app(spawn_status: u16, spawn_body: &'static str) -> Router {
         let json = |b: &'static str| {
             move || async move { ([(header::CONTENT_TYPE, "application/json")], b) }
         };
-        let app = Router::new()
+        Router::new()
             .route("/v1/pools", get(json(r#"[{"tag":"py","ready":1}]"#)))
             .route("/v1/snapshots", get(json(r#"[{"tag":"py"}]"#)))
             .route(
@@ -976,14 +1004,48 @@ mod tests {
                     (StatusCode::from_u16(spawn_status).unwrap(), spawn_body)
                 }),
             )
-            .route("/version", get(json("{}")));
+            .route("/version", get(json("{}")))
+    }
+
+    /// A node that answers a spawn of two with one sandbox: the client
+    /// hears that more may exist, and the one listed is killed (and taken
+    /// off the node's count). Before, the client got one sandbox and a 201.
+    #[tokio::test]
+    async fn a_share_answered_short_is_undone_and_said() {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let killed = Arc::new(AtomicUsize::new(0));
+        let k = killed.clone();
+        let app = pool_app(201, r#"[{"id":"sb-1"}]"#).route(
+            "/v1/sandboxes/{id}",
+            axum::routing::delete(move || {
+                k.fetch_add(1, Ordering::SeqCst);
+                async { StatusCode::NO_CONTENT }
+            }),
+        );
+        let reg = Arc::new(Registry::new(&Config::for_test(vec![serve_node(app).await])).unwrap());
+        reg.poll_once().await;
         let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = l.local_addr().unwrap();
-        tokio::spawn(async move { axum::serve(l, app).await.unwrap() });
-        NodeAddr {
-            name: format!("n{}", addr.port()),
-            url: format!("http://{addr}"),
-        }
+        let gw = l.local_addr().unwrap();
+        let r2 = reg.clone();
+        tokio::spawn(async move { axum::serve(l, router(r2, None)).await.unwrap() });
+        let resp = forkd_api::http_builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap()
+            .post(format!("http://{gw}/v1/sandboxes"))
+            .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
+        let text = resp.text().await.unwrap();
+        assert!(text.contains("1 sandboxes for the 2 asked"), "{text}");
+        assert_eq!(killed.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            reg.up_nodes()[0].for_tag("py").2,
+            0,
+            "the count is taken back"
+        );
     }
 
     #[tokio::test]
