@@ -107,12 +107,18 @@ fn errno(what: &str, e: Errno) -> E2bError {
 }
 
 /// A request's path inside the volume: relative to its root ("." for the
-/// root itself); `..` is harmless (it stops at the root).
+/// root itself). `..` is refused: it could not leave the root anyway, but
+/// `mkdir -p` and the final open would read it differently.
 fn rel(path: &str) -> E2bResult<String> {
     if path.contains('\0') || path.len() > 4096 {
         return Err(E2bError::bad_request(
             "path: at most 4096 bytes, no NUL byte",
         ));
+    }
+    if path.split('/').any(|c| c == "..") {
+        return Err(E2bError::bad_request(format!(
+            "path {path:?}: no '..' (paths are from the volume's root)"
+        )));
     }
     let r = path.trim_start_matches('/').trim_end_matches('/');
     Ok(if r.is_empty() { ".".into() } else { r.into() })
@@ -188,8 +194,16 @@ fn kind(st: &FileStat) -> &'static str {
     }
 }
 
+/// The last second RFC 3339 can write (9999-12-31T23:59:59Z): a guest can
+/// set any mtime on some filesystems.
+const MAX_TIME: i64 = 253_402_300_799;
+
 fn time(sec: i64, nsec: i64) -> String {
-    let t = UNIX_EPOCH + Duration::new(sec.max(0) as u64, nsec.clamp(0, 999_999_999) as u32);
+    let t = UNIX_EPOCH
+        + Duration::new(
+            sec.clamp(0, MAX_TIME) as u64,
+            nsec.clamp(0, 999_999_999) as u32,
+        );
     humantime::format_rfc3339_nanos(t).to_string()
 }
 
@@ -638,6 +652,8 @@ mod tests {
         assert_eq!(entry(&r, "pw").unwrap()["target"], "/etc/passwd");
         assert_eq!(rel("/a/b/").unwrap(), "a/b");
         assert_eq!(rel("/").unwrap(), ".");
+        assert!(rel("a/../b").is_err());
+        assert!(time(i64::MAX, 0).starts_with("9999-12-31"));
         assert!(rel("a\0b").is_err());
     }
 

@@ -18,7 +18,7 @@ use std::ffi::CString;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 /// Deepest tree removed.
-pub const MAX_TREE_DEPTH: usize = 4096;
+pub const MAX_TREE_DEPTH: usize = 512;
 /// Names read from a directory at a time while removing it.
 const BATCH: usize = 256;
 
@@ -66,7 +66,7 @@ pub fn names(dir: &OwnedFd, max: usize) -> Result<Vec<CString>, Errno> {
     let mut d = Dir::openat(
         Some(dir.as_raw_fd()),
         ".",
-        OFlag::O_RDONLY | OFlag::O_DIRECTORY,
+        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
         Mode::empty(),
     )?;
     let mut out = Vec::new();
@@ -94,10 +94,15 @@ fn open_subdir(dir: &OwnedFd, name: &CString) -> Result<OwnedFd, Errno> {
     .map(owned)
 }
 
+/// Held by a tree removal, which may hold [`MAX_TREE_DEPTH`] descriptors:
+/// one at a time, so removals cannot use up poold's descriptors.
+static REMOVING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 /// Removes `name` in `dir`: a file or link as it is, a directory with
 /// everything in it. Deeper than [`MAX_TREE_DEPTH`] is `ELOOP`, with what
 /// was removed so far gone.
 pub fn remove_tree(dir: &OwnedFd, name: &CString) -> Result<(), Errno> {
+    let _one = REMOVING.lock().unwrap_or_else(|p| p.into_inner());
     match unlinkat(
         Some(dir.as_raw_fd()),
         name.as_c_str(),
@@ -189,6 +194,32 @@ mod tests {
         remove_tree(&root, &CString::new("t").unwrap()).unwrap();
         assert!(!top.exists());
         assert!(outside.path().join("keep").exists());
+    }
+
+    /// Past the depth bound the removal stops with ELOOP (what it removed
+    /// is gone), holding no more descriptors than the bound.
+    #[test]
+    fn a_tree_past_the_bound_is_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let root = dir_fd(d.path());
+        let mut cur = root.try_clone().unwrap();
+        for _ in 0..MAX_TREE_DEPTH + 1 {
+            nix::sys::stat::mkdirat(Some(cur.as_raw_fd()), "d", Mode::from_bits_truncate(0o755))
+                .unwrap();
+            cur = owned(
+                nix::fcntl::openat(
+                    Some(cur.as_raw_fd()),
+                    "d",
+                    OFlag::O_PATH | OFlag::O_DIRECTORY,
+                    Mode::empty(),
+                )
+                .unwrap(),
+            );
+        }
+        assert_eq!(
+            remove_tree(&root, &CString::new("d").unwrap()).unwrap_err(),
+            Errno::ELOOP
+        );
     }
 
     #[test]

@@ -16,9 +16,13 @@
 //!   never answered as an existing volume, and two creates of one name
 //!   never both succeed;
 //! - the store's names resolve from the store's descriptor with
-//!   `RESOLVE_BENEATH` and no symlinks ([`crate::volume_fs`]): whoever
-//!   can write the store (a guest given a volume root itself through
-//!   `/v1`) cannot point a volume, or its token, elsewhere on the host;
+//!   `RESOLVE_BENEATH` and no symlinks ([`crate::volume_fs`]), and a token
+//!   is read only from a regular file: whoever can write the store (a
+//!   guest given a volume root itself through `/v1`) cannot point the
+//!   content API elsewhere on the host, or hang it. A mount is handed to
+//!   the node by path (its checks keep it under `volume_roots`), so such a
+//!   guest could swap which folder under them a mount gets: never give a
+//!   guest the volume root itself;
 //! - a mount goes where the template's snapshot has a volume (a restored
 //!   machine gets no new devices); anywhere else is a 400 naming where it
 //!   can go.
@@ -29,7 +33,7 @@ use axum::http::StatusCode;
 use forkd_api::VolumeSpec;
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
-use nix::sys::stat::{fchmod, mkdirat, Mode};
+use nix::sys::stat::{fchmod, mkdirat, Mode, SFlag};
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::ffi::CString;
@@ -193,6 +197,13 @@ impl Volumes {
             Ok(()) | Err(Errno::EEXIST) => {}
             Err(e) => return Err(failed(&format!("making volume {name:?}"), e)),
         }
+        // Not a folder of its own (something else made `data`): no volume.
+        self.data_fd(name).map_err(|_| {
+            failed(
+                &format!("making volume {name:?}"),
+                "its data is not a folder",
+            )
+        })?;
         Ok(volume_json(name, &token))
     }
 
@@ -297,7 +308,19 @@ fn normalised(p: &str) -> String {
 
 /// Volume `name`'s token, when its file holds a well-formed one.
 fn read_token(store: &OwnedFd, name: &str) -> Option<String> {
-    let fd = open_beneath(store, &format!("{name}/token"), OFlag::O_RDONLY).ok()?;
+    // Looked at first: a FIFO planted there must not block the check.
+    let p = open_beneath(store, &format!("{name}/token"), OFlag::O_PATH).ok()?;
+    let st = nix::sys::stat::fstat(p.as_raw_fd()).ok()?;
+    if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT != SFlag::S_IFREG {
+        return None;
+    }
+    let fd = nix::fcntl::open(
+        format!("/proc/self/fd/{}", p.as_raw_fd()).as_str(),
+        OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map(owned)
+    .ok()?;
     let mut t = String::new();
     std::fs::File::from(fd)
         .take(TOKEN_LEN as u64 + 1)
@@ -424,6 +447,17 @@ mod tests {
             v.list().unwrap(),
             json!([{"volumeID":"real","name":"real"}])
         );
+    }
+
+    /// A FIFO as a token answers at once (not a volume), never blocks.
+    #[test]
+    fn a_fifo_token_is_no_token() {
+        let (d, v) = store();
+        v.create("f").unwrap();
+        let t = d.path().join("e2b-volumes/f/token");
+        std::fs::remove_file(&t).unwrap();
+        nix::unistd::mkfifo(&t, Mode::from_bits_truncate(0o600)).unwrap();
+        assert_eq!(v.token("f").unwrap_err().status, StatusCode::NOT_FOUND);
     }
 
     #[test]

@@ -80,8 +80,10 @@ pub async fn turn(State(t): State<Arc<Transfers>>, req: Request, next: Next) -> 
 
 fn is_large(req: &Request) -> bool {
     let h = req.headers();
-    let moves_file =
-        req.uri().path().ends_with("/files") && matches!(*req.method(), Method::GET | Method::PUT);
+    // `/files`: a sandbox's (/v1) or envd's; `/file`: an E2B volume's.
+    let path = req.uri().path();
+    let moves_file = (path.ends_with("/files") || path.ends_with("/file"))
+        && matches!(*req.method(), Method::GET | Method::PUT);
     let declared = h
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
