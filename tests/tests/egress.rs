@@ -12,9 +12,11 @@
 //!   would send on to the LAN;
 //! - `allow_out` opens the LAN server; a pooled child behaves like the
 //!   rest; after `kill -9` of poold (and while it is down) and a restart,
-//!   every rule still holds.
+//!   every rule still holds;
+//! - through the E2B API, `allow_internet_access: false` and a deny-all
+//!   `denyOut` cut a sandbox and its forks off the public server.
 //!
-//! The "public" address: 100.128.X.10, just above the shared address
+//! The "public" address: 100.128.X.10 (100.129.X.10 for the E2B test), just above the shared address
 //! space 100.64.0.0/10 (so it is public, and checks that boundary). It is
 //! safe to use because it never leaves this machine: before any sandbox
 //! sends a packet, the test routes it with a /32 host route through its
@@ -62,6 +64,127 @@ fn guest_addr(v: &serde_json::Value) -> Ipv4Addr {
     v["guest_addr"].as_str().unwrap().parse().unwrap()
 }
 
+/// A namespace serving `hello-from-public` on PORT at a public address
+/// (100.<128 + lan - 214>.X.10), routed by a /32 host route into that
+/// namespace only; the namespace, the address and its link's root side.
+fn public_server(sfx: &str, lan: u8) -> (TestNs, Ipv4Addr, Ipv4Addr) {
+    let [_, b2, c2] = free_lan(lan);
+    let (pub_root, pub_link) = (Ipv4Addr::new(10, b2, c2, 1), Ipv4Addr::new(10, b2, c2, 2));
+    // Each caller its own second octet (100.128 and up: just above the
+    // shared space 100.64.0.0/10), so tests running at once never share it.
+    let public = Ipv4Addr::new(100, 128 + (lan - 214), c2, 10);
+    let mut pubns = TestNs::new("pub", &format!("fdu{sfx}"), pub_root, pub_link, 30);
+    pubns.add(
+        &format!("ip -n {} addr add {public}/32 dev fdu{sfx}p", pubns.name),
+        "true",
+    );
+    pubns.add(
+        &format!("ip route add {public}/32 via {pub_link}"),
+        &format!("ip route del {public}/32"),
+    );
+    let (_, route) = sh(&format!("ip route get {public}"));
+    assert!(
+        route.contains(&format!("dev fdu{sfx}")),
+        "the public test address must be routed into the test's namespace only: {route}"
+    );
+    pubns.serve_http(public, PORT, "hello-from-public");
+    assert!(forkd_net::policy::internal_overlap(public.into()).is_none());
+    (pubns, public, pub_root)
+}
+
+/// E2B's network controls through the E2B API (docs/e2b.md, "Limits"):
+/// an ordinary sandbox reaches the public test server; one created with
+/// `allow_internet_access: false`, or with `denyOut: 0.0.0.0/0`, does
+/// not; and neither do their forks (`POST /sandboxes/{id}/fork`), which
+/// keep the parent's network. Before, a fork's children got the default
+/// policy, so a cut-off parent forked into children with the internet.
+#[test]
+fn e2b_network_controls_hold_for_a_sandbox_and_its_forks() {
+    if !nix::unistd::geteuid().is_root() {
+        eprintln!("skipped: needs root");
+        return;
+    }
+    let sfx = suffix();
+    let (pubns, public, _) = public_server(&sfx, 215);
+    let home = Home::new();
+    let _scope = Scope(forkd_net::netns_name(&forkd_net::scope_of(&home.dir), ""));
+    let key = format!("e2b_{}", forkd_snapshot::random_hex(20));
+    let key_file = home.dir.join("e2b.key");
+    std::fs::write(&key_file, format!("{key}\n")).unwrap();
+    let args = [
+        "--e2b-bind",
+        "127.0.0.1:0",
+        "--e2b-sandbox-bind",
+        "127.0.0.1:0",
+        "--e2b-api-key-file",
+        key_file.to_str().unwrap(),
+    ];
+    let p = Poold::start(&home.dir, &args, None);
+    let (api, _) = p.e2b.clone().expect("poold printed its E2B listeners");
+    let http = forkd_api::http_builder().build().unwrap();
+    let e2b = |path: String, body: serde_json::Value| {
+        let req = http
+            .post(format!("{api}{path}"))
+            .header("x-api-key", &key)
+            .json(&body);
+        async move {
+            let r = req.send().await.unwrap();
+            let st = r.status().as_u16();
+            (st, r.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    block_on(async {
+        let (st, v) = p
+            .post(
+                "/v1/snapshots",
+                json!({"tag": "net", "image": "minimal", "mem_mib": MINIMAL_MIB, "net": true}),
+            )
+            .await;
+        assert_eq!(st, 201, "{v}");
+        let create = |body: serde_json::Value| async {
+            let (st, v) = e2b("/sandboxes".into(), body).await;
+            assert_eq!(st, 201, "{v}");
+            v["sandboxID"].as_str().unwrap().to_string()
+        };
+        let fork = |id: String| async move {
+            let (st, v) = e2b(format!("/sandboxes/{id}/fork"), json!({"count": 1})).await;
+            assert_eq!(st, 201, "{v}");
+            v[0]["sandbox"]["sandboxID"]
+                .as_str()
+                .unwrap_or_else(|| panic!("{v}"))
+                .to_string()
+        };
+        let reached = Probe::Reached("hello-from-public".into());
+        let open = create(json!({"templateID": "net"})).await;
+        assert_eq!(probe(&p, &open, public, PORT).await, reached);
+        let open_child = fork(open.clone()).await;
+        assert_eq!(
+            probe(&p, &open_child, public, PORT).await,
+            reached,
+            "a fork of an open sandbox"
+        );
+        for cut in [
+            json!({"templateID": "net", "allow_internet_access": false}),
+            json!({"templateID": "net", "network": {"denyOut": ["0.0.0.0/0"]}}),
+        ] {
+            let parent = create(cut.clone()).await;
+            assert_eq!(
+                probe(&p, &parent, public, PORT).await,
+                Probe::Dropped,
+                "{cut}"
+            );
+            let child = fork(parent.clone()).await;
+            assert_eq!(
+                probe(&p, &child, public, PORT).await,
+                Probe::Dropped,
+                "a fork of {cut}"
+            );
+        }
+    });
+    drop(p);
+    drop(pubns);
+}
+
 #[test]
 fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
     if !nix::unistd::geteuid().is_root() {
@@ -79,25 +202,8 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
     let lan_db = Ipv4Addr::new(a, b, c, 99);
     lan.serve_dns(lan_srv, LAN_NAME, lan_db);
 
-    let [_, b2, c2] = free_lan(214);
-    let (pub_root, pub_link) = (Ipv4Addr::new(10, b2, c2, 1), Ipv4Addr::new(10, b2, c2, 2));
-    let public = Ipv4Addr::new(100, 128, c2, 10);
-    let mut pubns = TestNs::new("pub", &format!("fdu{sfx}"), pub_root, pub_link, 30);
-    pubns.add(
-        &format!("ip -n {} addr add {public}/32 dev fdu{sfx}p", pubns.name),
-        "true",
-    );
-    pubns.add(
-        &format!("ip route add {public}/32 via {pub_link}"),
-        &format!("ip route del {public}/32"),
-    );
-    let (_, route) = sh(&format!("ip route get {public}"));
-    assert!(
-        route.contains(&format!("dev fdu{sfx}")),
-        "the public test address must be routed into the test's namespace only: {route}"
-    );
-    pubns.serve_http(public, PORT, "hello-from-public");
-    assert!(forkd_net::policy::internal_overlap(public.into()).is_none());
+    let (pubns, public, pub_root) = public_server(&sfx, 214);
+    let c2 = public.octets()[2];
 
     let home = Home::new();
     let _scope = Scope(forkd_net::netns_name(&forkd_net::scope_of(&home.dir), ""));

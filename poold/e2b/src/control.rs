@@ -567,6 +567,12 @@ async fn fork(
         envs: parent.rec.envs.clone(),
         alias: Some(parent.template().to_string()),
         port_access: parent.rec.port_access.clone(),
+        // The parent's network, as E2B's forks keep it: none when it has
+        // none (`allow_internet_access: false`), else its egress policy.
+        // Left to the defaults, children of a cut-off parent could reach
+        // the internet.
+        net: Some(parent.rec.net.is_some()),
+        network: parent.rec.egress.clone(),
         ..Default::default()
     };
     let spawned = e.node.spawn(req).await;
