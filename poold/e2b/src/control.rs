@@ -167,10 +167,17 @@ fn egress_of(
         allow_out: list("allowOut")?,
         deny_out: list("denyOut")?,
     };
+    // E2B: with a domain in allowOut, its DNS servers are allowed too.
+    let dns = dns_servers(obj.get("dnsServers"))?;
+    if (policy.allow_out.iter()).any(|t| matches!(t, forkd_net::Target::Domain(_))) {
+        let servers = dns.unwrap_or_else(|| vec![E2B_DNS]);
+        let nets = servers.into_iter().map(forkd_net::Ipv4Net::from);
+        policy.allow_out.extend(nets.map(forkd_net::Target::Net));
+    }
     for k in obj.keys() {
         if !matches!(
             k.as_str(),
-            "allowOut" | "denyOut" | "allowPublicTraffic" | "maskRequestHost"
+            "allowOut" | "denyOut" | "dnsServers" | "allowPublicTraffic" | "maskRequestHost"
         ) {
             return Err(bad(format!(
                 "network.{k} is not an E2B network setting poold knows"
@@ -189,6 +196,38 @@ fn egress_of(
         .validate()
         .map_err(|e| bad(format!("network: {e}")))?;
     Ok((None, Some(policy)))
+}
+
+/// The DNS server E2B allows when `allowOut` names a domain and
+/// `dnsServers` is left out.
+const E2B_DNS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(8, 8, 8, 8);
+/// Most `dnsServers` entries (E2B's limit).
+pub const MAX_DNS_SERVERS: usize = 10;
+
+/// `network.dnsServers`: IPv4 addresses, at most [`MAX_DNS_SERVERS`];
+/// None when left out (or null).
+fn dns_servers(v: Option<&Value>) -> R<Option<Vec<std::net::Ipv4Addr>>> {
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let bad_list = || {
+        bad(format!(
+            "network.dnsServers must be a list of at most {MAX_DNS_SERVERS} IPv4 addresses"
+        ))
+    };
+    let items = v
+        .as_array()
+        .filter(|a| a.len() <= MAX_DNS_SERVERS)
+        .ok_or_else(bad_list)?;
+    let servers = items
+        .iter()
+        .map(|i| {
+            i.as_str()
+                .and_then(|s| s.trim().parse().ok())
+                .ok_or_else(bad_list)
+        })
+        .collect::<R<Vec<std::net::Ipv4Addr>>>()?;
+    Ok(Some(servers))
 }
 
 /// How clients reach the sandbox's ports by URL, from E2B's `network`
@@ -776,7 +815,10 @@ mod tests {
         let (n, p) = egress_of(Some(true), Some(&net)).unwrap();
         assert_eq!(n, None);
         let p = p.unwrap();
-        assert_eq!(p.allow_out.len(), 2);
+        // A domain in allowOut allows E2B's default DNS server too.
+        let google = forkd_net::Target::Net("8.8.8.8/32".parse().unwrap());
+        assert_eq!(p.allow_out.len(), 3);
+        assert_eq!(p.allow_out[2], google);
         assert!(p.deny_out.is_empty());
         // No internet plus an allow list: E2B's allow-list form.
         let (_, p) = egress_of(Some(false), Some(&net)).unwrap();
@@ -788,10 +830,29 @@ mod tests {
             (json!({"denyOut": [7]}), "not a string"),
             (json!({"allowOutt": []}), "allowOutt"),
             (json!(["1.2.3.4"]), "an object"),
+            (json!({"dnsServers": ["dns.google"]}), "IPv4 addresses"),
+            (json!({"dnsServers": vec!["1.1.1.1"; 11]}), "at most 10"),
         ] {
             let e = egress_of(None, Some(&bad)).unwrap_err();
             assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
         }
+    }
+
+    /// `dnsServers` replaces E2B's default server when allowOut names a
+    /// domain (`[]`: none), and has no effect without one, as in E2B.
+    #[test]
+    fn dns_servers_follow_a_domain_in_allow_out() {
+        let allowed = |net: Value| egress_of(None, Some(&net)).unwrap().1.map(|p| p.allow_out);
+        let one = forkd_net::Target::Net("1.1.1.1/32".parse().unwrap());
+        let with = allowed(json!({"allowOut": ["pypi.org"], "dnsServers": ["1.1.1.1"]})).unwrap();
+        assert_eq!(with.len(), 2);
+        assert_eq!(with[1], one);
+        let none = allowed(json!({"allowOut": ["pypi.org"], "dnsServers": []})).unwrap();
+        assert_eq!(none.len(), 1);
+        let no_domain =
+            allowed(json!({"allowOut": ["10.0.5.20"], "dnsServers": ["1.1.1.1"]})).unwrap();
+        assert_eq!(no_domain.len(), 1);
+        assert_eq!(allowed(json!({"dnsServers": ["1.1.1.1"]})), None);
     }
 
     #[test]
