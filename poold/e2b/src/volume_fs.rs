@@ -160,6 +160,22 @@ mod tests {
         owned(nix::fcntl::open(p, OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty()).unwrap())
     }
 
+    /// Makes `d/d/d/...`, `depth` levels, in `dir`.
+    fn chain(dir: &OwnedFd, depth: usize) {
+        let mut cur = dir.try_clone().unwrap();
+        for _ in 0..depth {
+            nix::sys::stat::mkdirat(Some(cur.as_raw_fd()), "d", Mode::from_bits_truncate(0o755))
+                .unwrap();
+            let fd = nix::fcntl::openat(
+                Some(cur.as_raw_fd()),
+                "d",
+                OFlag::O_PATH | OFlag::O_DIRECTORY,
+                Mode::empty(),
+            );
+            cur = owned(fd.unwrap());
+        }
+    }
+
     /// A chain deeper than the stack a recursive removal would need, with
     /// a link out and a name that is not UTF-8, goes; the link's target
     /// stays.
@@ -172,21 +188,7 @@ mod tests {
         let top = d.path().join("t");
         std::fs::create_dir(&top).unwrap();
         let mut p = top.clone();
-        let fd = dir_fd(&top);
-        let mut cur = fd.try_clone().unwrap();
-        for _ in 0..300 {
-            nix::sys::stat::mkdirat(Some(cur.as_raw_fd()), "d", Mode::from_bits_truncate(0o755))
-                .unwrap();
-            cur = owned(
-                nix::fcntl::openat(
-                    Some(cur.as_raw_fd()),
-                    "d",
-                    OFlag::O_PATH | OFlag::O_DIRECTORY,
-                    Mode::empty(),
-                )
-                .unwrap(),
-            );
-        }
+        chain(&dir_fd(&top), 300);
         p.push("d");
         std::os::unix::fs::symlink(outside.path(), p.join("out")).unwrap();
         std::fs::write(p.join(std::ffi::OsStr::from_bytes(b"\xff")), "x").unwrap();
@@ -202,20 +204,7 @@ mod tests {
     fn a_tree_past_the_bound_is_refused() {
         let d = tempfile::tempdir().unwrap();
         let root = dir_fd(d.path());
-        let mut cur = root.try_clone().unwrap();
-        for _ in 0..MAX_TREE_DEPTH + 1 {
-            nix::sys::stat::mkdirat(Some(cur.as_raw_fd()), "d", Mode::from_bits_truncate(0o755))
-                .unwrap();
-            cur = owned(
-                nix::fcntl::openat(
-                    Some(cur.as_raw_fd()),
-                    "d",
-                    OFlag::O_PATH | OFlag::O_DIRECTORY,
-                    Mode::empty(),
-                )
-                .unwrap(),
-            );
-        }
+        chain(&root, MAX_TREE_DEPTH + 1);
         assert_eq!(
             remove_tree(&root, &CString::new("d").unwrap()).unwrap_err(),
             Errno::ELOOP

@@ -1007,6 +1007,22 @@ mod tests {
             .route("/version", get(json("{}")))
     }
 
+    /// A gateway in front of `reg`, asked to spawn two children of `py`.
+    async fn spawn_two_through(reg: Arc<Registry>) -> reqwest::Response {
+        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let gw = l.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(l, router(reg, None)).await.unwrap() });
+        forkd_api::http_builder()
+            .timeout(Duration::from_secs(20))
+            .build()
+            .unwrap()
+            .post(format!("http://{gw}/v1/sandboxes"))
+            .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// A node that answers a spawn of two with one sandbox: the client
     /// hears that more may exist, and the one listed is killed (and taken
     /// off the node's count). Before, the client got one sandbox and a 201.
@@ -1024,19 +1040,7 @@ mod tests {
         );
         let reg = Arc::new(Registry::new(&Config::for_test(vec![serve_node(app).await])).unwrap());
         reg.poll_once().await;
-        let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let gw = l.local_addr().unwrap();
-        let r2 = reg.clone();
-        tokio::spawn(async move { axum::serve(l, router(r2, None)).await.unwrap() });
-        let resp = forkd_api::http_builder()
-            .timeout(Duration::from_secs(20))
-            .build()
-            .unwrap()
-            .post(format!("http://{gw}/v1/sandboxes"))
-            .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
-            .send()
-            .await
-            .unwrap();
+        let resp = spawn_two_through(reg.clone()).await;
         assert_eq!(resp.status(), StatusCode::BAD_GATEWAY);
         let text = resp.text().await.unwrap();
         assert!(text.contains("1 sandboxes for the 2 asked"), "{text}");
@@ -1064,18 +1068,7 @@ mod tests {
             let reg = Arc::new(Registry::new(&Config::for_test(nodes)).unwrap());
             reg.poll_once().await;
             assert_eq!(reg.up_nodes().len(), 2);
-            let l = TcpListener::bind("127.0.0.1:0").await.unwrap();
-            let gw = l.local_addr().unwrap();
-            tokio::spawn(async move { axum::serve(l, router(reg, None)).await.unwrap() });
-            let resp = forkd_api::http_builder()
-                .timeout(Duration::from_secs(20))
-                .build()
-                .unwrap()
-                .post(format!("http://{gw}/v1/sandboxes"))
-                .json(&serde_json::json!({"snapshot_tag": "py", "n": 2}))
-                .send()
-                .await
-                .unwrap();
+            let resp = spawn_two_through(reg).await;
             assert_eq!(
                 resp.status(),
                 StatusCode::BAD_GATEWAY,
