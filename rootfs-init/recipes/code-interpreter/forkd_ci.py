@@ -30,8 +30,9 @@ process reading cells from a pipe. A cell runs alone in its context (a lock
 per context). When the client goes away mid-cell (E2B's SDK closes the
 connection at its timeout) or the cell's own timeout passes, the cell is
 interrupted (SIGINT, as Jupyter does), so the next cell does not wait
-behind it; a kernel that does not stop within INTERRUPT_GRACE is restarted,
-and the error says its state is lost.
+behind it; a kernel that does not stop within INTERRUPT_GRACE (5 s under
+KVM, 30 s on an emulated CPU) is restarted, and the error says its state
+is lost.
 
 Why a server of our own in Python rather than E2B's (FastAPI + a Jupyter
 server): Debian has ipykernel and jupyter_client but not E2B's stack, and
@@ -58,7 +59,26 @@ import uuid
 
 PORT = 49999
 LANGUAGES = ("python", "javascript", "bash")
-INTERRUPT_GRACE = 5.0
+
+
+def interrupt_grace():
+    """Seconds a kernel gets to stop after its interrupt before it is
+    restarted. An emulated CPU (QEMU's TCG, no kvm-clock) runs guest code
+    tens of times slower, and IPython formatting a KeyboardInterrupt under
+    load can take longer than 5 s there: a restart would lose state for a
+    cell that did stop. kvm-clock is x86's: elsewhere, 5 s."""
+    if os.uname().machine != "x86_64":
+        return 5.0
+    try:
+        with open("/sys/devices/system/clocksource/clocksource0/available_clocksource") as f:
+            if "kvm-clock" in f.read().split():
+                return 5.0
+    except OSError:
+        pass
+    return 30.0
+
+
+INTERRUPT_GRACE = interrupt_grace()
 MAX_BODY = 16 << 20
 REPL_JS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "forkd_ci_repl.js")
 OPENSSL_ADDON = "/run/forkd/openssl_reseed.node"
