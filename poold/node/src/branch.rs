@@ -152,8 +152,9 @@ pub(crate) async fn branch(
     let r2 = sb.record();
     n.state
         .commit(move |s| {
+            // Its branch count alone: other fields have writers of their own.
             if let Some(r) = s.sandboxes.get_mut(&r2.id) {
-                *r = r2;
+                r.branch_count = r2.branch_count;
             }
         })
         .await?;

@@ -29,12 +29,14 @@ pub(crate) async fn set_ttl(n: &Node, id: &str, ttl_secs: u64) -> Result<Sandbox
         unix_now().saturating_add(ttl_secs)
     };
     let rec = sb.set_expiry(expires);
-    let r2 = rec.clone();
+    let id = rec.id.clone();
     n.state
         .commit(move |s| {
-            // Only while it exists: a concurrent delete must not be undone.
-            if let Some(r) = s.sandboxes.get_mut(&r2.id) {
-                *r = r2;
+            // Only while it exists (a concurrent delete must not be
+            // undone), and only its expiry (a concurrent egress update or
+            // pause writes fields of its own).
+            if let Some(r) = s.sandboxes.get_mut(&id) {
+                r.expires_at_unix = expires;
             }
         })
         .await?;
