@@ -419,7 +419,13 @@ class H(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
     def log_message(self, *a):
         pass
-http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H).serve_forever()
+srv = http.server.ThreadingHTTPServer(("0.0.0.0", int(sys.argv[1])), H)
+if len(sys.argv) > 2:  # TLS, with this certificate and key
+    import ssl
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(sys.argv[2], sys.argv[3])
+    srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
+srv.serve_forever()
 """
 
 
@@ -521,6 +527,69 @@ def ports(template):
         check(status == 403, f"a wrong token: {status} {body}")
         status, _, body = plane_request(host, headers=token)
         check(status == 200 and body == "host=app.internal:8000 token=None access=None", f"with the token: {status} {body!r}")
+    finally:
+        sbx.kill()
+
+    https_ports(template)
+
+
+def api_post(path, body):
+    """A raw POST to the E2B API, for what the SDK cannot send:
+    (status, parsed answer)."""
+    req = urllib.request.Request(
+        os.environ["E2B_API_URL"] + path,
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"X-API-Key": os.environ["E2B_API_KEY"], "Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"null")
+
+
+def https_ports(template):
+    # E2B's `network.httpsPorts` (its open-source runtime's API; the SDKs
+    # do not send it yet): the plane speaks TLS to those guest ports.
+    step("httpsPorts: guest servers speaking TLS are reached over TLS, any certificate")
+    import subprocess
+    import tempfile
+
+    status, body = api_post("/sandboxes", {"templateID": template, "network": {"httpsPorts": [49983]}})
+    check(status == 400 and "envd" in body["message"], f"envd's port: {status} {body}")
+    status, body = api_post("/sandboxes", {"templateID": template, "network": {"httpsPorts": [443, 443]}})
+    check(status == 400 and "more than once" in body["message"], f"a port twice: {status} {body}")
+    d = tempfile.mkdtemp()
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=guest.invalid", "-keyout", f"{d}/key.pem", "-out", f"{d}/cert.pem"],
+        check=True,
+        capture_output=True,
+    )
+    status, body = api_post(
+        "/sandboxes", {"templateID": template, "timeout": 120, "network": {"httpsPorts": [8443, 8444]}}
+    )
+    check(status == 201, f"create with httpsPorts: {status} {body}")
+    sbx = Sandbox.connect(body["sandboxID"])
+    try:
+        sbx.files.write("/tmp/port_server.py", PORT_SERVER)
+        for name in ("cert.pem", "key.pem"):
+            with open(f"{d}/{name}", "rb") as f:
+                sbx.files.write(f"/tmp/{name}", f.read())
+        sbx.commands.run("python3 /tmp/port_server.py 8443 /tmp/cert.pem /tmp/key.pem", background=True)
+        sbx.commands.run("python3 /tmp/port_server.py 8444", background=True)
+        sbx.commands.run("python3 /tmp/port_server.py 8000", background=True)
+        tls = sbx.get_host(8443)
+        wait_for("the guest's TLS server", lambda: plane_request(tls)[0] == 200)
+        status, _, body = plane_request(tls)
+        check(status == 200 and body.startswith(f"host={tls} "), f"over TLS: {status} {body!r}")
+        # A port not listed stays plain HTTP.
+        wait_for("the guest's plain server", lambda: plane_request(sbx.get_host(8000))[0] == 200)
+        # A listed port whose server speaks plain HTTP: a 502 that says so.
+        wait_for("the plain server on 8444", lambda: "httpsPorts" in plane_request(sbx.get_host(8444))[2])
+        status, _, body = plane_request(sbx.get_host(8444))
+        check(status == 502 and "TLS handshake" in body, f"plain HTTP on an https port: {status} {body}")
     finally:
         sbx.kill()
 

@@ -67,6 +67,10 @@ def main():
     try:
         r = a.commands.run("whoami")
         check(r.stdout == "user\n", f"commands run as E2B's user: {r.stdout!r}")
+        mounts = a.get_info().volume_mounts
+        check(mounts == [{"name": "forkd-test-vol", "path": "/mnt/vol"}], f"get_info's volume_mounts: {mounts}")
+        listed = [s for s in Sandbox.list().next_items() if s.sandbox_id == b.sandbox_id]
+        check(listed and listed[0].volume_mounts == mounts, f"list's volume_mounts: {listed}")
         r = a.commands.run("cat /mnt/vol/in/hello.txt")
         check(r.stdout == "hello from the API", f"the guest reads the API's file: {r.stdout!r}")
         a.commands.run("echo from a > /mnt/vol/from-a.txt")

@@ -14,7 +14,9 @@
 //!   rest; after `kill -9` of poold (and while it is down) and a restart,
 //!   every rule still holds;
 //! - through the E2B API, `allow_internet_access: false` and a deny-all
-//!   `denyOut` cut a sandbox and its forks off the public server.
+//!   `denyOut` cut a sandbox and its forks off the public server, and
+//!   `update_network` changes a running sandbox's egress for good (its
+//!   forks, its pause and resume).
 //!
 //! The "public" address: 100.128.X.10 (100.129.X.10 for the E2B test), just above the shared address
 //! space 100.64.0.0/10 (so it is public, and checks that boundary). It is
@@ -64,6 +66,11 @@ fn guest_addr(v: &serde_json::Value) -> Ipv4Addr {
     v["guest_addr"].as_str().unwrap().parse().unwrap()
 }
 
+/// The address after `a`: [`public_server`]'s second one.
+fn next(a: Ipv4Addr) -> Ipv4Addr {
+    Ipv4Addr::from(u32::from(a) + 1)
+}
+
 /// A namespace serving `hello-from-public` on PORT at a public address
 /// (100.<128 + lan - 214>.X.10), routed by a /32 host route into that
 /// namespace only; the namespace, the address and its link's root side.
@@ -78,15 +85,24 @@ fn public_server(sfx: &str, lan: u8) -> (TestNs, Ipv4Addr, Ipv4Addr) {
         &format!("ip -n {} addr add {public}/32 dev fdu{sfx}p", pubns.name),
         "true",
     );
+    // The next address too, where nothing listens: a connection allowed
+    // there is refused, one denied is dropped.
+    let other = next(public);
     pubns.add(
-        &format!("ip route add {public}/32 via {pub_link}"),
-        &format!("ip route del {public}/32"),
+        &format!("ip -n {} addr add {other}/32 dev fdu{sfx}p", pubns.name),
+        "true",
     );
-    let (_, route) = sh(&format!("ip route get {public}"));
-    assert!(
-        route.contains(&format!("dev fdu{sfx}")),
-        "the public test address must be routed into the test's namespace only: {route}"
-    );
+    for a in [public, other] {
+        pubns.add(
+            &format!("ip route add {a}/32 via {pub_link}"),
+            &format!("ip route del {a}/32"),
+        );
+        let (_, route) = sh(&format!("ip route get {a}"));
+        assert!(
+            route.contains(&format!("dev fdu{sfx}")),
+            "the public test addresses must be routed into the test's namespace only: {route}"
+        );
+    }
     pubns.serve_http(public, PORT, "hello-from-public");
     assert!(forkd_net::policy::internal_overlap(public.into()).is_none());
     (pubns, public, pub_root)
@@ -180,9 +196,123 @@ fn e2b_network_controls_hold_for_a_sandbox_and_its_forks() {
                 "a fork of {cut}"
             );
         }
+        update_network(&p, &api, &key, &open, public).await;
     });
     drop(p);
     drop(pubns);
+}
+
+/// `sbx.update_network` (`PUT /sandboxes/{id}/network`) on running sandbox
+/// `id`, which reaches `public`: through E2B's Python SDK and as its wire
+/// form, each update replaces the whole egress; the policy holds in the
+/// sandbox's forks and across its pause and resume; `/v1` has the same.
+async fn update_network(p: &Poold, api: &str, key: &str, id: &str, public: Ipv4Addr) {
+    let http = forkd_api::http_builder().build().unwrap();
+    let put = |id: &str, body: &str| {
+        let req = http
+            .put(format!("{api}/sandboxes/{id}/network"))
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(body.to_string());
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let post = |path: String| {
+        let req = http.post(format!("{api}{path}")).header("x-api-key", key);
+        async move {
+            let r = req.send().await.unwrap();
+            (r.status().as_u16(), r.text().await.unwrap())
+        }
+    };
+    let reached = Probe::Reached("hello-from-public".into());
+    // E2B's SDK, unmodified: deny everything.
+    let py =
+        std::env::var("FORKD_TEST_PYTHON").expect("FORKD_TEST_PYTHON (scripts/test.sh sets it)");
+    let out = std::process::Command::new(py)
+        .args(["-c", "import sys; from e2b import Sandbox; Sandbox.update_network(sys.argv[1], {'deny_out': ['0.0.0.0/0']})", id])
+        .env("E2B_API_URL", api)
+        .env("E2B_API_KEY", key)
+        .env_remove("E2B_DOMAIN")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        probe(p, id, public, PORT).await,
+        Probe::Dropped,
+        "after denyOut 0.0.0.0/0"
+    );
+    // An update leaves nothing of the last one: `{}` is the default again.
+    assert_eq!(put(id, "{}").await.0, 204);
+    assert_eq!(probe(p, id, public, PORT).await, reached, "after {{}}");
+    let other = next(public);
+    assert_eq!(
+        probe(p, id, other, PORT).await,
+        Probe::Refused,
+        "after {{}}"
+    );
+    // E2B's allow-list form: that address only.
+    let allow = format!(r#"{{"allowOut": ["{public}"], "allow_internet_access": false}}"#);
+    assert_eq!(put(id, &allow).await.0, 204);
+    assert_eq!(probe(p, id, public, PORT).await, reached, "{allow}");
+    assert_eq!(probe(p, id, other, PORT).await, Probe::Dropped, "{allow}");
+    let (st, v) = p.get(&format!("/v1/sandboxes/{id}")).await;
+    assert_eq!(st, 200, "{v}");
+    assert!(v["egress"].to_string().contains(&public.to_string()), "{v}");
+    assert_eq!(put(id, r#"{"allow_internet_access": false}"#).await.0, 204);
+    assert_eq!(
+        probe(p, id, public, PORT).await,
+        Probe::Dropped,
+        "no internet"
+    );
+    // Refused, and nothing changes: ingress keys, E2B's proxies, a sandbox
+    // that does not exist.
+    for (body, want) in [
+        (r#"{"httpsPorts": [443]}"#, 400),
+        (r#"{"egressProxy": {"address": "127.0.0.1:1080"}}"#, 400),
+        (r#"{"allowOut": ["300.1.1.1"]}"#, 400),
+    ] {
+        let (st, text) = put(id, body).await;
+        assert_eq!(st, want, "{body}: {text}");
+    }
+    assert_eq!(put("sb-000000000000000000000000", "{}").await.0, 404);
+    assert_eq!(
+        probe(p, id, public, PORT).await,
+        Probe::Dropped,
+        "after refusals"
+    );
+    // A fork keeps the updated policy; so does a pause and resume.
+    let (st, v) = post(format!("/sandboxes/{id}/fork")).await;
+    assert_eq!(st, 201, "{v}");
+    let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+    let child = v[0]["sandbox"]["sandboxID"].as_str().unwrap().to_string();
+    assert_eq!(
+        probe(p, &child, public, PORT).await,
+        Probe::Dropped,
+        "its fork"
+    );
+    let (st, v) = post(format!("/sandboxes/{id}/pause")).await;
+    assert_eq!(st, 204, "{v}");
+    let (st, text) = put(id, "{}").await;
+    assert_eq!(st, 409, "a paused sandbox: {text}");
+    let (st, v) = post(format!("/sandboxes/{id}/resume")).await;
+    assert_eq!(st, 201, "{v}");
+    assert_eq!(
+        probe(p, id, public, PORT).await,
+        Probe::Dropped,
+        "after its resume"
+    );
+    // forkd's own API: the whole policy, the sandbox after.
+    let (st, v) = p
+        .put(&format!("/v1/sandboxes/{id}/network"), json!({}))
+        .await;
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(probe(p, id, public, PORT).await, reached, "after /v1 {{}}");
 }
 
 #[test]
@@ -362,6 +492,16 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
     assert!(ok && table.contains("10.0.0.0/8"), "{table}");
     let (ok, host) = sh("nft list chain inet forkd prerouting");
     assert!(ok && host.contains("fib daddr type"), "{host}");
+    // A poold killed mid-update (`PUT .../network`) left a deny-all
+    // policy recorded but pending: the restart writes it.
+    let state = home.dir.join("poold/state.json");
+    let mut st: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&state).unwrap()).unwrap();
+    let rec = &mut st["sandboxes"][&pooled];
+    assert!(rec.is_object(), "{st}");
+    rec["egress"] = json!({"allow_out": [], "deny_out": ["0.0.0.0/0"]});
+    rec["egress_pending"] = json!(true);
+    std::fs::write(&state, serde_json::to_vec_pretty(&st).unwrap()).unwrap();
     // ...and after a restart, which re-adopts the children.
     let p = Poold::start_env(&home.dir, &args, Some(token.as_str()), &env);
     block_on(async {
@@ -379,6 +519,13 @@ fn default_egress_reaches_the_internet_not_the_lan_nor_the_host() {
             Probe::Reached("hello-from-lan".into())
         );
         assert_eq!(probe(&p, &pooled, lan_srv, PORT).await, Probe::Dropped);
+        assert_eq!(
+            probe(&p, &pooled, public, PORT).await,
+            Probe::Dropped,
+            "the pending deny-all was written at adoption"
+        );
+        let (_, info) = p.get(&format!("/v1/sandboxes/{pooled}")).await;
+        assert_eq!(info["egress"]["deny_out"], json!(["0.0.0.0/0"]), "{info}");
         let (_, info) = p.get(&format!("/v1/sandboxes/{plain}")).await;
         assert!(
             info["egress"]["internal_denied"]

@@ -10,6 +10,7 @@
 //! | `GET /sandboxes/{id}` | info |
 //! | `DELETE /sandboxes/{id}` | kill |
 //! | `POST /sandboxes/{id}/timeout` | set the TTL |
+//! | `PUT /sandboxes/{id}/network` | replace a running sandbox's egress ([`crate::network`]) |
 //! | `POST [/v2]/sandboxes/{id}/connect` | connect (extends the TTL, never shortens it); resumes a paused sandbox |
 //! | `POST /sandboxes/{id}/fork` | branch the sandbox into a snapshot, spawn `count` children of it |
 //! | `POST /sandboxes/{id}/pause`, `/resume` | pause to the store, resume as the same sandbox ([`crate::pause`]) |
@@ -20,18 +21,18 @@
 
 use crate::error::{E2bError, E2bResult};
 use crate::logs::{self, Level};
+use crate::network::{egress_of, port_access_of};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::{pause, snapshots, volumes};
+use crate::{network, pause, snapshots, volumes};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{delete, get, post};
+use axum::routing::{delete, get, post, put};
 use axum::{Json, Router};
 use forkd_api::BranchBody;
 use forkd_edge::paging;
 use forkd_node::limits::{check_env, check_metadata, MAX_TTL_SECS};
-use forkd_node::PortAccess;
 use forkd_node::{SandboxRecord, SpawnRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -54,6 +55,7 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .route("/v2/sandboxes", post(create).get(list))
         .route("/sandboxes/{id}", get(info).delete(kill))
         .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/network", put(network::update))
         .route("/sandboxes/{id}/connect", post(connect))
         .route("/v2/sandboxes/{id}/connect", post(connect))
         .route("/sandboxes/{id}/fork", post(fork))
@@ -126,156 +128,6 @@ struct NewSandbox {
     /// E2B's `{allowOut, denyOut, allowPublicTraffic, maskRequestHost}`.
     #[serde(default)]
     network: Option<Value>,
-}
-
-/// The egress of an E2B create, as forkd's spawn fields `(net, network)`
-/// (docs/e2b.md, docs/network.md). `allowOut`/`denyOut` take addresses,
-/// CIDRs and domain names and allow wins, as in E2B; `allowOut` is also
-/// how an internal address is opened, as in `/v1`. Without them the
-/// sandbox gets the pool's or the config's policy: the public internet,
-/// nothing internal. Unknown keys are refused; the port keys are
-/// [`port_access_of`]'s.
-fn egress_of(
-    internet: Option<bool>,
-    network: Option<&Value>,
-) -> R<(Option<bool>, Option<forkd_net::EgressPolicy>)> {
-    let no_internet = internet == Some(false);
-    let Some(net) = network.filter(|v| !v.is_null()) else {
-        return Ok((no_internet.then_some(false), None));
-    };
-    let Some(obj) = net.as_object() else {
-        return Err(bad("network must be an object ({allowOut, denyOut})"));
-    };
-    let list = |key: &str| -> R<Vec<forkd_net::Target>> {
-        let Some(v) = obj.get(key).filter(|v| !v.is_null()) else {
-            return Ok(Vec::new());
-        };
-        let items = v
-            .as_array()
-            .ok_or_else(|| bad(format!("network.{key} must be a list of strings")))?;
-        items
-            .iter()
-            .map(|t| {
-                let s = t
-                    .as_str()
-                    .ok_or_else(|| bad(format!("network.{key}: {t} is not a string")))?;
-                forkd_net::Target::parse(s).map_err(|e| bad(format!("network.{key}: {e}")))
-            })
-            .collect()
-    };
-    let mut policy = forkd_net::EgressPolicy {
-        allow_out: list("allowOut")?,
-        deny_out: list("denyOut")?,
-    };
-    // E2B: with a domain in allowOut, its DNS servers are allowed too.
-    let dns = dns_servers(obj.get("dnsServers"))?;
-    if (policy.allow_out.iter()).any(|t| matches!(t, forkd_net::Target::Domain(_))) {
-        let servers = dns.unwrap_or_else(|| vec![E2B_DNS]);
-        let nets = servers.into_iter().map(forkd_net::Ipv4Net::from);
-        policy.allow_out.extend(nets.map(forkd_net::Target::Net));
-    }
-    for k in obj.keys() {
-        if !matches!(
-            k.as_str(),
-            "allowOut" | "denyOut" | "dnsServers" | "allowPublicTraffic" | "maskRequestHost"
-        ) {
-            return Err(bad(format!(
-                "network.{k} is not an E2B network setting poold knows"
-            )));
-        }
-    }
-    if no_internet {
-        policy
-            .deny_out
-            .push(forkd_net::Target::Net(forkd_net::Ipv4Net::default()));
-    }
-    if policy == forkd_net::EgressPolicy::default() {
-        return Ok((None, None));
-    }
-    policy
-        .validate()
-        .map_err(|e| bad(format!("network: {e}")))?;
-    Ok((None, Some(policy)))
-}
-
-/// The DNS server E2B allows when `allowOut` names a domain and
-/// `dnsServers` is left out.
-const E2B_DNS: std::net::Ipv4Addr = std::net::Ipv4Addr::new(8, 8, 8, 8);
-/// Most `dnsServers` entries (E2B's limit).
-pub const MAX_DNS_SERVERS: usize = 10;
-
-/// `network.dnsServers`: IPv4 addresses, at most [`MAX_DNS_SERVERS`];
-/// None when left out (or null).
-fn dns_servers(v: Option<&Value>) -> R<Option<Vec<std::net::Ipv4Addr>>> {
-    let Some(v) = v.filter(|v| !v.is_null()) else {
-        return Ok(None);
-    };
-    let bad_list = || {
-        bad(format!(
-            "network.dnsServers must be a list of at most {MAX_DNS_SERVERS} IPv4 addresses"
-        ))
-    };
-    let items = v
-        .as_array()
-        .filter(|a| a.len() <= MAX_DNS_SERVERS)
-        .ok_or_else(bad_list)?;
-    let servers = items
-        .iter()
-        .map(|i| {
-            i.as_str()
-                .and_then(|s| s.trim().parse().ok())
-                .ok_or_else(bad_list)
-        })
-        .collect::<R<Vec<std::net::Ipv4Addr>>>()?;
-    Ok(Some(servers))
-}
-
-/// How clients reach the sandbox's ports by URL, from E2B's `network`
-/// (docs/e2b.md, "Ports"): public, as in E2B, unless
-/// `allowPublicTraffic: false` makes every request need the traffic token; `maskRequestHost` (with `${PORT}`) is
-/// the `Host` the guest's server sees.
-fn port_access_of(network: Option<&Value>) -> R<PortAccess> {
-    let public = PortAccess {
-        public: true,
-        mask_host: None,
-    };
-    let Some(obj) = network.and_then(Value::as_object) else {
-        return Ok(public);
-    };
-    let public = match obj.get("allowPublicTraffic") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(public)) => *public,
-        Some(v) => {
-            return Err(bad(format!(
-                "network.allowPublicTraffic must be true or false, not {v}"
-            )))
-        }
-    };
-    let mask_host = match obj.get("maskRequestHost") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(m)) => Some(check_mask(m)?),
-        Some(v) => {
-            return Err(bad(format!(
-                "network.maskRequestHost must be a string, not {v}"
-            )))
-        }
-    };
-    Ok(PortAccess { public, mask_host })
-}
-
-/// A `maskRequestHost`: a `host[:port]` once `${PORT}` is replaced.
-fn check_mask(m: &str) -> R<String> {
-    let sample = m.replace(crate::ports::PORT_PLACEHOLDER, "80");
-    let ok = m.len() <= 255
-        && sample
-            .parse::<axum::http::uri::Authority>()
-            .is_ok_and(|a| a.as_str() == sample && !sample.contains('@'));
-    if !ok {
-        return Err(bad(format!(
-            "network.maskRequestHost {m:?} is not a host[:port] (with ${{PORT}} for the port), e.g. \"localhost:${{PORT}}\""
-        )));
-    }
-    Ok(m.to_string())
 }
 
 pub(crate) fn bad(m: impl Into<String>) -> E2bError {
@@ -413,6 +265,7 @@ async fn detail_json(e: &E2b, sb: &E2bSandbox) -> Value {
         "envdAccessToken": rec.access_token.as_str(),
         "metadata": rec.metadata,
         "state": "running",
+        "volumeMounts": e.volumes.mounted(&rec.volumes),
     })
 }
 
@@ -598,6 +451,9 @@ async fn fork(
         ..Default::default()
     };
     e.node.branch_to_spawn(&id, b).await?;
+    // Its network now: an update may have landed while this request
+    // waited for the branch.
+    let net_of = e.node.get(&id).unwrap_or_else(|_| parent.rec.clone());
     let req = SpawnRequest {
         tag: tag.clone(),
         n: count,
@@ -610,8 +466,8 @@ async fn fork(
         // none (`allow_internet_access: false`), else its egress policy.
         // Left to the defaults, children of a cut-off parent could reach
         // the internet.
-        net: Some(parent.rec.net.is_some()),
-        network: parent.rec.egress.clone(),
+        net: Some(net_of.net.is_some()),
+        network: net_of.egress,
         ..Default::default()
     };
     let spawned = e.node.spawn(req).await;
@@ -803,83 +659,6 @@ mod tests {
         assert_eq!((q.limit, q.states.is_none()), (MAX_PAGE, true));
         assert!(parse_list_query(Some("limit=0")).is_err());
         assert!(parse_list_query(Some("limit=101")).is_err());
-    }
-
-    #[test]
-    fn egress_maps_e2b_network_settings() {
-        let deny_all = forkd_net::Target::Net(forkd_net::Ipv4Net::default());
-        assert_eq!(egress_of(None, None).unwrap(), (None, None));
-        assert_eq!(egress_of(Some(true), None).unwrap(), (None, None));
-        assert_eq!(egress_of(Some(false), None).unwrap(), (Some(false), None));
-        let net = json!({"allowOut": ["10.0.5.20", "pypi.org"], "allowPublicTraffic": true});
-        let (n, p) = egress_of(Some(true), Some(&net)).unwrap();
-        assert_eq!(n, None);
-        let p = p.unwrap();
-        // A domain in allowOut allows E2B's default DNS server too.
-        let google = forkd_net::Target::Net("8.8.8.8/32".parse().unwrap());
-        assert_eq!(p.allow_out.len(), 3);
-        assert_eq!(p.allow_out[2], google);
-        assert!(p.deny_out.is_empty());
-        // No internet plus an allow list: E2B's allow-list form.
-        let (_, p) = egress_of(Some(false), Some(&net)).unwrap();
-        assert_eq!(p.unwrap().deny_out, vec![deny_all]);
-        assert_eq!(egress_of(None, Some(&json!({}))).unwrap(), (None, None));
-        for (bad, why) in [
-            (json!({"allowOut": ["10.0.0.1/8"]}), "host bits"),
-            (json!({"allowOut": "1.2.3.4"}), "a list of strings"),
-            (json!({"denyOut": [7]}), "not a string"),
-            (json!({"allowOutt": []}), "allowOutt"),
-            (json!(["1.2.3.4"]), "an object"),
-            (json!({"dnsServers": ["dns.google"]}), "IPv4 addresses"),
-            (json!({"dnsServers": vec!["1.1.1.1"; 11]}), "at most 10"),
-        ] {
-            let e = egress_of(None, Some(&bad)).unwrap_err();
-            assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
-        }
-    }
-
-    /// `dnsServers` replaces E2B's default server when allowOut names a
-    /// domain (`[]`: none), and has no effect without one, as in E2B.
-    #[test]
-    fn dns_servers_follow_a_domain_in_allow_out() {
-        let allowed = |net: Value| egress_of(None, Some(&net)).unwrap().1.map(|p| p.allow_out);
-        let one = forkd_net::Target::Net("1.1.1.1/32".parse().unwrap());
-        let with = allowed(json!({"allowOut": ["pypi.org"], "dnsServers": ["1.1.1.1"]})).unwrap();
-        assert_eq!(with.len(), 2);
-        assert_eq!(with[1], one);
-        let none = allowed(json!({"allowOut": ["pypi.org"], "dnsServers": []})).unwrap();
-        assert_eq!(none.len(), 1);
-        let no_domain =
-            allowed(json!({"allowOut": ["10.0.5.20"], "dnsServers": ["1.1.1.1"]})).unwrap();
-        assert_eq!(no_domain.len(), 1);
-        assert_eq!(allowed(json!({"dnsServers": ["1.1.1.1"]})), None);
-    }
-
-    #[test]
-    fn port_access_maps_public_traffic_and_the_host_mask() {
-        let open = PortAccess {
-            public: true,
-            mask_host: None,
-        };
-        assert_eq!(port_access_of(None).unwrap(), open);
-        let net = json!({"allowPublicTraffic": true, "allowOut": ["1.2.3.4"]});
-        assert_eq!(port_access_of(Some(&net)).unwrap(), open);
-        let closed = json!({"allowPublicTraffic": false, "maskRequestHost": "app.local:${PORT}"});
-        let a = port_access_of(Some(&closed)).unwrap();
-        assert!(!a.public);
-        assert_eq!(a.mask_host.as_deref(), Some("app.local:${PORT}"));
-        // Both keys pass the egress mapping untouched.
-        assert_eq!(egress_of(None, Some(&closed)).unwrap(), (None, None));
-        for (bad, why) in [
-            (json!({"allowPublicTraffic": "no"}), "true or false"),
-            (json!({"maskRequestHost": 7}), "a string"),
-            (json!({"maskRequestHost": "a b"}), "host[:port]"),
-            (json!({"maskRequestHost": "u@h"}), "host[:port]"),
-            (json!({"maskRequestHost": "h/${PORT}"}), "host[:port]"),
-        ] {
-            let e = port_access_of(Some(&bad)).unwrap_err();
-            assert!(format!("{e:?}").contains(why), "{bad}: {e:?}");
-        }
     }
 
     #[test]

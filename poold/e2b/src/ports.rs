@@ -17,6 +17,9 @@
 //! - Credentials never reach the guest: both token headers are stripped.
 //! - The guest's server sees the client's `Host`, or the sandbox's
 //!   `maskRequestHost` with `${PORT}` replaced.
+//! - A port among the sandbox's `httpsPorts` is spoken to over TLS
+//!   (any certificate accepted: [`crate::guest_tls`]); the client still
+//!   sees the plane's own scheme, as in E2B.
 //! - Nothing listening there is a 502 naming the port, as a closed port
 //!   is for E2B; a sandbox that is gone is the plane's usual 502.
 //! - At most [`MAX_CONNECTIONS`] connections per sandbox are open through
@@ -117,20 +120,43 @@ async fn serve(e: &E2b, id: &str, port: u16, req: Request) -> Result<Response, E
     };
     let host = host.unwrap_or_else(|| HeaderValue::from_static("localhost"));
     let what = format!("port {port} of sandbox {id}");
-    forward(tunnel, req, host, &what, Some(slot)).await
+    if access.https_ports.binary_search(&port).is_err() {
+        return forward(tunnel, req, host, &what, Some(slot)).await;
+    }
+    let name = host.to_str().unwrap_or("localhost");
+    let handshake = crate::guest_tls::connect(tunnel, name);
+    let tls = match tokio::time::timeout(TLS_HANDSHAKE, handshake).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(err)) => return Err(no_tls(&what, &err.to_string())),
+        Err(_) => return Err(no_tls(&what, "no answer within 30 s")),
+    };
+    forward(tls, req, host, &what, Some(slot)).await
+}
+
+/// How long a guest server on one of the `httpsPorts` has to finish its
+/// TLS handshake.
+const TLS_HANDSHAKE: std::time::Duration = std::time::Duration::from_secs(30);
+
+fn no_tls(what: &str, why: &str) -> E2bError {
+    E2bError::sandbox_gone(format!(
+        "{what} is one of the sandbox's httpsPorts, but no TLS handshake was possible there ({why}): serve HTTPS on it, or create the sandbox without it in httpsPorts"
+    ))
 }
 
 /// One HTTP/1.1 exchange with a guest server over tunnel `t`, the guest
 /// seeing `host`; an upgrade (WebSocket) the guest accepts is then copied
 /// both ways until either side closes. `what` names the server in errors;
 /// `slot` is held until the connection (or its upgraded stream) ends.
-pub(crate) async fn forward(
-    t: forkd_node::Tunnel,
+pub(crate) async fn forward<T>(
+    t: T,
     mut req: Request,
     host: HeaderValue,
     what: &str,
     slot: Option<OwnedSemaphorePermit>,
-) -> Result<Response, E2bError> {
+) -> Result<Response, E2bError>
+where
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let slot = Arc::new(slot);
     let gone = |e: hyper::Error| {
         E2bError::new(

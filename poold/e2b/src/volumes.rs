@@ -259,6 +259,26 @@ impl Volumes {
         .map_err(|e| failed("deleting the volume's files (the volume is gone; what is left is swept at the next start)", e))
     }
 
+    /// The E2B volumes among a sandbox's mounted folders, as E2B lists
+    /// them (`[{name, path}]`); other folders (poold's own volumes) are
+    /// not E2B's to show.
+    pub fn mounted(&self, vols: &[forkd_node::Volume]) -> Vec<Value> {
+        let Some(dir) = self.dir.as_ref() else {
+            return Vec::new();
+        };
+        // Spawned folders are canonical (node::volumes::confine).
+        let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.clone());
+        vols.iter()
+            .filter_map(|v| {
+                let rest = v.host_path.strip_prefix(&dir).ok()?;
+                let mut parts = rest.iter();
+                let (name, data) = (parts.next()?.to_str()?, parts.next()?);
+                (data == "data" && parts.next().is_none())
+                    .then(|| json!({"name": name, "path": v.guest_path}))
+            })
+            .collect()
+    }
+
     /// A create's `volumeMounts` as the spawn's volumes: each a volume
     /// that exists, at an absolute, normalised path, no path twice.
     pub fn mounts(&self, mounts: &[Mount]) -> E2bResult<Vec<VolumeSpec>> {

@@ -48,7 +48,7 @@ pub use error::NetError;
 /// IPv4 networks (`10.0.0.0/8`), as the policy types hold them.
 pub use ipnet::Ipv4Net;
 pub use netns::{netns_path, open as netns_open, NS_DIR};
-pub use policy::{Baseline, EffectivePolicy, EgressPolicy, Target};
+pub use policy::{Baseline, EffectivePolicy, EgressPolicy, ResolvedPolicy, Target};
 pub use pool::AddrPool;
 pub use tap::open_tap_in;
 
@@ -130,8 +130,8 @@ pub fn scope_of(data_dir: &std::path::Path) -> String {
 }
 
 pub use setup::{
-    apply_policy, create_child, create_isolated, delete_isolated, host_setup, reconcile, teardown,
-    upstream_resolvers, HostSetup, Reconciled,
+    apply_policy, apply_resolved, create_child, create_isolated, delete_isolated, host_setup,
+    reconcile, teardown, upstream_resolvers, HostSetup, Reconciled,
 };
 
 mod setup;

@@ -3,7 +3,7 @@
 //! invariants.
 
 use crate::netlink::{self, with_handle};
-use crate::policy::{Baseline, EgressPolicy};
+use crate::policy::{Baseline, EgressPolicy, ResolvedPolicy};
 use crate::{
     host_link, netns, nft, pool::AddrPool, ChildNet, NetError, Result, GATEWAY, GUEST_PREFIX,
     HOST_VETH_PREFIX, NS_VETH, PEER_VETH_PREFIX, TAP, TAP_MAC,
@@ -187,17 +187,27 @@ pub fn apply_policy(net: &ChildNet, policy: &EgressPolicy, base: &Baseline) -> R
         .join()
         .unwrap_or_else(|_| Err(NetError::Invalid("resolver thread panicked".into())))?
     };
+    apply_resolved(net, &resolved, base)
+}
+
+/// [`apply_policy`] of a policy already resolved. In this order, so the
+/// guest reaches at most what the old or the new policy allows at every
+/// step: the `host_allow` elements the new policy lacks go first (the root
+/// namespace's gate to host addresses), then the child's table is
+/// replaced (one transaction), then the new elements are added.
+pub fn apply_resolved(net: &ChildNet, resolved: &ResolvedPolicy, base: &Baseline) -> Result<()> {
+    let link = net.host_link();
+    remove_host_allows(&|l, n| l == link && !resolved.allow.contains(&n))?;
     nft::apply(
         Some(&net.netns),
-        &nft::child_ruleset(&resolved, base),
+        &nft::child_ruleset(resolved, base),
         &format!("writing the egress policy of {}", net.netns),
     )?;
-    remove_host_allows(&|l| l == net.host_link())?;
     if !resolved.allow.is_empty() {
         let elems: Vec<String> = resolved
             .allow
             .iter()
-            .map(|n| nft::host_allow_element(&net.host_link(), *n))
+            .map(|n| nft::host_allow_element(&link, *n))
             .collect();
         nft::apply(
             None,
@@ -220,11 +230,11 @@ pub fn teardown(net: &ChildNet) -> Result<()> {
     with_handle(None, move |h| async move {
         netlink::delete_link(&h, &link).await
     })?;
-    remove_host_allows(&|l| l == net.host_link())
+    remove_host_allows(&|l, _| l == net.host_link())
 }
 
-/// Deletes the `host_allow` elements whose interface matches `which`.
-fn remove_host_allows(which: &dyn Fn(&str) -> bool) -> Result<()> {
+/// Deletes the `host_allow` elements (interface, network) `which` picks.
+fn remove_host_allows(which: &dyn Fn(&str, Ipv4Net) -> bool) -> Result<()> {
     let out = match nft::run(
         None,
         &["-j", "list", "set", "inet", "forkd", "host_allow"],
@@ -238,7 +248,7 @@ fn remove_host_allows(which: &dyn Fn(&str) -> bool) -> Result<()> {
     };
     let doomed: Vec<String> = host_allow_elements(&out)
         .into_iter()
-        .filter(|(l, _)| which(l))
+        .filter(|(l, n)| which(l, *n))
         .map(|(l, n)| nft::host_allow_element(&l, n))
         .collect();
     if doomed.is_empty() {
@@ -353,7 +363,7 @@ pub fn reconcile(scope: &str, owned: &[ChildNet]) -> Result<Reconciled> {
     .into_iter()
     .collect();
     let before = count_host_allows();
-    remove_host_allows(&|l| !live.contains(l))?;
+    remove_host_allows(&|l, _| !live.contains(l))?;
     done.host_allows = before.saturating_sub(count_host_allows());
     Ok(done)
 }

@@ -27,7 +27,8 @@ use std::time::Duration;
 pub(crate) async fn adopt_all(n: &Arc<Node>, saved: State) -> anyhow::Result<()> {
     let mut alive_ids = std::collections::HashSet::new();
     let mut dead_sb = Vec::new();
-    let mut minted = Vec::new();
+    // Records changed here: a token minted, a pending egress written.
+    let mut rewritten = Vec::new();
     // Reconnected all at once: one slow QEMU costs its own timeout, not
     // everyone's.
     let adopted = futures::future::join_all(saved.sandboxes.keys().map(|id| async move {
@@ -39,14 +40,22 @@ pub(crate) async fn adopt_all(n: &Arc<Node>, saved: State) -> anyhow::Result<()>
     }))
     .await;
     for ((id, rec), vm) in saved.sandboxes.iter().zip(adopted) {
+        let vm = match vm {
+            Ok(vm) if rec.egress_pending => finish_egress(vm, rec).await,
+            other => other,
+        };
         match vm {
             Ok(vm) => {
                 let mut rec = rec.clone();
                 rec.pid = vm.pid();
+                // Written by `finish_egress` above.
+                let changed = std::mem::take(&mut rec.egress_pending);
                 if rec.access_token.is_empty() {
                     // Recorded before sandboxes had tokens.
                     rec.access_token = AccessToken::mint();
-                    minted.push(rec.clone());
+                    rewritten.push(rec.clone());
+                } else if changed {
+                    rewritten.push(rec.clone());
                 }
                 let ports = std::mem::take(&mut rec.ports);
                 let sb = Arc::new(Sandbox::new(vm, rec));
@@ -132,13 +141,26 @@ pub(crate) async fn adopt_all(n: &Arc<Node>, saved: State) -> anyhow::Result<()>
             for id in dead_pooled {
                 s.pooled.remove(&id);
             }
-            for r in minted {
+            for r in rewritten {
                 s.sandboxes.insert(r.id.clone(), r);
             }
         })
         .await?;
     n.metrics.sandboxes.set(n.sandboxes.len() as i64);
     Ok(())
+}
+
+/// Writes the policy of a sandbox a dead poold was changing the egress of
+/// (`crate::network`); one that cannot get it is killed (its network may
+/// hold part of the old policy), so Err.
+async fn finish_egress(mut vm: Vm, rec: &crate::state::SandboxRecord) -> anyhow::Result<Vm> {
+    match crate::network::reapply(&mut vm, rec).await {
+        Ok(()) => Ok(vm),
+        Err(e) => {
+            vm.destroy().await;
+            Err(e.context("writing the egress policy a dead poold left half-written; killed it"))
+        }
+    }
 }
 
 /// A sandbox always runs while poold is away; one that is stopped was left

@@ -236,6 +236,19 @@ impl Node {
         reaper::set_ttl(self, id, ttl_secs).await
     }
 
+    /// Replaces running sandbox `id`'s egress policy with `policy` (None:
+    /// the configured default, `net.egress`) (docs/network.md, "Changing
+    /// a running sandbox's policy"); durable before it answers, kept by
+    /// its pause and resume.
+    pub async fn set_egress(
+        self: &Arc<Self>,
+        id: &str,
+        policy: Option<forkd_net::EgressPolicy>,
+    ) -> Result<SandboxRecord> {
+        let policy = policy.unwrap_or_else(forkd_vmm::net::default_egress);
+        crate::network::set_egress(self, id, policy).await
+    }
+
     /// The sandbox whose access token is `token` (every one compared in
     /// constant time, so timing tells nothing about which one matched).
     pub fn find_by_token(&self, token: &[u8]) -> Option<SandboxRecord> {
@@ -586,35 +599,10 @@ mod tests {
     use super::*;
     use crate::error::Kind;
     use crate::sandbox::{Phase, Sandbox};
-    use crate::token::AccessToken;
     use forkd_vmm::{AgentClient, VmDir};
 
     fn record(id: &str) -> SandboxRecord {
-        SandboxRecord {
-            id: id.into(),
-            snapshot_tag: "py".into(),
-            snapshot_id: "0".repeat(32),
-            created_at_unix: 1,
-            pid: 0,
-            memory_limit_mib: None,
-            cpus: None,
-            pids_max: None,
-            expires_at_unix: 0,
-            hostname: id.into(),
-            branch_count: 0,
-            pool_hit: false,
-            spawn_ms: 0,
-            net: None,
-            egress: None,
-            ports: Vec::new(),
-            workspace: None,
-            metadata: [("run".to_string(), "r1".to_string())].into(),
-            envs: [("A".to_string(), "b".to_string())].into(),
-            alias: Some("code-interpreter-v1".into()),
-            access_token: AccessToken::mint(),
-            auto_pause: false,
-            port_access: Default::default(),
-        }
+        SandboxRecord::example(id)
     }
 
     /// An agent client whose peer hangs up at once (a VM that died).

@@ -36,6 +36,7 @@ pub mod hub;
 pub mod limits;
 mod metrics;
 mod mount_watch;
+mod network;
 mod node;
 mod parking;
 mod pool;
@@ -54,7 +55,7 @@ pub use api::Health;
 pub use branch::Branched;
 pub use config::{Config, NetConfig, PoolSpec};
 pub use error::{Error, Kind, Result};
-pub use forkd_vmm::{Machine, Tunnel, Watch, WatchUpdate};
+pub use forkd_vmm::{Machine, Tunnel, Volume, Watch, WatchUpdate};
 pub use guest::{
     check_path, EntryInfo, EvalResult, ExecEvent, ExecOutput, ExecResult, ExecSpec, FileRead,
     FileStat, ListResult, Metadata, PendingPty, PingResult, Process, ProcessControl, PtyRequest,

@@ -196,6 +196,23 @@ impl Sandbox {
         r.clone()
     }
 
+    /// Records the egress policy its network is getting (`pending`) or got.
+    pub fn set_egress(&self, egress: forkd_net::EgressPolicy, pending: bool) -> SandboxRecord {
+        let mut r = self.record.lock().unwrap();
+        r.egress = Some(egress);
+        r.egress_pending = pending;
+        r.clone()
+    }
+
+    /// Its VM, locked for a change that must not overlap a branch or a
+    /// destroy (a network update). A destroyed sandbox is
+    /// [`Error::NotFound`].
+    pub async fn lock_vm(&self) -> Result<tokio::sync::MappedMutexGuard<'_, Vm>, Error> {
+        let vm = self.vm.lock().await;
+        tokio::sync::MutexGuard::try_map(vm, Option::as_mut)
+            .map_err(|_| Error::not_found(Kind::Sandbox, &self.id))
+    }
+
     /// Makes it workspace `ws`'s when it is no workspace's yet (a pause
     /// adopting it); false when another one claimed it first.
     pub fn claim_for_workspace(&self, ws: &str) -> bool {

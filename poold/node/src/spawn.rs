@@ -514,6 +514,8 @@ async fn spawn_hits_and_misses(
             spawn_ms: t.ready_ms,
             net: vm.record.net.clone(),
             egress: vm.record.net.as_ref().and(plan.egress.cloned()),
+            egress_pending: false,
+            volumes: plan.volumes.to_vec(),
             ports: Vec::new(),
             workspace: plan.workspace.clone(),
             metadata: plan.req.metadata.clone(),

@@ -69,6 +69,15 @@ pub struct SandboxRecord {
     /// The egress policy written into its network (docs/network.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub egress: Option<forkd_net::EgressPolicy>,
+    /// `egress` was being written into its network when this was
+    /// recorded (`crate::network::set_egress`): a poold that died then
+    /// writes it again at adoption, or kills the sandbox.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub egress_pending: bool,
+    /// The host folders it has mounted (its snapshot's volumes, with a
+    /// spawn's rebinds applied; docs/volumes.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<forkd_vmm::Volume>,
     /// Published ports (with the host ports actually bound).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ports: Vec<forkd_net::proxy::PortSpec>,
@@ -116,6 +125,11 @@ pub struct PortAccess {
     /// `${PORT}` replaced by the port (E2B's `maskRequestHost`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mask_host: Option<String>,
+    /// Guest ports whose servers speak TLS: the front-end reaches them over
+    /// TLS, accepting any certificate (E2B's `httpsPorts`), and clients
+    /// see plain HTTP from it as for any other port. Sorted, distinct.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub https_ports: Vec<u16>,
 }
 
 impl PortAccess {
@@ -132,6 +146,40 @@ impl SandboxRecord {
     pub fn effective_egress(&self) -> Option<forkd_net::EffectivePolicy> {
         self.net.as_ref()?;
         self.egress.as_ref().map(forkd_vmm::net::effective)
+    }
+}
+
+#[cfg(test)]
+impl SandboxRecord {
+    /// A sandbox `id` of snapshot `py`, no network, for tests.
+    pub(crate) fn example(id: &str) -> SandboxRecord {
+        SandboxRecord {
+            id: id.into(),
+            snapshot_tag: "py".into(),
+            snapshot_id: "0".repeat(32),
+            created_at_unix: 1,
+            pid: 0,
+            memory_limit_mib: None,
+            cpus: None,
+            pids_max: None,
+            expires_at_unix: 0,
+            hostname: id.into(),
+            branch_count: 0,
+            pool_hit: false,
+            spawn_ms: 0,
+            net: None,
+            egress: None,
+            egress_pending: false,
+            volumes: Vec::new(),
+            ports: Vec::new(),
+            workspace: None,
+            metadata: [("run".to_string(), "r1".to_string())].into(),
+            envs: [("A".to_string(), "b".to_string())].into(),
+            alias: Some("code-interpreter-v1".into()),
+            access_token: crate::token::AccessToken::mint(),
+            auto_pause: false,
+            port_access: Default::default(),
+        }
     }
 }
 
@@ -342,6 +390,12 @@ mod tests {
                     guest_addr: "10.201.0.30".parse().unwrap(),
                 }),
                 egress: Some(forkd_net::EgressPolicy::deny_all()),
+                egress_pending: true,
+                volumes: vec![forkd_vmm::Volume {
+                    host_path: "/srv/vol".into(),
+                    guest_path: "/data".into(),
+                    read_only: true,
+                }],
                 ports: vec![forkd_net::proxy::PortSpec::parse("9000:80").unwrap()],
                 workspace: Some("ws-0123456789abcdef".into()),
                 metadata: [("run".to_string(), "r1".to_string())].into(),
@@ -352,6 +406,7 @@ mod tests {
                 port_access: PortAccess {
                     public: true,
                     mask_host: Some("app:${PORT}".into()),
+                    https_ports: vec![443, 8443],
                 },
             },
         );

@@ -82,6 +82,7 @@ pub fn table() -> Table {
         .routes(routes!(branch::branch))
         .routes(routes!(sandboxes::logs))
         .routes(routes!(sandboxes::set_ttl))
+        .routes(routes!(sandboxes::set_network))
         .routes(routes!(files::read, files::write, files::remove))
         .routes(routes!(files::list))
         .routes(routes!(files::stat))

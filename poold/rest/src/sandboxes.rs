@@ -346,3 +346,24 @@ pub async fn set_ttl(
     let rec = d.set_ttl(&id, b.ttl_secs).await?;
     Ok(Json(info(rec)))
 }
+
+/// `PUT /v1/sandboxes/:id/network {allow_out, deny_out}`: replaces a
+/// running sandbox's egress policy (docs/network.md, "Changing a running
+/// sandbox's policy"). `{}` gives the configured default.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
+    request_body(content = forkd_api::EgressSchema, description = "The whole new policy: what it leaves out is cleared"),
+    responses(
+        (status = 200, description = "The sandbox, with its new `egress`", body = SandboxInfo),
+        (status = 400, description = "A bad or unresolvable entry, too many entries; a sandbox without a network (its snapshot has none)", body = forkd_api::ErrorBody),
+        (status = 404, description = "No such sandbox", body = forkd_api::ErrorBody),
+        (status = 500, description = "The policy could not be written: the old one stays, or the sandbox was killed (the message says which)", body = forkd_api::ErrorBody),
+    ))]
+pub async fn set_network(
+    State(d): D,
+    Path(id): Path<String>,
+    Json(policy): Json<forkd_net::EgressPolicy>,
+) -> ApiResult<Json<SandboxInfo>> {
+    let policy = (policy != forkd_net::EgressPolicy::default()).then_some(policy);
+    let rec = d.set_egress(&id, policy).await?;
+    Ok(Json(info(rec)))
+}

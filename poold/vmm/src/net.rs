@@ -106,6 +106,16 @@ pub async fn apply_policy(net: &ChildNet, policy: &EgressPolicy) -> Result<()> {
         .map_err(anyhow::Error::from)
 }
 
+/// Applies a policy already resolved (`EgressPolicy::resolve`) to the
+/// child's network: no lookup between the caller's check and the write.
+pub async fn apply_resolved(net: &ChildNet, resolved: &forkd_net::ResolvedPolicy) -> Result<()> {
+    let (net, resolved) = (net.clone(), resolved.clone());
+    tokio::task::spawn_blocking(move || forkd_net::apply_resolved(&net, &resolved, &baseline()))
+        .await
+        .context("network policy task panicked")?
+        .map_err(anyhow::Error::from)
+}
+
 /// Tears a child's network down; failures are logged (reconcile at the
 /// next start removes what is left).
 pub async fn teardown(net: ChildNet) {

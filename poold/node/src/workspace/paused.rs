@@ -100,8 +100,7 @@ async fn adopt(n: &Arc<Node>, sb: &Sandbox) -> Result<()> {
         }),
     };
     let ws = w.id.clone();
-    // The live record first: a concurrent write of it (a TTL change)
-    // then carries the workspace too.
+    // The live record first, so a second pause finds it claimed.
     if !sb.claim_for_workspace(&ws) {
         return Err(WorkspaceError::Busy {
             name: rec.id.clone(),
@@ -120,6 +119,10 @@ async fn adopt(n: &Arc<Node>, sb: &Sandbox) -> Result<()> {
                 return Err(Error::not_found(Kind::Sandbox, id.clone()));
             };
             r.workspace = Some(w.id.clone());
+            // From the durable record, in this write: an egress update
+            // committed since `rec` was read is kept.
+            let mut w = w;
+            w.settings.network = r.egress.clone();
             s.workspaces.insert(w.name.clone(), w);
             Ok(())
         })

@@ -273,6 +273,31 @@ pub fn refuse_deleting_states<'a>(
 }
 
 #[cfg(test)]
+impl WorkspaceRecord {
+    /// A suspended workspace `dev`, id `ws-0123456789abcdef`, for tests.
+    pub(crate) fn example() -> WorkspaceRecord {
+        WorkspaceRecord {
+            id: "ws-0123456789abcdef".into(),
+            name: "dev".into(),
+            source_snapshot_tag: "py".into(),
+            status: Status::Suspended,
+            sandbox_id: None,
+            state_tag: Some("ws-dev-s2".into()),
+            suspend_count: 2,
+            created_at_unix: 1,
+            last_active_unix: 2,
+            last_suspend_stored_bytes: Some(4096),
+            settings: Settings {
+                memory_limit_mib: Some(256),
+                per_child_netns: true,
+                ..Default::default()
+            },
+            kept: None,
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::Status::{self, *};
     use super::*;
@@ -348,30 +373,9 @@ mod tests {
         }
     }
 
-    fn record() -> WorkspaceRecord {
-        WorkspaceRecord {
-            id: "ws-0123456789abcdef".into(),
-            name: "dev".into(),
-            source_snapshot_tag: "py".into(),
-            status: Suspended,
-            sandbox_id: None,
-            state_tag: Some("ws-dev-s2".into()),
-            suspend_count: 2,
-            created_at_unix: 1,
-            last_active_unix: 2,
-            last_suspend_stored_bytes: Some(4096),
-            settings: Settings {
-                memory_limit_mib: Some(256),
-                per_child_netns: true,
-                ..Default::default()
-            },
-            kept: None,
-        }
-    }
-
     #[test]
     fn records_round_trip() {
-        let w = record();
+        let w = WorkspaceRecord::example();
         let j = serde_json::to_string(&w).unwrap();
         assert!(j.contains("\"status\":\"suspended\""), "{j}");
         assert_eq!(serde_json::from_str::<WorkspaceRecord>(&j).unwrap(), w);
@@ -380,14 +384,14 @@ mod tests {
 
     #[test]
     fn a_recorded_state_is_not_deleted_under_its_workspace() {
-        let w = record();
+        let w = WorkspaceRecord::example();
         let e = refuse_deleting_states([&w], &["ws-dev-s2".into()]).unwrap_err();
         assert!(matches!(e, Error::Conflict(_)), "{e:?}");
         assert!(e.to_string().contains("DELETE /v1/workspaces/dev"), "{e}");
         assert!(refuse_deleting_states([&w], &["ws-dev-s1".into()]).is_ok());
         let deleting = WorkspaceRecord {
             status: Deleting,
-            ..record()
+            ..WorkspaceRecord::example()
         };
         assert!(refuse_deleting_states([&deleting], &["ws-dev-s2".into()]).is_ok());
     }
