@@ -578,23 +578,6 @@ mod tests {
     }
 
     fn record() -> WorkspaceRecord {
-        WorkspaceRecord {
-            id: "ws-0123456789abcdef".into(),
-            name: "dev".into(),
-            source_snapshot_tag: "py".into(),
-            status: Suspended,
-            sandbox_id: None,
-            state_tag: Some("ws-dev-s2".into()),
-            suspend_count: 2,
-            created_at_unix: 1,
-            last_active_unix: 2,
-            last_suspend_stored_bytes: Some(4096),
-            settings: Settings {
-                memory_limit_mib: Some(256),
-                per_child_netns: true,
-                ..Default::default()
-            },
-            kept: None,
-        }
+        WorkspaceRecord::example()
     }
 }
