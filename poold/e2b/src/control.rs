@@ -16,14 +16,14 @@
 //! | `POST /sandboxes/{id}/pause`, `/resume` | pause to the store, resume as the same sandbox ([`crate::pause`]) |
 //! | `POST /sandboxes/{id}/snapshots`, `GET /snapshots`, `DELETE /templates/{id}` | snapshots ([`crate::snapshots`]) |
 //! | `GET /sandboxes/{id}/metrics` | CPU, memory, disk as the guest sees them ([`crate::metrics`]) |
-//! | `POST /volumes`, `GET /volumes[/{id}]`, `DELETE /volumes/{id}` | E2B volumes ([`crate::volumes`]) |
+//! | `POST /volumes`, `GET /volumes[/{id}]`, `DELETE /volumes/{id}` | E2B volumes ([`forkd_e2b_volumes`]) |
 //! | `GET [/v2]/sandboxes/{id}/logs` | what envd and the control plane logged of it ([`crate::logs`]) |
 
 use crate::error::{E2bError, E2bResult};
 use crate::logs::{self, Level};
 use crate::network::{egress_of, port_access_of};
 use crate::state::{E2b, E2bSandbox, ENVD_VERSION};
-use crate::{network, pause, snapshots, volumes};
+use crate::{network, pause, snapshots};
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
@@ -72,9 +72,9 @@ pub fn routes(e: Arc<E2b>) -> Router {
         .fallback(not_served)
         .layer(axum::extract::DefaultBodyLimit::max(1 << 20))
         .layer(middleware::from_fn_with_state(e.clone(), api_key))
+        .with_state(e.clone())
         // A volume's files take its token, not the API key.
-        .merge(crate::volume_files::routes(e.clone()))
-        .with_state(e)
+        .merge(forkd_e2b_volumes::files::routes(e.volumes.clone()))
 }
 
 async fn api_key(State(e): E, req: Request, next: Next) -> Response {
@@ -118,7 +118,7 @@ struct NewSandbox {
     #[serde(default, rename = "autoResume")]
     auto_resume: Option<Value>,
     #[serde(default, rename = "volumeMounts", alias = "volume_mounts")]
-    volume_mounts: Option<Vec<volumes::Mount>>,
+    volume_mounts: Option<Vec<forkd_e2b_volumes::Mount>>,
     /// E2B's hosted MCP gateway settings (refused: poold does not run it).
     #[serde(default)]
     mcp: Option<Value>,

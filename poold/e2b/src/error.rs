@@ -105,6 +105,12 @@ impl From<Error> for E2bError {
     }
 }
 
+impl From<forkd_e2b_volumes::Error> for E2bError {
+    fn from(e: forkd_e2b_volumes::Error) -> E2bError {
+        E2bError::new(e.status, e.message)
+    }
+}
+
 impl From<Error> for RpcError {
     fn from(e: Error) -> RpcError {
         let w = from_node(e);

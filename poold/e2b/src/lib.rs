@@ -49,9 +49,6 @@ pub mod sandbox;
 pub mod signed;
 pub mod snapshots;
 pub mod state;
-pub mod volume_files;
-pub mod volume_fs;
-pub mod volumes;
 pub mod watch;
 
 pub use config::E2bConfig;

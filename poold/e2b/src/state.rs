@@ -81,8 +81,8 @@ pub struct E2b {
     pub(crate) domain: String,
     /// Every sandbox's log ([`crate::logs`]).
     pub logs: crate::logs::Logs,
-    /// E2B volumes ([`crate::volumes`]).
-    pub volumes: crate::volumes::Volumes,
+    /// E2B volumes ([`forkd_e2b_volumes`]).
+    pub volumes: Arc<forkd_e2b_volumes::Volumes>,
     /// Snapshots (by id) whose children have no code interpreter of their
     /// own (`crate::interpreter`); at most [`MAX_KNOWN_SNAPSHOTS`].
     no_interpreter: Mutex<std::collections::HashSet<String>>,
@@ -120,7 +120,7 @@ impl E2b {
             None => token,
         };
         Ok(Arc::new(E2b {
-            volumes: crate::volumes::Volumes::new(node.volume_roots()),
+            volumes: Arc::new(forkd_e2b_volumes::Volumes::new(node.volume_roots())),
             node,
             api_key,
             sessions: RwLock::new(HashMap::new()),

@@ -1,11 +1,11 @@
 //! E2B's volume content API (`/volumecontent/{id}/...`, the SDK's
 //! `Volume` file calls, `E2B_VOLUME_API_URL`): files of a volume
-//! ([`crate::volumes`]) read and written on the host, no sandbox needed.
+//! ([`crate::store`]) read and written on the host, no sandbox needed.
 //! Each request carries the volume's token (`Authorization: Bearer`),
 //! checked before its body is read.
 //!
 //! Invariants: what sandboxes wrote into a volume is hostile to the host.
-//! Every path resolves inside the volume's folder ([`crate::volume_fs`]),
+//! Every path resolves inside the volume's folder ([`crate::fs`]),
 //! so neither `..` nor a symlink leaves it; nothing but a regular file or
 //! a directory is ever opened for reading or changed (a device node or
 //! FIFO a guest made is only looked at through `O_PATH`); a write goes to
@@ -14,9 +14,9 @@
 //! directory descriptors, never following a link. Bodies are bounded by
 //! [`MAX_FILE_BYTES`], listings by [`MAX_ENTRIES`] and [`MAX_DEPTH`].
 
-use crate::error::{E2bError, E2bResult};
-use crate::state::E2b;
-use crate::volume_fs::{self, names, open_in, owned};
+use crate::error::{Error, Result};
+use crate::fs::{self, names, open_in, owned};
+use crate::store::Volumes;
 use axum::body::Bytes;
 use axum::extract::{Path, RawQuery, Request, State};
 use axum::http::{header, StatusCode};
@@ -46,11 +46,11 @@ const FILE_MODE: u32 = 0o666;
 /// Mode of a directory the API makes when none is given (E2B's).
 const DIR_MODE: u32 = 0o777;
 
-type E = State<Arc<E2b>>;
+type E = State<Arc<Volumes>>;
 
 /// The content API's routes: the volume's token, not the API key, is
 /// checked, before anything else.
-pub fn routes(e: Arc<E2b>) -> Router<Arc<E2b>> {
+pub fn routes(v: Arc<Volumes>) -> Router {
     Router::new()
         .route("/volumecontent/{id}/dir", get(list).post(make_dir))
         .route(
@@ -58,8 +58,9 @@ pub fn routes(e: Arc<E2b>) -> Router<Arc<E2b>> {
             get(info).patch(set_owner_mode).delete(remove),
         )
         .route("/volumecontent/{id}/file", get(read).put(write))
-        .route_layer(middleware::from_fn_with_state(e, token_first))
+        .route_layer(middleware::from_fn_with_state(v.clone(), token_first))
         .layer(axum::extract::DefaultBodyLimit::max(MAX_FILE_BYTES))
+        .with_state(v)
 }
 
 /// Answers 401 unless the request's bearer token is its volume's; an
@@ -76,12 +77,12 @@ async fn token_first(State(e): E, req: Request, next: Next) -> Response {
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    let ok = match (e.volumes.token(id), got) {
+    let ok = match (e.token(id), got) {
         (Ok(want), Some(got)) => bool::from(want.as_bytes().ct_eq(got.as_bytes())),
         _ => false,
     };
     if !ok {
-        return E2bError::unauthorized(
+        return Error::unauthorized(
             "missing or wrong volume token, or no such volume: send Authorization: Bearer <the token Volume.create or Volume.connect answered>",
         )
         .into_response();
@@ -90,7 +91,7 @@ async fn token_first(State(e): E, req: Request, next: Next) -> Response {
 }
 
 /// An errno as the API's status: what the caller can fix says so.
-fn errno(what: &str, e: Errno) -> E2bError {
+fn errno(what: &str, e: Errno) -> Error {
     let status = match e {
         Errno::ENOENT => StatusCode::NOT_FOUND,
         Errno::EEXIST | Errno::ENOTEMPTY => StatusCode::CONFLICT,
@@ -103,20 +104,18 @@ fn errno(what: &str, e: Errno) -> E2bError {
         Errno::ENOSPC | Errno::EDQUOT => StatusCode::INSUFFICIENT_STORAGE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     };
-    E2bError::new(status, format!("{what}: {}", e.desc()))
+    Error::new(status, format!("{what}: {}", e.desc()))
 }
 
 /// A request's path inside the volume: relative to its root ("." for the
 /// root itself). `..` is refused: it could not leave the root anyway, but
 /// `mkdir -p` and the final open would read it differently.
-fn rel(path: &str) -> E2bResult<String> {
+fn rel(path: &str) -> Result<String> {
     if path.contains('\0') || path.len() > 4096 {
-        return Err(E2bError::bad_request(
-            "path: at most 4096 bytes, no NUL byte",
-        ));
+        return Err(Error::bad_request("path: at most 4096 bytes, no NUL byte"));
     }
     if path.split('/').any(|c| c == "..") {
-        return Err(E2bError::bad_request(format!(
+        return Err(Error::bad_request(format!(
             "path {path:?}: no '..' (paths are from the volume's root)"
         )));
     }
@@ -134,10 +133,10 @@ fn shown(rel: &str) -> String {
 }
 
 /// `rel`'s parent, opened, and its last component.
-fn parent_of<'a>(root: &OwnedFd, rel: &'a str) -> E2bResult<(OwnedFd, &'a str)> {
+fn parent_of<'a>(root: &OwnedFd, rel: &'a str) -> Result<(OwnedFd, &'a str)> {
     let (dir, name) = rel.rsplit_once('/').unwrap_or((".", rel));
     if name == "." || name == ".." || rel == "." {
-        return Err(E2bError::bad_request(format!(
+        return Err(Error::bad_request(format!(
             "{}: name a file or directory inside the volume",
             shown(rel)
         )));
@@ -148,7 +147,7 @@ fn parent_of<'a>(root: &OwnedFd, rel: &'a str) -> E2bResult<(OwnedFd, &'a str)> 
 }
 
 /// Makes every missing directory of `rel` (as `mkdir -p`), each `mode`.
-fn make_parents(root: &OwnedFd, rel: &str, mode: Mode) -> E2bResult<()> {
+fn make_parents(root: &OwnedFd, rel: &str, mode: Mode) -> Result<()> {
     let mut cur = open_in(root, ".", OFlag::O_PATH | OFlag::O_DIRECTORY, Mode::empty())
         .map_err(|e| errno("/", e))?;
     for comp in rel.split('/').filter(|c| !c.is_empty() && *c != ".") {
@@ -178,7 +177,7 @@ fn make_parents(root: &OwnedFd, rel: &str, mode: Mode) -> E2bResult<()> {
 }
 
 /// With `force`, makes the missing parents of `rel` (E2B's 0777).
-fn forced_parents(root: &OwnedFd, q: &Q, rel: &str) -> E2bResult<()> {
+fn forced_parents(root: &OwnedFd, q: &Q, rel: &str) -> Result<()> {
     match rel.rsplit_once('/') {
         Some((parent, _)) if q.force => make_parents(root, parent, perm(None, DIR_MODE)),
         _ => Ok(()),
@@ -229,7 +228,7 @@ fn stat_json(rel: &str, st: &FileStat, target: Option<String>) -> Value {
 }
 
 /// The entry at `rel`, not following a final symlink.
-fn entry(root: &OwnedFd, rel: &str) -> E2bResult<Value> {
+fn entry(root: &OwnedFd, rel: &str) -> Result<Value> {
     let fd = open_in(root, rel, OFlag::O_PATH | OFlag::O_NOFOLLOW, Mode::empty())
         .map_err(|e| errno(&shown(rel), e))?;
     let st = fstat(fd.as_raw_fd()).map_err(|e| errno(&shown(rel), e))?;
@@ -252,12 +251,12 @@ struct Q {
 }
 
 /// Parses a request's query; a malformed number is a 400.
-fn query(raw: Option<&str>) -> E2bResult<Q> {
+fn query(raw: Option<&str>) -> Result<Q> {
     let mut q = Q::default();
     for (k, v) in form_urlencoded::parse(raw.unwrap_or("").as_bytes()) {
-        let num = |name: &str| -> E2bResult<u32> {
+        let num = |name: &str| -> Result<u32> {
             v.parse()
-                .map_err(|_| E2bError::bad_request(format!("{name}={v:?}: give a whole number")))
+                .map_err(|_| Error::bad_request(format!("{name}={v:?}: give a whole number")))
         };
         match k.as_ref() {
             "path" => q.path = Some(v.to_string()),
@@ -272,11 +271,11 @@ fn query(raw: Option<&str>) -> E2bResult<Q> {
     Ok(q)
 }
 
-fn path_of(q: &Q) -> E2bResult<String> {
+fn path_of(q: &Q) -> Result<String> {
     rel(q
         .path
         .as_deref()
-        .ok_or_else(|| E2bError::bad_request("the path query is required"))?)
+        .ok_or_else(|| Error::bad_request("the path query is required"))?)
 }
 
 /// Permission bits a caller may set: never set-id or sticky, which on a
@@ -288,18 +287,18 @@ fn perm(mode: Option<u32>, default: u32) -> Mode {
 /// Runs blocking file work off the async threads, on the volume `id`'s
 /// folder.
 async fn on_volume<T: Send + 'static>(
-    e: &E2b,
+    e: &Volumes,
     id: &str,
-    f: impl FnOnce(OwnedFd) -> E2bResult<T> + Send + 'static,
-) -> E2bResult<T> {
-    let root = e.volumes.data_fd(id)?;
+    f: impl FnOnce(OwnedFd) -> Result<T> + Send + 'static,
+) -> Result<T> {
+    let root = e.data_fd(id)?;
     tokio::task::spawn_blocking(move || f(root))
         .await
-        .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
+        .map_err(|e| Error::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?
 }
 
 /// Sets owner and permission bits of the file `fd` is open on.
-fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Mode) -> E2bResult<()> {
+fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Mode) -> Result<()> {
     if uid.is_some() || gid.is_some() {
         fchown(
             fd.as_raw_fd(),
@@ -315,16 +314,12 @@ fn own(fd: &OwnedFd, uid: Option<u32>, gid: Option<u32>, mode: Mode) -> E2bResul
 
 /// `GET .../dir?path&depth`: the entries under a directory, `depth`
 /// levels (1-10), depth first, each directory's by name.
-async fn list(
-    State(e): E,
-    Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> E2bResult<Json<Value>> {
+async fn list(State(e): E, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Result<Json<Value>> {
     let q = query(raw.as_deref())?;
     let r = rel(q.path.as_deref().unwrap_or("/"))?;
     let depth = q.depth.unwrap_or(1);
     if !(1..=MAX_DEPTH).contains(&depth) {
-        return Err(E2bError::bad_request(format!(
+        return Err(Error::bad_request(format!(
             "depth must be between 1 and {MAX_DEPTH}"
         )));
     }
@@ -343,9 +338,9 @@ async fn list(
     .await
 }
 
-fn walk(dir: &OwnedFd, dir_rel: &str, depth: u32, out: &mut Vec<Value>) -> E2bResult<()> {
+fn walk(dir: &OwnedFd, dir_rel: &str, depth: u32, out: &mut Vec<Value>) -> Result<()> {
     let too_many = || {
-        E2bError::bad_request(format!(
+        Error::bad_request(format!(
             "{}: more than {MAX_ENTRIES} entries; list less deep or a smaller directory",
             shown(dir_rel)
         ))
@@ -401,7 +396,7 @@ async fn make_dir(
     State(e): E,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> E2bResult<impl IntoResponse> {
+) -> Result<impl IntoResponse> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
@@ -427,11 +422,7 @@ async fn make_dir(
 }
 
 /// `GET .../path?path`: the entry (a symlink itself, with its target).
-async fn info(
-    State(e): E,
-    Path(id): Path<String>,
-    RawQuery(raw): RawQuery,
-) -> E2bResult<Json<Value>> {
+async fn info(State(e): E, Path(id): Path<String>, RawQuery(raw): RawQuery) -> Result<Json<Value>> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| Ok(Json(entry(&root, &r)?))).await
@@ -451,7 +442,7 @@ async fn set_owner_mode(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     Json(b): Json<OwnerMode>,
-) -> E2bResult<Json<Value>> {
+) -> Result<Json<Value>> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
@@ -474,12 +465,12 @@ async fn set_owner_mode(
 /// `rel` opened for reading if it is a regular file or a directory:
 /// looked at through `O_PATH` first and reopened through that descriptor,
 /// so what is opened is what was checked.
-fn regular_or_dir(root: &OwnedFd, rel: &str) -> E2bResult<OwnedFd> {
+fn regular_or_dir(root: &OwnedFd, rel: &str) -> Result<OwnedFd> {
     let p = open_in(root, rel, OFlag::O_PATH | OFlag::O_NOFOLLOW, Mode::empty())
         .map_err(|e| errno(&shown(rel), e))?;
     let st = fstat(p.as_raw_fd()).map_err(|e| errno(&shown(rel), e))?;
     if !matches!(kind(&st), "file" | "directory") {
-        return Err(E2bError::bad_request(format!(
+        return Err(Error::bad_request(format!(
             "{} is a {}: only files and directories are read or changed here",
             shown(rel),
             kind(&st)
@@ -499,20 +490,20 @@ async fn remove(
     State(e): E,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> E2bResult<StatusCode> {
+) -> Result<StatusCode> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
         if r == "." {
-            return Err(E2bError::bad_request("the volume's root is not removed; delete the volume instead"));
+            return Err(Error::bad_request("the volume's root is not removed; delete the volume instead"));
         }
         let (parent, name) = parent_of(&root, &r)?;
-        let name = CString::new(name).map_err(|_| E2bError::bad_request("path: no NUL byte"))?;
-        volume_fs::remove_tree(&parent, &name).map_err(|e| match e {
-            Errno::ELOOP => E2bError::bad_request(format!(
+        let name = CString::new(name).map_err(|_| Error::bad_request("path: no NUL byte"))?;
+        fs::remove_tree(&parent, &name).map_err(|e| match e {
+            Errno::ELOOP => Error::bad_request(format!(
                 "{} is more than {} directories deep; what could be removed is gone, remove the rest from a sandbox",
                 shown(&r),
-                volume_fs::MAX_TREE_DEPTH
+                fs::MAX_TREE_DEPTH
             )),
             e => errno(&shown(&r), e),
         })?;
@@ -526,25 +517,25 @@ async fn read(
     State(e): E,
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
-) -> E2bResult<impl IntoResponse> {
+) -> Result<impl IntoResponse> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     let bytes = on_volume(&e, &id, move |root| {
         let fd = regular_or_dir(&root, &r)?;
         let mut f = std::fs::File::from(fd);
-        let m = f.metadata().map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
+        let m = f.metadata().map_err(|e| Error::new(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))?;
         if m.is_dir() {
-            return Err(E2bError::bad_request(format!("{} is a directory: list it", shown(&r))));
+            return Err(Error::bad_request(format!("{} is a directory: list it", shown(&r))));
         }
         if m.len() > MAX_FILE_BYTES as u64 {
-            return Err(E2bError::new(
+            return Err(Error::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 format!("{} is {} bytes, over the {MAX_FILE_BYTES} one read returns; read it in a sandbox that mounts the volume", shown(&r), m.len()),
             ));
         }
         let mut buf = Vec::with_capacity(m.len() as usize);
         std::io::Read::read_to_end(&mut std::io::Read::take(&mut f, MAX_FILE_BYTES as u64), &mut buf)
-            .map_err(|e| E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("reading {}: {e}", shown(&r))))?;
+            .map_err(|e| Error::new(StatusCode::INTERNAL_SERVER_ERROR, format!("reading {}: {e}", shown(&r))))?;
         Ok(buf)
     })
     .await?;
@@ -561,7 +552,7 @@ async fn write(
     Path(id): Path<String>,
     RawQuery(raw): RawQuery,
     body: Bytes,
-) -> E2bResult<impl IntoResponse> {
+) -> Result<impl IntoResponse> {
     let q = query(raw.as_deref())?;
     let r = path_of(&q)?;
     on_volume(&e, &id, move |root| {
@@ -581,7 +572,7 @@ async fn write(
             std::io::Write::write_all(&mut f, &body)
                 .and_then(|()| f.sync_all())
                 .map_err(|e| {
-                    E2bError::new(
+                    Error::new(
                         StatusCode::INSUFFICIENT_STORAGE,
                         format!("writing {}: {e}", shown(&r)),
                     )
@@ -600,7 +591,7 @@ async fn write(
                 how,
             )
             .map_err(|e| match e {
-                Errno::EEXIST => E2bError::new(
+                Errno::EEXIST => Error::new(
                     StatusCode::CONFLICT,
                     format!("{} exists: write with force to replace it", shown(&r)),
                 ),

@@ -1,6 +1,6 @@
 //! Descriptor-relative file operations for E2B volumes, whose contents
-//! guests wrote and so are hostile to the host ([`crate::volumes`],
-//! [`crate::volume_files`]).
+//! guests wrote and so are hostile to the host ([`crate::store`],
+//! [`crate::files`]).
 //!
 //! Invariants: nothing here resolves a path from `/`. Inside a volume,
 //! paths resolve with `RESOLVE_IN_ROOT` (`..` and symlinks stay inside);

@@ -5,7 +5,7 @@
 //! Layout, under the first of `volume_roots`: `e2b-volumes/` (mode 0700,
 //! so no host user reaches what guests leave there, set-id files
 //! included), in it per volume `<name>/data` (mode 0777: the folder
-//! sandboxes mount and the content API serves, [`crate::volume_files`])
+//! sandboxes mount and the content API serves, [`crate::files`])
 //! and `<name>/token` (the content API's bearer token). A volume's id is
 //! its name (E2B's names are `[a-zA-Z0-9_-]`, safe as a path component).
 //!
@@ -16,7 +16,7 @@
 //!   never answered as an existing volume, and two creates of one name
 //!   never both succeed;
 //! - the store's names resolve from the store's descriptor with
-//!   `RESOLVE_BENEATH` and no symlinks ([`crate::volume_fs`]), and a token
+//!   `RESOLVE_BENEATH` and no symlinks ([`crate::fs`]), and a token
 //!   is read only from a regular file: whoever can write the store (a
 //!   guest given a volume root itself through `/v1`) cannot point the
 //!   content API elsewhere on the host, or hang it. A mount is handed to
@@ -27,8 +27,8 @@
 //!   machine gets no new devices); anywhere else is a 400 naming where it
 //!   can go.
 
-use crate::error::{E2bError, E2bResult};
-use crate::volume_fs::{names, open_beneath, owned, remove_tree};
+use crate::error::{Error, Result};
+use crate::fs::{names, open_beneath, owned, remove_tree};
 use axum::http::StatusCode;
 use forkd_api::VolumeSpec;
 use nix::errno::Errno;
@@ -60,20 +60,22 @@ pub struct Volumes {
 /// One `volumeMounts` entry.
 #[derive(Debug, Deserialize)]
 pub struct Mount {
+    /// The volume's name (its id).
     pub name: String,
+    /// Where the guest mounts it (absolute).
     pub path: String,
 }
 
-fn not_found(id: &str) -> E2bError {
-    E2bError::not_found(format!("volume {id:?} not found"))
+fn not_found(id: &str) -> Error {
+    Error::not_found(format!("volume {id:?} not found"))
 }
 
-fn failed(what: &str, e: impl std::fmt::Display) -> E2bError {
-    E2bError::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}"))
+fn failed(what: &str, e: impl std::fmt::Display) -> Error {
+    Error::new(StatusCode::INTERNAL_SERVER_ERROR, format!("{what}: {e}"))
 }
 
 /// Checks a volume name (E2B's rule, and a bound).
-pub fn check_name(name: &str) -> E2bResult<()> {
+pub fn check_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME
         && name
@@ -82,7 +84,7 @@ pub fn check_name(name: &str) -> E2bResult<()> {
     if ok {
         Ok(())
     } else {
-        Err(E2bError::bad_request(format!(
+        Err(Error::bad_request(format!(
             "volume name {name:?}: use 1-{MAX_NAME} letters, digits, '_' and '-'"
         )))
     }
@@ -117,16 +119,16 @@ impl Volumes {
         v
     }
 
-    fn dir(&self) -> E2bResult<&PathBuf> {
+    fn dir(&self) -> Result<&PathBuf> {
         self.dir.as_ref().ok_or_else(|| {
-            E2bError::bad_request(
+            Error::bad_request(
                 "this poold has no volume_roots configured, so it keeps no volumes; add volume_roots = [\"/srv/forkd-volumes\"] to its config (docs/volumes.md)",
             )
         })
     }
 
     /// The store, opened (not through a symlink).
-    fn store_if_there(&self) -> E2bResult<OwnedFd> {
+    fn store_if_there(&self) -> Result<OwnedFd> {
         let dir = self.dir()?;
         nix::fcntl::open(
             dir.as_path(),
@@ -138,7 +140,7 @@ impl Volumes {
     }
 
     /// The store, made (mode 0700) when missing.
-    fn store(&self) -> E2bResult<OwnedFd> {
+    fn store(&self) -> Result<OwnedFd> {
         let dir = self.dir()?;
         let mut b = std::fs::DirBuilder::new();
         std::os::unix::fs::DirBuilderExt::mode(&mut b, 0o700);
@@ -151,7 +153,7 @@ impl Volumes {
     }
 
     /// Volume `id`'s folder, opened (`O_PATH`), if it exists.
-    pub fn data_fd(&self, id: &str) -> E2bResult<OwnedFd> {
+    pub fn data_fd(&self, id: &str) -> Result<OwnedFd> {
         check_name(id).map_err(|_| not_found(id))?;
         let store = self.store_if_there().map_err(|_| not_found(id))?;
         open_beneath(
@@ -164,14 +166,14 @@ impl Volumes {
 
     /// Volume `id`'s token, if it exists and has a well-formed one (a
     /// volume without one is not listed or served).
-    pub fn token(&self, id: &str) -> E2bResult<String> {
+    pub fn token(&self, id: &str) -> Result<String> {
         self.data_fd(id)?;
         let store = self.store_if_there()?;
         read_token(&store, id).ok_or_else(|| not_found(id))
     }
 
     /// `POST /volumes`: makes volume `name`; a 400 when it exists.
-    pub fn create(&self, name: &str) -> E2bResult<Value> {
+    pub fn create(&self, name: &str) -> Result<Value> {
         check_name(name)?;
         let _turn = self.turn.lock().unwrap();
         let store = self.store()?;
@@ -179,7 +181,7 @@ impl Volumes {
             Ok(()) => {}
             Err(Errno::EEXIST) => {
                 if self.data_fd(name).is_ok() {
-                    return Err(E2bError::bad_request(format!(
+                    return Err(Error::bad_request(format!(
                         "volume {name:?} exists: pick another name, or delete it first"
                     )));
                 }
@@ -208,12 +210,12 @@ impl Volumes {
     }
 
     /// `GET /volumes/{id}`.
-    pub fn get(&self, id: &str) -> E2bResult<Value> {
+    pub fn get(&self, id: &str) -> Result<Value> {
         Ok(volume_json(id, &self.token(id)?))
     }
 
     /// `GET /volumes`: every volume, by name.
-    pub fn list(&self) -> E2bResult<Value> {
+    pub fn list(&self) -> Result<Value> {
         let Ok(store) = self.store_if_there() else {
             return Ok(json!([]));
         };
@@ -232,7 +234,7 @@ impl Volumes {
 
     /// `DELETE /volumes/{id}`: its files go; sandboxes mounting it see
     /// them gone, as with E2B.
-    pub async fn delete(&self, id: &str) -> E2bResult<()> {
+    pub async fn delete(&self, id: &str) -> Result<()> {
         let doomed = {
             let _turn = self.turn.lock().unwrap();
             self.data_fd(id)?;
@@ -281,9 +283,9 @@ impl Volumes {
 
     /// A create's `volumeMounts` as the spawn's volumes: each a volume
     /// that exists, at an absolute, normalised path, no path twice.
-    pub fn mounts(&self, mounts: &[Mount]) -> E2bResult<Vec<VolumeSpec>> {
+    pub fn mounts(&self, mounts: &[Mount]) -> Result<Vec<VolumeSpec>> {
         if mounts.len() > MAX_MOUNTS {
-            return Err(E2bError::bad_request(format!(
+            return Err(Error::bad_request(format!(
                 "volumeMounts: {} mounts, at most {MAX_MOUNTS}",
                 mounts.len()
             )));
@@ -291,7 +293,7 @@ impl Volumes {
         let mut out: Vec<VolumeSpec> = Vec::new();
         for m in mounts {
             let bad = |why: &str| {
-                E2bError::bad_request(format!("volumeMounts: {} at {:?}: {why}", m.name, m.path))
+                Error::bad_request(format!("volumeMounts: {} at {:?}: {why}", m.name, m.path))
             };
             if !m.path.starts_with('/') || normalised(&m.path) != m.path {
                 return Err(bad(
