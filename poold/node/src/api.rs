@@ -7,7 +7,7 @@
 //! |---|---|
 //! | [`Node::open`], [`Node::start_background`] | adopt what a previous poold left, then refill, reap, GC and heal the mount |
 //! | [`Node::health`], [`Node::mount_health`], [`Node::metrics_text`], [`Node::metrics_registry`] | what the node runs on, its mount, its metrics |
-//! | [`Node::spawn`], [`Node::get`], [`Node::list`], [`Node::destroy`], [`Node::set_ttl`] | sandboxes |
+//! | [`Node::spawn`], [`Node::get`], [`Node::list`], [`Node::destroy`], [`Node::set_ttl`], [`Node::set_egress`] | sandboxes |
 //! | [`Node::pause`], [`Node::resume`], [`Node::paused`], [`Node::paused_list`] | paused sandboxes |
 //! | [`Node::find_by_token`], [`Node::snapshot_machine`] | what front-ends route and report by |
 //! | [`Node::ping`], [`Node::exec`], [`Node::exec_stream`], [`Node::pty`], [`Node::eval`], [`Node::logs`] | what runs in a sandbox |
@@ -237,15 +237,14 @@ impl Node {
     }
 
     /// Replaces running sandbox `id`'s egress policy with `policy` (None:
-    /// the configured default, `net.egress`) (docs/network.md, "Changing
-    /// a running sandbox's policy"); durable before it answers, kept by
-    /// its pause and resume.
+    /// what a spawn of its snapshot gets, its pool's or the config's)
+    /// (docs/network.md, "Changing a running sandbox's policy"); durable
+    /// before it answers, kept by its pause and resume.
     pub async fn set_egress(
         self: &Arc<Self>,
         id: &str,
         policy: Option<forkd_net::EgressPolicy>,
     ) -> Result<SandboxRecord> {
-        let policy = policy.unwrap_or_else(forkd_vmm::net::default_egress);
         crate::network::set_egress(self, id, policy).await
     }
 

@@ -12,8 +12,10 @@
 //!
 //! ```text
 //!  api                               the operations: Node's public methods
+//!  adopt                             after a restart
+//!  network                           a running sandbox's egress replaced
 //!  workspace::paused                 paused sandboxes (E2B's pause) as workspaces
-//!  adopt  refill  workspace          after a restart; pool refills; named sandboxes
+//!  refill  workspace                 pool refills; named sandboxes
 //!  branch  reaper  spawn             branches; TTLs and GC; spawns
 //!  hub                               a tag fetched, a snapshot pushed (the node's hub)
 //!  mount_watch  snapshots            the mount healed; snapshots as the node does them

@@ -25,15 +25,17 @@ use forkd_net::EgressPolicy;
 use forkd_vmm::Vm;
 use std::sync::Arc;
 
-/// Sets sandbox `id`'s egress policy to `policy`, replacing the whole
-/// previous one; its record after. Durable before it returns.
+/// Sets sandbox `id`'s egress policy to `policy` (None: the default a
+/// spawn of its snapshot gets, its pool's or the config's), replacing the
+/// whole previous one; its record after. Durable before it returns.
 pub(crate) async fn set_egress(
     n: &Arc<Node>,
     id: &str,
-    policy: EgressPolicy,
+    policy: Option<EgressPolicy>,
 ) -> Result<SandboxRecord> {
-    let resolved = check(&policy).await?;
     let sb = n.sandbox(id)?;
+    let policy = policy.unwrap_or_else(|| default_for(n, &sb.record().snapshot_tag));
+    let resolved = check(&policy).await?;
     let mut vm = sb.lock_vm().await?;
     let before = sb.record();
     let Some(net) = before.net.clone() else {
@@ -41,6 +43,13 @@ pub(crate) async fn set_egress(
             "sandbox {id} has no network (its snapshot was taken without one): there is no egress to change; take the snapshot with a network (`forkd snapshot create --net`)"
         )));
     };
+    let old = before
+        .egress
+        .clone()
+        .unwrap_or_else(forkd_vmm::net::default_egress);
+    // For a rollback that looks nothing up (None: its names do not
+    // resolve now; the rollback then tries again).
+    let old_resolved = old.resolve().await.ok();
     // Durable first: a poold killed from here on writes it again.
     record(n, &with_egress(&before, &policy, true)).await?;
     sb.set_egress(policy.clone(), true);
@@ -49,25 +58,40 @@ pub(crate) async fn set_egress(
             vm.egress = Some(policy.clone());
             // The network holds it now, whatever the commit says.
             let rec = sb.set_egress(policy, false);
-            record(n, &rec).await?;
+            record(n, &rec).await.map_err(|e| {
+                Error::internal(format!(
+                    "sandbox {id}'s new egress policy is in force, but recording that failed ({e}); a restart writes it again"
+                ))
+            })?;
             Ok(rec)
         }
         Err(e) => {
-            let old = before
-                .egress
-                .clone()
-                .unwrap_or_else(forkd_vmm::net::default_egress);
-            if let Err(e2) = put_back(&mut vm, &old).await {
+            vm.egress = None;
+            let back = match &old_resolved {
+                Some(r) => forkd_vmm::net::apply_resolved(&net, r).await,
+                None => forkd_snapshot::restore::set_egress(&mut vm, &old).await,
+            };
+            if let Err(e2) = back {
                 drop(vm);
                 return Err(kill(n, id, &before, &e, &e2).await);
             }
-            record(n, &with_egress(&before, &old, false)).await?;
-            sb.set_egress(old, false);
+            vm.egress = Some(old.clone());
+            let rec = sb.set_egress(old.clone(), false);
+            record(n, &rec).await?;
             Err(Error::internal(format!(
                 "writing sandbox {id}'s new egress policy failed ({e:#}); its previous policy stays"
             )))
         }
     }
+}
+
+/// The policy a spawn of `tag` gets when it names none: its pool's, else
+/// the config's (`net.egress`).
+fn default_for(n: &Node, tag: &str) -> EgressPolicy {
+    n.pools
+        .spec(tag)
+        .and_then(|s| s.network)
+        .unwrap_or_else(forkd_vmm::net::default_egress)
 }
 
 /// Refuses a policy that cannot be written: too many entries, names that
@@ -88,13 +112,6 @@ fn with_egress(r: &SandboxRecord, policy: &EgressPolicy, pending: bool) -> Sandb
     }
 }
 
-/// Writes the old policy again, whatever the VM believes it has (the failed
-/// write may have left it half-changed).
-async fn put_back(vm: &mut Vm, old: &EgressPolicy) -> anyhow::Result<()> {
-    vm.egress = None;
-    forkd_snapshot::restore::set_egress(vm, old).await
-}
-
 /// Neither policy could be written: records the old one (what its
 /// workspace resumes with) and kills the sandbox, as a kill through the
 /// API would (a paused-and-resumed E2B sandbox's workspace with it).
@@ -108,8 +125,10 @@ async fn kill(
     tracing::error!(
         "sandbox {id}: neither its new egress policy ({e:#}) nor its old one ({e2:#}) could be written; killing it"
     );
+    // Pending: should poold die before the kill, its restart writes the
+    // old policy or kills the sandbox.
     let mut old = before.clone();
-    old.egress_pending = false;
+    old.egress_pending = true;
     if let Err(e) = record(n, &old).await {
         tracing::error!("sandbox {id}: {e}");
     }
@@ -158,8 +177,19 @@ pub(crate) async fn reapply(vm: &mut Vm, rec: &SandboxRecord) -> anyhow::Result<
         .egress
         .clone()
         .unwrap_or_else(forkd_vmm::net::default_egress);
-    vm.egress = None;
-    forkd_snapshot::restore::set_egress(vm, &policy).await
+    // Names are looked up again: a resolver's hiccup gets two more tries
+    // before the sandbox is given up.
+    let mut tries = 0;
+    loop {
+        vm.egress = None;
+        match forkd_snapshot::restore::set_egress(vm, &policy).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tries == 2 => return Err(e),
+            Err(e) => tracing::warn!("sandbox {}: writing its pending egress: {e:#}", rec.id),
+        }
+        tries += 1;
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    }
 }
 
 #[cfg(test)]

@@ -349,7 +349,8 @@ pub async fn set_ttl(
 
 /// `PUT /v1/sandboxes/:id/network {allow_out, deny_out}`: replaces a
 /// running sandbox's egress policy (docs/network.md, "Changing a running
-/// sandbox's policy"). `{}` gives the configured default.
+/// sandbox's policy"). `{}` gives what a spawn of its snapshot gets
+/// (its pool's policy, else the config's).
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes", params(("id" = String, Path, description = "Sandbox id (`sb-` + 24 hex digits)")),
     request_body(content = forkd_api::EgressSchema, description = "The whole new policy: what it leaves out is cleared"),
     responses(
