@@ -9,8 +9,12 @@ nodes they landed on, then kills them) and last `E2B GATEWAY OK <version>`.
 """
 
 import json
+import os
+import socket
 import sys
+import time
 import uuid
+from urllib.parse import urlsplit
 
 import e2b
 from e2b import Sandbox, SandboxQuery
@@ -32,6 +36,56 @@ def listed(run_id, limit):
         check(len(page) <= limit, f"page of {len(page)} with limit={limit}")
         out.extend(s.sandbox_id for s in page)
     return out
+
+
+# A guest server that switches protocols (as a WebSocket server does)
+# and then echoes: busybox nc runs it per connection.
+UPGRADE_SERVER = r"""
+while read -r line; do
+  line=$(printf %s "$line" | tr -d '\r')
+  [ -z "$line" ] && break
+done
+printf 'HTTP/1.1 101 Switching Protocols\r\nConnection: upgrade\r\nUpgrade: echo\r\n\r\n'
+exec cat
+"""
+
+
+def upgrade(host):
+    """Asks the gateway's sandbox plane, naming `host`, to switch to
+    `echo`: (status line, the socket)."""
+    addr = urlsplit(os.environ["E2B_SANDBOX_URL"])
+    s = socket.create_connection((addr.hostname, addr.port), timeout=20)
+    s.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        d = s.recv(1)
+        if not d:
+            break
+        head += d
+    return head.split(b"\r\n")[0].decode(), s
+
+
+def upgrades(b):
+    step(f"{b.sandbox_id}: an upgrade (WebSocket) to a guest port goes through the gateway")
+    b.files.write("/tmp/upgrade.sh", UPGRADE_SERVER)
+    b.commands.run("nc -ll -p 8000 -e sh /tmp/upgrade.sh", background=True)
+    host = b.get_host(8000)
+    deadline = time.time() + 60
+    while True:
+        status, sock = upgrade(host)
+        if status.split(" ")[1:2] == ["101"]:
+            break
+        sock.close()
+        check(time.time() < deadline, f"no 101 from the guest: {status}")
+        time.sleep(0.5)
+    sock.sendall(b"hello through the gateway")
+    got = b""
+    while len(got) < 25:
+        d = sock.recv(64)
+        check(d, f"the upgraded stream ended early: {got!r}")
+        got += d
+    sock.close()
+    check(got == b"hello through the gateway", f"echoed {got!r}")
 
 
 def main():
@@ -58,6 +112,8 @@ def main():
         check(b.files.read("/tmp/gw.txt") == f"hello {b.sandbox_id}", "file read back")
         check(b.get_info().sandbox_id == b.sandbox_id, "info")
         b.set_timeout(900)
+
+    upgrades(boxes[0])
 
     step("list: every node's sandboxes, paged across nodes")
     check(sorted(listed(run_id, 1)) == sorted(ids), f"paged list vs {ids}")

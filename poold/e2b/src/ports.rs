@@ -28,12 +28,10 @@
 
 use crate::error::E2bError;
 use crate::state::E2b;
-use axum::body::Body;
 use axum::extract::Request;
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use forkd_node::error::GuestErrorKind;
-use hyper_util::rt::TokioIo;
 use std::sync::Arc;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -54,20 +52,9 @@ pub const PORT_PLACEHOLDER: &str = "${PORT}";
 /// The header E2B's clients send a sandbox's traffic token in.
 pub const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
 
-/// Headers that describe one hop, not the message (RFC 9110, 7.6.1), and
-/// the sandbox's credentials: never forwarded either way.
-const NOT_FORWARDED: [&str; 10] = [
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "x-access-token",
-    TRAFFIC_TOKEN,
-    "host",
-];
+/// The sandbox's credentials: never forwarded into the guest (hop-by-hop
+/// headers never are either: [`forkd_edge::relay`]).
+const CREDENTIALS: [&str; 2] = ["x-access-token", TRAFFIC_TOKEN];
 
 /// The guest port and sandbox id a request's `Host` names under `domain`
 /// (shared with the gateway's E2B plane: `forkd_edge::hosts`).
@@ -144,12 +131,13 @@ fn no_tls(what: &str, why: &str) -> E2bError {
 }
 
 /// One HTTP/1.1 exchange with a guest server over tunnel `t`, the guest
-/// seeing `host`; an upgrade (WebSocket) the guest accepts is then copied
-/// both ways until either side closes. `what` names the server in errors;
-/// `slot` is held until the connection (or its upgraded stream) ends.
+/// seeing `host` and neither token header; an upgrade (WebSocket) the
+/// guest accepts is then copied both ways until either side closes
+/// ([`forkd_edge::relay`]). `what` names the server in errors; `slot` is
+/// held until the connection (or its upgraded stream) ends.
 pub(crate) async fn forward<T>(
     t: T,
-    mut req: Request,
+    req: Request,
     host: HeaderValue,
     what: &str,
     slot: Option<OwnedSemaphorePermit>,
@@ -157,85 +145,20 @@ pub(crate) async fn forward<T>(
 where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
 {
-    let slot = Arc::new(slot);
-    let gone = |e: hyper::Error| {
-        E2bError::new(
-            StatusCode::BAD_GATEWAY,
-            format!("{what} did not answer: {e}"),
-        )
-    };
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(t))
+    forkd_edge::relay::exchange(t, req, host, &CREDENTIALS, what, slot)
         .await
-        .map_err(gone)?;
-    let label = what.to_string();
-    let held = slot.clone();
-    tokio::spawn(async move {
-        if let Err(e) = conn.with_upgrades().await {
-            tracing::debug!("{label}: {e}");
-        }
-        drop(held);
-    });
-    let upgrade = upgrade_of(req.headers());
-    let client_side = upgrade.is_some().then(|| hyper::upgrade::on(&mut req));
-    let (mut parts, body) = req.into_parts();
-    strip(&mut parts.headers, upgrade.as_ref());
-    parts.headers.insert(header::HOST, host);
-    let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
-    parts.uri = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
-    let mut resp = send
-        .send_request(Request::from_parts(parts, body))
-        .await
-        .map_err(gone)?;
-    let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
-    let upgrade = upgrade.filter(|_| switched);
-    if let (Some(_), Some(client_side)) = (&upgrade, client_side) {
-        let guest_side = hyper::upgrade::on(&mut resp);
-        let label = what.to_string();
-        let held = slot.clone();
-        tokio::spawn(async move {
-            let _held = held;
-            match tokio::try_join!(client_side, guest_side) {
-                Ok((c, g)) => {
-                    let (mut c, mut g) = (TokioIo::new(c), TokioIo::new(g));
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut g).await {
-                        tracing::debug!("{label} upgraded stream: {e}");
-                    }
-                }
-                Err(e) => tracing::debug!("{label} upgrade: {e}"),
-            }
-        });
-    }
-    let (mut parts, body) = resp.into_parts();
-    strip(&mut parts.headers, upgrade.as_ref());
-    Ok(Response::from_parts(parts, Body::new(body)))
-}
-
-/// The protocol a request asks to switch to (`Connection: upgrade` and
-/// `Upgrade: <protocol>`), if any.
-fn upgrade_of(h: &HeaderMap) -> Option<HeaderValue> {
-    let asks = h
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
-    asks.then(|| h.get(header::UPGRADE).cloned()).flatten()
-}
-
-/// Removes [`NOT_FORWARDED`], keeping an upgrade's two headers.
-fn strip(h: &mut HeaderMap, upgrade: Option<&HeaderValue>) {
-    for name in NOT_FORWARDED {
-        h.remove(name);
-    }
-    if let Some(u) = upgrade {
-        h.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        h.insert(header::UPGRADE, u.clone());
-    }
+        .map_err(|e| {
+            E2bError::new(
+                StatusCode::BAD_GATEWAY,
+                format!("{what} did not answer: {e}"),
+            )
+        })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::HeaderMap;
 
     fn host(h: &str) -> HeaderMap {
         let mut m = HeaderMap::new();
@@ -280,31 +203,5 @@ mod tests {
         assert!(s.0.clone().try_acquire_owned().is_err());
         drop(held);
         assert!(s.0.clone().try_acquire_owned().is_ok());
-    }
-
-    #[test]
-    fn upgrades_keep_their_headers_and_nothing_else_hops() {
-        let mut h = HeaderMap::new();
-        h.insert(
-            header::CONNECTION,
-            HeaderValue::from_static("keep-alive, Upgrade"),
-        );
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        h.insert("x-access-token", HeaderValue::from_static("secret"));
-        h.insert(TRAFFIC_TOKEN, HeaderValue::from_static("secret"));
-        h.insert("x-app", HeaderValue::from_static("kept"));
-        let u = upgrade_of(&h);
-        assert_eq!(u.as_ref().map(|v| v.as_bytes()), Some(&b"websocket"[..]));
-        strip(&mut h, u.as_ref());
-        assert_eq!(h[header::CONNECTION], "upgrade");
-        assert_eq!(h[header::UPGRADE], "websocket");
-        assert_eq!(h["x-app"], "kept");
-        assert!(!h.contains_key("x-access-token") && !h.contains_key(TRAFFIC_TOKEN));
-        // An Upgrade without `Connection: upgrade` asks for nothing.
-        let mut h = HeaderMap::new();
-        h.insert(header::UPGRADE, HeaderValue::from_static("websocket"));
-        assert!(upgrade_of(&h).is_none());
-        strip(&mut h, None);
-        assert!(h.is_empty());
     }
 }

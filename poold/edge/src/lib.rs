@@ -10,5 +10,6 @@ pub mod auth;
 pub mod hosts;
 pub mod listen;
 pub mod paging;
+pub mod relay;
 pub mod tls;
 pub mod transfers;

@@ -1,5 +1,7 @@
 //! The E2B sandbox plane through the gateway: envd, the code interpreter
-//! and guest ports of every node's sandboxes, behind one listener.
+//! and guest ports of every node's sandboxes, behind one listener. An
+//! upgrade to a guest port (a WebSocket) gets a connection of its own to
+//! the node's plane, relayed both ways ([`forkd_edge::relay`]).
 
 use std::sync::Arc;
 
@@ -57,6 +59,11 @@ async fn plane(State(f): F, req: Request) -> Response {
     };
     // The node routes a guest port by its own domain in the host.
     let host = by_host.map(|(port, id)| format!("{port}-{id}.{node_domain}"));
+    if let Some(h) = host.as_deref() {
+        if forkd_edge::relay::upgrade_of(req.headers()).is_some() {
+            return upgrade(&node, &base, h, req).await;
+        }
+    }
     let (parts, body) = req.into_parts();
     let sent = plane_request(&node, &base, host.as_deref(), &parts)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()))
@@ -66,6 +73,51 @@ async fn plane(State(f): F, req: Request) -> Response {
         Ok(r) => stream_back(r),
         Err(e) => from_gateway(unreachable(&node, &e)),
     }
+}
+
+/// How long connecting to a node's plane for an upgrade may take.
+const UPGRADE_CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// An upgrade (WebSocket) to a guest port: relayed over a connection of
+/// its own to the node's plane (`base`, plain HTTP), which relays it to
+/// the guest, the upgraded stream copied both ways, never buffered.
+async fn upgrade(node: &Node, base: &str, host: &str, req: Request) -> Response {
+    let addr = reqwest::Url::parse(base)
+        .ok()
+        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
+    let (Some(addr), Ok(host)) = (addr, axum::http::HeaderValue::from_str(host)) else {
+        return e2b_error(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "node {}'s sandbox plane {base:?} is not an address to connect to",
+                node.name
+            ),
+        );
+    };
+    let unreachable = |why: String| {
+        e2b_error(
+            StatusCode::BAD_GATEWAY,
+            format!(
+                "node {}'s sandbox plane did not take the upgrade: {why}",
+                node.name
+            ),
+        )
+    };
+    let tcp =
+        match tokio::time::timeout(UPGRADE_CONNECT, tokio::net::TcpStream::connect(&addr)).await {
+            Ok(Ok(t)) => t,
+            Ok(Err(e)) => return unreachable(e.to_string()),
+            Err(_) => {
+                return unreachable(format!(
+                    "no connection within {}s",
+                    UPGRADE_CONNECT.as_secs()
+                ))
+            }
+        };
+    let what = format!("node {}'s sandbox plane", node.name);
+    forkd_edge::relay::exchange(tcp, req, host, &["x-api-key"], &what, None)
+        .await
+        .unwrap_or_else(|e| unreachable(e.to_string()))
 }
 
 /// A sandbox-plane request to `node`'s plane at `base`, the client's
