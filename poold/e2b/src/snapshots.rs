@@ -53,6 +53,14 @@ fn snapshot_json(tag: &str) -> Value {
     json!({"snapshotID": tag, "names": [tag]})
 }
 
+/// A snapshot as `GET /snapshots` lists it: with forkd's `createdAt`
+/// (RFC 3339), which SDKs ignore and the gateway merges nodes' lists by.
+fn listed_json(s: &SnapshotInfo) -> Value {
+    let mut v = snapshot_json(&s.tag);
+    v["createdAt"] = json!(crate::control::rfc3339(s.created_at_unix));
+    v
+}
+
 /// `POST /sandboxes/{id}/snapshots`.
 pub async fn create(
     State(e): State<Arc<E2b>>,
@@ -153,11 +161,7 @@ pub async fn list(State(e): State<Arc<E2b>>, RawQuery(q): RawQuery) -> R<Respons
     )
     .map_err(bad)?;
     let rest = &all[start.min(all.len())..];
-    let page: Vec<Value> = rest
-        .iter()
-        .take(q.limit)
-        .map(|s| snapshot_json(&s.tag))
-        .collect();
+    let page: Vec<Value> = rest.iter().take(q.limit).map(listed_json).collect();
     let more_after = (rest.len() > q.limit).then(|| rest[q.limit - 1].tag.as_str());
     Ok(paging::reply(page, more_after))
 }

@@ -62,17 +62,19 @@ pub(super) async fn sandboxes(State(f): F, req: Request) -> Response {
     with_unreachable(page(&all, "sandboxID", &p, "sandbox"), &missing)
 }
 
-/// `GET /snapshots`: every node's, a snapshot held by several once, in
-/// the nodes' order.
+/// `GET /snapshots`: every node's, a snapshot held by several once,
+/// merged in poold's order (newest first by `createdAt`, then by id), so
+/// pages hold still whatever order the nodes answer in.
 pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
     let p = match parse_query(req.uri().query()) {
         Ok(p) => p,
         Err(why) => return e2b_error(StatusCode::BAD_REQUEST, why),
     };
-    let (all, missing) = match gather(&f, req.uri().path(), &p.filters, req.headers()).await {
+    let (mut all, missing) = match gather(&f, req.uri().path(), &p.filters, req.headers()).await {
         Ok(x) => x,
         Err(r) => return r,
     };
+    all.sort_by_key(snapshot_order);
     let mut seen = HashSet::new();
     let all: Vec<Value> = all
         .into_iter()
@@ -86,6 +88,13 @@ pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
         })
         .collect();
     with_unreachable(page(&all, "snapshotID", &p, "snapshot"), &missing)
+}
+
+/// poold's order of snapshots: newest first (RFC 3339 UTC, so the text
+/// orders as the time does; none last), then by id.
+fn snapshot_order(v: &Value) -> (std::cmp::Reverse<String>, String) {
+    let s = |k: &str| v.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+    (std::cmp::Reverse(s("createdAt")), s("snapshotID"))
 }
 
 /// The page of `all` that `p` asks for; items are named by their `id` key.
@@ -196,6 +205,28 @@ mod tests {
         );
         assert!(parse_query(Some("limit=0")).is_err() && parse_query(Some("limit=101")).is_err());
         assert_eq!(parse_query(None).unwrap().limit, MAX_PAGE);
+    }
+
+    /// Nodes answering in any order give one order: newest first, then
+    /// by id, an older node's snapshots (no `createdAt`) last.
+    #[test]
+    fn snapshots_merge_in_poolds_order() {
+        let snap = |id: &str, at: Option<&str>| match at {
+            Some(t) => serde_json::json!({"snapshotID": id, "createdAt": t}),
+            None => serde_json::json!({"snapshotID": id}),
+        };
+        let mut all = [
+            snap("old", None),
+            snap("b", Some("2026-11-28T10:00:00Z")),
+            snap("c", Some("2026-11-28T11:00:00Z")),
+            snap("a", Some("2026-11-28T10:00:00Z")),
+        ];
+        all.sort_by_key(snapshot_order);
+        let ids: Vec<&str> = all
+            .iter()
+            .map(|v| v["snapshotID"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["c", "a", "b", "old"]);
     }
 
     #[test]
