@@ -54,7 +54,7 @@ pub const TRAFFIC_TOKEN: &str = "e2b-traffic-access-token";
 
 /// The sandbox's credentials: never forwarded into the guest (hop-by-hop
 /// headers never are either: [`forkd_edge::relay`]).
-const CREDENTIALS: [&str; 2] = ["x-access-token", TRAFFIC_TOKEN];
+const CREDENTIALS: [&str; 3] = ["x-access-token", TRAFFIC_TOKEN, "x-api-key"];
 
 /// The guest port and sandbox id a request's `Host` names under `domain`
 /// (shared with the gateway's E2B plane: `forkd_edge::hosts`).

@@ -57,9 +57,16 @@ fn snapshot_json(tag: &str) -> Value {
 /// (RFC 3339), which SDKs ignore and the gateway merges nodes' lists by.
 fn listed_json(s: &SnapshotInfo) -> Value {
     let mut v = snapshot_json(&s.tag);
-    v["createdAt"] = json!(crate::control::rfc3339(s.created_at_unix));
+    // RFC 3339 ends at year 9999: a record past it (a corrupt one) is
+    // listed without the time rather than breaking the list.
+    if s.created_at_unix < LAST_RFC3339_SECOND {
+        v["createdAt"] = json!(crate::control::rfc3339(s.created_at_unix));
+    }
     v
 }
+
+/// 10000-01-01T00:00:00Z as Unix seconds.
+const LAST_RFC3339_SECOND: u64 = 253_402_300_800;
 
 /// `POST /sandboxes/{id}/snapshots`.
 pub async fn create(
@@ -184,6 +191,18 @@ mod tests {
         .unwrap();
         s.branched_from = from.map(String::from);
         s
+    }
+
+    /// A time RFC 3339 cannot write (a corrupt record) leaves the list
+    /// whole, that snapshot without `createdAt`.
+    #[test]
+    fn listed_times_are_rfc3339_or_left_out() {
+        let v = listed_json(&snap("a", Some("sb-a"), 1_764_324_000));
+        assert_eq!(v["createdAt"], "2025-11-28T10:00:00Z");
+        for far in [LAST_RFC3339_SECOND, u64::MAX] {
+            let v = listed_json(&snap("b", Some("sb-a"), far));
+            assert!(v.get("createdAt").is_none(), "{v}");
+        }
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! plane does for a guest port, and what the gateway's does for a node.
 //!
 //! Invariants: hop-by-hop headers (RFC 9110, 7.6.1) and the caller's
-//! credentials never cross; the other side sees the `Host` the caller
+//! credentials never cross, either way; the other side sees the `Host` the caller
 //! gives; an upgrade the other side accepts (101) is copied both ways
 //! until either end closes, never buffered; what the caller holds for the
 //! connection (a slot of a bounded count) is released when the
@@ -20,9 +20,11 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::OwnedSemaphorePermit;
 
 /// Headers that describe one hop, not the message: never relayed.
-const HOP_BY_HOP: [&str; 8] = [
+const HOP_BY_HOP: [&str; 10] = [
     "connection",
     "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
     "proxy-connection",
     "te",
     "trailer",
@@ -83,7 +85,7 @@ where
         });
     }
     let (mut parts, body) = resp.into_parts();
-    strip(&mut parts.headers, &[], upgrade.as_ref());
+    strip(&mut parts.headers, credentials, upgrade.as_ref());
     Ok(Response::from_parts(parts, Body::new(body)))
 }
 
@@ -161,7 +163,7 @@ mod tests {
             assert!(head.contains("host: guest.test"), "{head}");
             assert!(!head.contains("secret"), "{head}");
             far.write_all(
-                b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: echo\r\n\r\n",
+                b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: echo\r\nx-secret: leaked\r\n\r\n",
             )
             .await
             .unwrap();
@@ -193,7 +195,9 @@ mod tests {
         while !head.ends_with(b"\r\n\r\n") {
             head.push(c.read_u8().await.unwrap());
         }
-        assert!(String::from_utf8_lossy(&head).starts_with("HTTP/1.1 101"));
+        let head = String::from_utf8_lossy(&head);
+        assert!(head.starts_with("HTTP/1.1 101"), "{head}");
+        assert!(!head.contains("leaked"), "a credential came back: {head}");
         c.write_all(b"hello").await.unwrap();
         let mut got = [0u8; 5];
         c.read_exact(&mut got).await.unwrap();

@@ -57,6 +57,9 @@ pub struct Node {
     pub url: String,
     state: RwLock<(Health, Seen)>,
     clients: Clients,
+    /// The host name its URL carries and the address it stands for here
+    /// (DNS discovery over https, see [`Node::new`]).
+    pin: Option<(String, std::net::SocketAddr)>,
 }
 
 /// How a call to a node is bounded.
@@ -124,6 +127,21 @@ impl Node {
                 connect: build(false)?,
                 token: cfg.token.clone(),
             },
+            pin: pin.map(|(h, a)| (h.to_string(), a)),
+        })
+    }
+
+    /// Where to open a connection of its own to `base` (one of this
+    /// node's plane URLs): `host:port`, the pinned address for the pinned
+    /// name, as its clients connect.
+    pub(crate) fn connect_addr(&self, base: &str) -> Option<String> {
+        let u = reqwest::Url::parse(base).ok()?;
+        let (host, port) = (u.host_str()?, u.port_or_known_default()?);
+        Some(match &self.pin {
+            Some((name, addr)) if name == host => {
+                std::net::SocketAddr::new(addr.ip(), port).to_string()
+            }
+            _ => format!("{host}:{port}"),
         })
     }
 
@@ -543,4 +561,46 @@ pub(crate) fn error_chain(e: &dyn std::error::Error) -> String {
         src = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod connect_tests {
+    use super::*;
+
+    /// A node found by DNS over https is connected to at its own address
+    /// under the Service's name, as its clients are; others by name.
+    #[test]
+    fn own_connections_go_where_the_clients_go() {
+        let cfg = ClientConfig {
+            timeout: Duration::from_secs(1),
+            token: None,
+            ca_cert: None,
+        };
+        let a = NodeAddr {
+            name: "10.0.0.7:8443".into(),
+            url: "https://poold.forkd.svc:8443".into(),
+        };
+        let pinned = Node::new(
+            &a,
+            &cfg,
+            Some(("poold.forkd.svc", "10.0.0.7:8443".parse().unwrap())),
+        )
+        .unwrap();
+        assert_eq!(
+            pinned
+                .connect_addr("http://poold.forkd.svc:3001")
+                .as_deref(),
+            Some("10.0.0.7:3001")
+        );
+        assert_eq!(
+            pinned.connect_addr("http://other.example:3001").as_deref(),
+            Some("other.example:3001")
+        );
+        let plain = Node::new(&a, &cfg, None).unwrap();
+        assert_eq!(
+            plain.connect_addr("http://10.0.0.8:3001").as_deref(),
+            Some("10.0.0.8:3001")
+        );
+        assert_eq!(plain.connect_addr("not a url"), None);
+    }
 }

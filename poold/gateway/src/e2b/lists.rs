@@ -74,7 +74,7 @@ pub(super) async fn snapshots(State(f): F, req: Request) -> Response {
         Ok(x) => x,
         Err(r) => return r,
     };
-    all.sort_by_key(snapshot_order);
+    all.sort_by_cached_key(snapshot_order);
     let mut seen = HashSet::new();
     let all: Vec<Value> = all
         .into_iter()

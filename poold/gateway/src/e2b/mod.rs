@@ -55,6 +55,9 @@ pub const MAX_ASKED_BODY: usize = 1 << 20;
 /// Plane requests naming no sandbox held at once (each up to
 /// [`MAX_ASKED_BODY`]); more wait their turn.
 pub const MAX_ASKING: usize = 32;
+/// Most upgraded connections (WebSockets to guest ports) the gateway
+/// relays at once; past that an upgrade gets 503 until one closes.
+pub const MAX_UPGRADES: usize = 4096;
 
 /// What the E2B front-end of the gateway knows.
 pub struct E2bFront {
@@ -70,6 +73,9 @@ pub struct E2bFront {
     tokens: Mutex<HashMap<String, String>>,
     /// Turns for requests naming no sandbox ([`MAX_ASKING`]).
     asking: tokio::sync::Semaphore,
+    /// Upgraded connections to guest ports relayed at once
+    /// ([`MAX_UPGRADES`]).
+    upgrades: Arc<tokio::sync::Semaphore>,
 }
 
 type F = State<Arc<E2bFront>>;
@@ -88,6 +94,7 @@ impl E2bFront {
             node_key,
             tokens: Mutex::new(HashMap::new()),
             asking: tokio::sync::Semaphore::new(MAX_ASKING),
+            upgrades: Arc::new(tokio::sync::Semaphore::new(MAX_UPGRADES)),
         })
     }
 

@@ -12,7 +12,7 @@ use axum::http::{header, HeaderMap, HeaderName, StatusCode};
 use axum::response::Response;
 use axum::Router;
 
-use super::{e2b_error, from_gateway, E2bFront, F, MAX_ASKED_BODY};
+use super::{e2b_error, from_gateway, E2bFront, F, MAX_ASKED_BODY, MAX_UPGRADES};
 use crate::nodes::{error_chain, Bound, Node};
 use crate::proxy::{check_id, hop_by_hop, stream_back, unreachable};
 
@@ -61,7 +61,7 @@ async fn plane(State(f): F, req: Request) -> Response {
     let host = by_host.map(|(port, id)| format!("{port}-{id}.{node_domain}"));
     if let Some(h) = host.as_deref() {
         if forkd_edge::relay::upgrade_of(req.headers()).is_some() {
-            return upgrade(&node, &base, h, req).await;
+            return upgrade(&f, &node, &base, h, req).await;
         }
     }
     let (parts, body) = req.into_parts();
@@ -81,10 +81,14 @@ const UPGRADE_CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
 /// An upgrade (WebSocket) to a guest port: relayed over a connection of
 /// its own to the node's plane (`base`, plain HTTP), which relays it to
 /// the guest, the upgraded stream copied both ways, never buffered.
-async fn upgrade(node: &Node, base: &str, host: &str, req: Request) -> Response {
-    let addr = reqwest::Url::parse(base)
-        .ok()
-        .and_then(|u| Some(format!("{}:{}", u.host_str()?, u.port_or_known_default()?)));
+async fn upgrade(f: &E2bFront, node: &Node, base: &str, host: &str, req: Request) -> Response {
+    let Ok(slot) = f.upgrades.clone().try_acquire_owned() else {
+        return e2b_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the gateway relays {MAX_UPGRADES} upgraded connections already; close some and retry"),
+        );
+    };
+    let addr = node.connect_addr(base);
     let (Some(addr), Ok(host)) = (addr, axum::http::HeaderValue::from_str(host)) else {
         return e2b_error(
             StatusCode::BAD_GATEWAY,
@@ -114,8 +118,12 @@ async fn upgrade(node: &Node, base: &str, host: &str, req: Request) -> Response 
                 ))
             }
         };
+    // Small frames (terminals, VNC) go out at once.
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("TCP_NODELAY to node {}: {e}", node.name);
+    }
     let what = format!("node {}'s sandbox plane", node.name);
-    forkd_edge::relay::exchange(tcp, req, host, &["x-api-key"], &what, None)
+    forkd_edge::relay::exchange(tcp, req, host, &["x-api-key"], &what, Some(slot))
         .await
         .unwrap_or_else(|e| unreachable(e.to_string()))
 }
