@@ -148,10 +148,11 @@ where
     forkd_edge::relay::exchange(t, req, host, &CREDENTIALS, what, slot)
         .await
         .map_err(|e| {
-            E2bError::new(
-                StatusCode::BAD_GATEWAY,
-                format!("{what} did not answer: {e}"),
-            )
+            let status = match e {
+                forkd_edge::relay::RelayError::NoAnswer(_) => StatusCode::GATEWAY_TIMEOUT,
+                forkd_edge::relay::RelayError::Http(_) => StatusCode::BAD_GATEWAY,
+            };
+            E2bError::new(status, format!("{what} did not answer: {e}"))
         })
 }
 

@@ -86,21 +86,38 @@ impl Listener {
     }
 }
 
-/// `l` with Nagle's algorithm off on every accepted connection. Streamed
-/// answers (process output, NDJSON cells, an answer whose headers go out
-/// before its body) are small writes in a row: with Nagle on, a write may
-/// wait for the ACK of the one before, which the client delays (up to
-/// 40 ms on Linux).
+/// `l` with every accepted connection [`tune`]d.
 pub fn no_delay(
     l: tokio::net::TcpListener,
 ) -> axum::serve::TapIo<tokio::net::TcpListener, fn(&mut tokio::net::TcpStream)> {
     use axum::serve::ListenerExt;
     fn set(tcp: &mut tokio::net::TcpStream) {
-        if let Err(e) = tcp.set_nodelay(true) {
-            tracing::debug!("TCP_NODELAY: {e}");
-        }
+        tune(tcp)
     }
     l.tap_io(set as fn(&mut tokio::net::TcpStream))
+}
+
+/// Nagle's algorithm off and TCP keepalive on, for a connection that may
+/// carry a stream for long.
+///
+/// Streamed answers (process output, NDJSON cells, an answer whose
+/// headers go out before its body, terminal frames) are small writes in
+/// a row: with Nagle on, a write may wait for the ACK of the one before,
+/// which the peer delays (up to 40 ms on Linux). Keepalive finds a peer
+/// that vanished without a FIN (a host gone, a NAT that forgot) within
+/// about two minutes, so what its stream holds (a relay slot, a PTY) is
+/// let go; a quiet but live peer is not disturbed.
+pub fn tune(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("TCP_NODELAY: {e}");
+    }
+    let ka = socket2::TcpKeepalive::new()
+        .with_time(std::time::Duration::from_secs(60))
+        .with_interval(std::time::Duration::from_secs(15))
+        .with_retries(4);
+    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+        tracing::debug!("TCP keepalive: {e}");
+    }
 }
 
 /// Removes the socket a previous poold left at `path`; anything else there

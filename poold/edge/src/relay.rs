@@ -9,15 +9,48 @@
 //! until either end closes, never buffered; what the caller holds for the
 //! connection (a slot of a bounded count) is released when the
 //! connection, or its upgraded stream, ends.
+//!
+//! Bounds, so a hostile server (a guest) cannot hold a slot for ever: an
+//! upgrade must be answered within [`UPGRADE_ANSWER`]; an upgraded stream
+//! ends after [`IDLE`] without a byte either way, and [`LINGER`] after one
+//! side closed its half. A plain request waits as long as its caller does
+//! (the caller leaving drops the exchange).
 
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::sync::OwnedSemaphorePermit;
+
+/// How long the server has to answer a request that asks to upgrade.
+/// A WebSocket server answers its handshake at once; a caller should not
+/// hold a slot on a server that never does.
+pub const UPGRADE_ANSWER: Duration = Duration::from_secs(30);
+
+/// An upgraded stream with no byte either way for this long is closed.
+/// E2B's proxies close idle connections after about ten minutes too;
+/// clients that keep a quiet stream open send pings (WebSocket clients do).
+pub const IDLE: Duration = Duration::from_secs(600);
+
+/// How long the other direction may go on once one side has closed its
+/// half of an upgraded stream.
+pub const LINGER: Duration = Duration::from_secs(60);
+
+/// Why an exchange failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RelayError {
+    /// The connection failed, or the server's answer was not HTTP.
+    #[error("{0}")]
+    Http(#[from] hyper::Error),
+    /// The server did not answer an upgrade in time ([`UPGRADE_ANSWER`]).
+    #[error("no answer to the upgrade within {}s", .0.as_secs())]
+    NoAnswer(Duration),
+}
 
 /// Headers that describe one hop, not the message: never relayed.
 const HOP_BY_HOP: [&str; 10] = [
@@ -39,12 +72,28 @@ const HOP_BY_HOP: [&str; 10] = [
 /// stream) ends. Err: the server did not answer.
 pub async fn exchange<T>(
     io: T,
+    req: Request,
+    host: HeaderValue,
+    credentials: &[&str],
+    what: &str,
+    slot: Option<OwnedSemaphorePermit>,
+) -> Result<Response, RelayError>
+where
+    T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
+{
+    exchange_within(io, req, host, credentials, what, slot, UPGRADE_ANSWER).await
+}
+
+/// [`exchange`], an upgrade answered within `answer`.
+async fn exchange_within<T>(
+    io: T,
     mut req: Request,
     host: HeaderValue,
     credentials: &[&str],
     what: &str,
     slot: Option<OwnedSemaphorePermit>,
-) -> Result<Response, hyper::Error>
+    answer: Duration,
+) -> Result<Response, RelayError>
 where
     T: AsyncRead + AsyncWrite + Send + Unpin + 'static,
 {
@@ -65,7 +114,13 @@ where
     parts.headers.insert(header::HOST, host);
     let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
     parts.uri = path.parse().unwrap_or_else(|_| Uri::from_static("/"));
-    let mut resp = send.send_request(Request::from_parts(parts, body)).await?;
+    let sent = send.send_request(Request::from_parts(parts, body));
+    let mut resp = match upgrade {
+        Some(_) => tokio::time::timeout(answer, sent)
+            .await
+            .map_err(|_| RelayError::NoAnswer(answer))??,
+        None => sent.await?,
+    };
     let switched = resp.status() == StatusCode::SWITCHING_PROTOCOLS;
     let upgrade = upgrade.filter(|_| switched);
     if let (Some(_), Some(client_side)) = (&upgrade, client_side) {
@@ -75,8 +130,8 @@ where
             let _held = slot;
             match tokio::try_join!(client_side, server_side) {
                 Ok((c, s)) => {
-                    let (mut c, mut s) = (TokioIo::new(c), TokioIo::new(s));
-                    if let Err(e) = tokio::io::copy_bidirectional(&mut c, &mut s).await {
+                    let (c, s) = (TokioIo::new(c), TokioIo::new(s));
+                    if let Err(e) = pipe(c, s, IDLE, LINGER).await {
                         tracing::debug!("{label} upgraded stream: {e}");
                     }
                 }
@@ -87,6 +142,98 @@ where
     let (mut parts, body) = resp.into_parts();
     strip(&mut parts.headers, credentials, upgrade.as_ref());
     Ok(Response::from_parts(parts, Body::new(body)))
+}
+
+/// Copies `a` to `b` and `b` to `a` until both have closed, shutting
+/// down each writer when its reader ends; Err(TimedOut) after `idle`
+/// without a byte read either way, or `linger` after one side closed.
+async fn pipe<A, B>(a: A, b: B, idle: Duration, linger: Duration) -> std::io::Result<()>
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let seen = Arc::new(Activity::new());
+    let (ar, mut aw) = tokio::io::split(a);
+    let (br, mut bw) = tokio::io::split(b);
+    let mut ar = Watched(ar, seen.clone());
+    let mut br = Watched(br, seen.clone());
+    let ab = async {
+        tokio::io::copy(&mut ar, &mut bw).await?;
+        bw.shutdown().await
+    };
+    let ba = async {
+        tokio::io::copy(&mut br, &mut aw).await?;
+        aw.shutdown().await
+    };
+    tokio::pin!(ab, ba);
+    let a_done = tokio::select! {
+        r = &mut ab => { r?; true }
+        r = &mut ba => { r?; false }
+        _ = seen.quiet_for(idle) => return Err(timed_out("idle")),
+    };
+    let rest = async {
+        match a_done {
+            true => (&mut ba).await,
+            false => (&mut ab).await,
+        }
+    };
+    tokio::select! {
+        r = rest => r,
+        _ = seen.quiet_for(linger.min(idle)) => Err(timed_out("one side closed, the other went quiet")),
+    }
+}
+
+fn timed_out(why: &str) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::TimedOut, why.to_string())
+}
+
+/// When a read last ended (bytes or end of stream), in ms since `start`.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn new() -> Activity {
+        Activity {
+            start: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = self.start.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    /// Resolves once no read has ended for `d`.
+    async fn quiet_for(&self, d: Duration) {
+        loop {
+            let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+            let due = self.start + last + d;
+            if Instant::now() >= due {
+                return;
+            }
+            tokio::time::sleep_until(due.into()).await;
+        }
+    }
+}
+
+/// A reader that records each read that ended (bytes, or end of stream).
+struct Watched<R>(R, Arc<Activity>);
+
+impl<R: AsyncRead + Unpin> AsyncRead for Watched<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let r = std::pin::Pin::new(&mut self.0).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = r {
+            self.1.touch();
+        }
+        r
+    }
 }
 
 /// The protocol a request asks to switch to (`Connection: upgrade` and
@@ -142,6 +289,112 @@ mod tests {
         assert_eq!(upgrade_of(&h), None);
         strip(&mut h, &[], None);
         assert!(h.is_empty());
+    }
+
+    /// Both ends of a pipe under test, (the near side of `a`, of `b`),
+    /// and the pipe's result with how long it ran.
+    fn piped(
+        idle_ms: u64,
+        linger_ms: u64,
+    ) -> (
+        tokio::io::DuplexStream,
+        tokio::io::DuplexStream,
+        tokio::task::JoinHandle<(std::io::Result<()>, Duration)>,
+    ) {
+        let (a, a_far) = tokio::io::duplex(64);
+        let (b, b_far) = tokio::io::duplex(64);
+        let idle = Duration::from_millis(idle_ms);
+        let linger = Duration::from_millis(linger_ms);
+        let run = tokio::spawn(async move {
+            let t0 = Instant::now();
+            let r = pipe(a_far, b_far, idle, linger).await;
+            (r, t0.elapsed())
+        });
+        (a, b, run)
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[tokio::test]
+    async fn a_quiet_stream_is_closed_after_the_idle_time() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut a, mut b, run) = piped(400, 100);
+        // Writes closer together than the idle time keep it open.
+        for _ in 0..3 {
+            tokio::time::sleep(MS(250)).await;
+            a.write_all(b"x").await.unwrap();
+            assert_eq!(b.read_u8().await.unwrap(), b'x');
+        }
+        let (r, took) = run.await.unwrap();
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert!(took >= MS(750 + 400), "{took:?}");
+        // Both sides see the end.
+        assert_eq!(b.read(&mut [0u8; 1]).await.unwrap(), 0);
+        assert_eq!(a.read(&mut [0u8; 1]).await.unwrap(), 0);
+    }
+
+    #[tokio::test]
+    async fn a_half_closed_stream_lingers_only_while_bytes_move() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (a, mut b, run) = piped(60_000, 400);
+        let (mut a_read, mut a_write) = tokio::io::split(a);
+        a_write.shutdown().await.unwrap(); // a closes its half; it still reads
+                                           // b goes on talking, with pauses shorter than the linger...
+        for _ in 0..4 {
+            tokio::time::sleep(MS(250)).await;
+            b.write_all(b"y").await.unwrap();
+            assert_eq!(a_read.read_u8().await.unwrap(), b'y');
+        }
+        // ...then goes quiet, and the pipe ends long before the idle time.
+        let (r, took) = run.await.unwrap();
+        assert_eq!(r.unwrap_err().kind(), std::io::ErrorKind::TimedOut);
+        assert!(took >= MS(1000 + 400), "{took:?}");
+        assert!(took < MS(60_000), "{took:?}");
+    }
+
+    #[tokio::test]
+    async fn a_stream_both_sides_close_ends_cleanly() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut a, mut b, run) = piped(60_000, 60_000);
+        a.write_all(b"bye").await.unwrap();
+        a.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        b.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye");
+        b.write_all(b"ok").await.unwrap();
+        b.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        a.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"ok");
+        let (r, took) = run.await.unwrap();
+        r.unwrap();
+        assert!(took < MS(60_000), "{took:?}");
+    }
+
+    /// A server that takes the request and never answers the upgrade:
+    /// the exchange gives up after its bound.
+    #[tokio::test]
+    async fn an_unanswered_upgrade_gives_up() {
+        use tokio::io::AsyncReadExt;
+        let (near, mut far) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let mut sink = Vec::new();
+            let _ = far.read_to_end(&mut sink).await; // never answers
+        });
+        let req = Request::builder()
+            .uri("/ws")
+            .header(header::CONNECTION, "upgrade")
+            .header(header::UPGRADE, "websocket")
+            .body(Body::empty())
+            .unwrap();
+        let t0 = Instant::now();
+        let host = HeaderValue::from_static("guest.test");
+        let e = exchange_within(near, req, host, &[], "test", None, MS(300))
+            .await
+            .unwrap_err();
+        assert!(matches!(e, RelayError::NoAnswer(_)), "{e}");
+        assert!(t0.elapsed() >= MS(300));
+        assert!(e.to_string().contains("no answer to the upgrade"), "{e}");
     }
 
     /// A server that switches protocols gets the client's bytes, and the

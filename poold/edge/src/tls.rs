@@ -97,8 +97,8 @@ impl TlsListener {
                     },
                     _ = tx.closed() => return,
                 };
-                // Streamed answers go out as written (see `listen::no_delay`).
-                let _ = sock.set_nodelay(true);
+                // Streamed answers go out as written; dead peers are found.
+                super::listen::tune(&sock);
                 let (acceptor, tx) = (acceptor.clone(), tx.clone());
                 tokio::spawn(async move {
                     let hs = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(sock)).await;

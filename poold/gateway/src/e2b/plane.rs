@@ -118,10 +118,8 @@ async fn upgrade(f: &E2bFront, node: &Node, base: &str, host: &str, req: Request
                 ))
             }
         };
-    // Small frames (terminals, VNC) go out at once.
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!("TCP_NODELAY to node {}: {e}", node.name);
-    }
+    // Small frames (terminals, VNC) go out at once; a dead node is found.
+    forkd_edge::listen::tune(&tcp);
     let what = format!("node {}'s sandbox plane", node.name);
     forkd_edge::relay::exchange(tcp, req, host, &["x-api-key"], &what, Some(slot))
         .await
