@@ -9,17 +9,14 @@ nodes they landed on, then kills them) and last `E2B GATEWAY OK <version>`.
 """
 
 import json
-import os
-import socket
 import sys
 import time
 import uuid
-from urllib.parse import urlsplit
 
 import e2b
 from e2b import Sandbox, SandboxQuery
 
-from e2b_sdk import check, step
+from e2b_sdk import check, plane_request, step
 
 try:
     from importlib.metadata import version
@@ -50,21 +47,6 @@ exec cat
 """
 
 
-def upgrade(host):
-    """Asks the gateway's sandbox plane, naming `host`, to switch to
-    `echo`: (status line, the socket)."""
-    addr = urlsplit(os.environ["E2B_SANDBOX_URL"])
-    s = socket.create_connection((addr.hostname, addr.port), timeout=20)
-    s.sendall(f"GET / HTTP/1.1\r\nHost: {host}\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        d = s.recv(1)
-        if not d:
-            break
-        head += d
-    return head.split(b"\r\n")[0].decode(), s
-
-
 def upgrades(b):
     step(f"{b.sandbox_id}: an upgrade (WebSocket) to a guest port goes through the gateway")
     b.files.write("/tmp/upgrade.sh", UPGRADE_SERVER)
@@ -72,11 +54,10 @@ def upgrades(b):
     host = b.get_host(8000)
     deadline = time.time() + 60
     while True:
-        status, sock = upgrade(host)
-        if status.split(" ")[1:2] == ["101"]:
+        status, head, sock = plane_request(host, upgrade="echo")
+        if status == 101:
             break
-        sock.close()
-        check(time.time() < deadline, f"no 101 from the guest: {status}")
+        check(time.time() < deadline, f"no 101 from the guest: {head}")
         time.sleep(0.5)
     sock.sendall(b"hello through the gateway")
     got = b""

@@ -34,6 +34,8 @@ from e2b.api.client.models import LogLevel, LogsDirection
 from e2b.sandbox_sync.paginator import get_api_client
 from e2b_code_interpreter import Sandbox as CodeSandbox
 
+from e2b_sdk import plane_request
+
 
 def check(cond, what):
     if not cond:
@@ -427,54 +429,6 @@ if len(sys.argv) > 2:  # TLS, with this certificate and key
     srv.socket = ctx.wrap_socket(srv.socket, server_side=True)
 srv.serve_forever()
 """
-
-
-def plane_request(host, path="/", headers=None, upgrade=None):
-    """A raw HTTP/1.1 request to the sandbox plane naming `host`, as a
-    client that resolves the sandbox URL (wildcard DNS) would send it:
-    (status, headers text, body or the upgraded socket)."""
-    import socket
-    from urllib.parse import urlsplit
-
-    addr = urlsplit(os.environ["E2B_SANDBOX_URL"])
-    s = socket.create_connection((addr.hostname, addr.port), timeout=20)
-    lines = [f"GET {path} HTTP/1.1", f"Host: {host}"]
-    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
-    if upgrade:
-        lines += ["Connection: Upgrade", f"Upgrade: {upgrade}"]
-    else:
-        lines += ["Connection: close"]
-    s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        d = s.recv(4096)
-        if not d:
-            break
-        buf += d
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    status = int(head.split(b" ")[1])
-    if upgrade and status == 101:
-        return status, head.decode(), s
-    while True:
-        d = s.recv(4096)
-        if not d:
-            break
-        rest += d
-    s.close()
-    if b"transfer-encoding: chunked" in head.lower():
-        rest = dechunk(rest)
-    return status, head.decode(), rest.decode()
-
-
-def dechunk(b):
-    out = b""
-    while b:
-        size, _, b = b.partition(b"\r\n")
-        n = int(size, 16)
-        if n == 0:
-            break
-        out, b = out + b[:n], b[n + 2:]
-    return out
 
 
 def start_server(sbx, port):

@@ -47,9 +47,6 @@ pub(crate) async fn set_egress(
         .egress
         .clone()
         .unwrap_or_else(forkd_vmm::net::default_egress);
-    // For a rollback that looks nothing up (None: its names do not
-    // resolve now; the rollback then tries again).
-    let old_resolved = old.resolve().await.ok();
     // Durable first: a poold killed from here on writes it again.
     record(n, &with_egress(&before, &policy, true)).await?;
     sb.set_egress(policy.clone(), true);
@@ -67,10 +64,9 @@ pub(crate) async fn set_egress(
         }
         Err(e) => {
             vm.egress = None;
-            let back = match &old_resolved {
-                Some(r) => forkd_vmm::net::apply_resolved(&net, r).await,
-                None => forkd_snapshot::restore::set_egress(&mut vm, &old).await,
-            };
+            // The old policy's names are resolved only now, on this rare
+            // path: a slow resolver stays out of the lock on success.
+            let back = forkd_snapshot::restore::set_egress(&mut vm, &old).await;
             if let Err(e2) = back {
                 drop(vm);
                 return Err(kill(n, id, &before, &e, &e2).await);
