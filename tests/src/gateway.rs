@@ -15,6 +15,8 @@ pub struct Gateway {
     pub client: Client,
     /// The E2B API and sandbox-plane URLs, when started with `--e2b-bind`.
     pub e2b: Option<(String, String)>,
+    /// The token its clients send (`/v1` bearer, E2B API key).
+    pub token: Option<String>,
 }
 
 impl Gateway {
@@ -70,6 +72,7 @@ impl Gateway {
             url,
             client,
             e2b,
+            token: token.map(str::to_string),
         }
     }
 

@@ -13,7 +13,7 @@
 //! A second test gives two nodes one S3 hub (`[hub]`): a snapshot made
 //! through the gateway on one spawns on the other, pulled lazily.
 
-use forkd_api::Method;
+use forkd_api::{Client, Method};
 use forkd_e2e::block_on;
 use forkd_e2e::daemon::{ids, Home, Poold};
 use forkd_e2e::gateway::Gateway;
@@ -47,11 +47,13 @@ async fn spawn(gw: &Gateway, body: serde_json::Value) -> (u16, serde_json::Value
 }
 
 fn forkd_cli(gw: &Gateway, args: &[&str]) -> String {
-    let out = Command::new(forkd_e2e::bin("forkd"))
-        .args(args)
-        .env("FORKD_URL", &gw.url)
-        .output()
-        .unwrap();
+    let mut cmd = Command::new(forkd_e2e::bin("forkd"));
+    cmd.args(args).env("FORKD_URL", &gw.url);
+    match &gw.token {
+        Some(t) => cmd.env("FORKD_TOKEN", t),
+        None => cmd.env_remove("FORKD_TOKEN"),
+    };
+    let out = cmd.output().unwrap();
     assert!(
         out.status.success(),
         "forkd {args:?} through the gateway: {}{}",
@@ -88,6 +90,10 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
     let key_path = homes[0].dir.join("node-e2b-key");
     std::fs::write(&key_path, format!("{NODE_E2B_KEY}\n")).unwrap();
     let key_file = key_path.to_str().unwrap().to_string();
+    // The gateway's own token: clients' bearer token and E2B API key.
+    let gw_token_path = homes[0].dir.join("gateway-token");
+    std::fs::write(&gw_token_path, format!("{GATEWAY_TOKEN}\n")).unwrap();
+    let gw_token_file = gw_token_path.to_str().unwrap().to_string();
     let start_node = |i: usize, port: u16| {
         let (ns, addr) = &nets[i];
         let bind = format!("{addr}:{port}");
@@ -130,11 +136,12 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         futures::future::join_all(snaps).await;
     });
 
-    let gw_args = gateway_args(&token_file, &key_file);
-    let mut gw = Gateway::start_with(&node_list, &gw_args, None);
+    let gw_args = gateway_args(&gw_token_file, &token_file, &key_file);
+    let mut gw = Gateway::start_with(&node_list, &gw_args, Some(GATEWAY_TOKEN));
     block_on(async {
         gw.wait_nodes("up", |s| s.len() == 3 && s.values().all(|h| h == "up"))
             .await;
+        gateway_auth(&gw).await;
 
         // The gateway's own errors are clear and bounded.
         let (st, v) = gw
@@ -360,12 +367,12 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
         let (st, _) = gw.req(Method::GET, "/v1/sandboxes", None).await;
         assert_eq!(st, 200);
     });
-    let r = unreachable_header(&gw.url);
+    let r = unreachable_header(&gw);
     assert_eq!(r.as_deref(), Some("b"), "forkd-unreachable-nodes");
 
     // A gateway restart loses nothing: it knows no ids, and finds them.
     drop(gw);
-    gw = Gateway::start_with(&node_list, &gw_args, None);
+    gw = Gateway::start_with(&node_list, &gw_args, Some(GATEWAY_TOKEN));
     block_on(async {
         gw.wait_nodes("a, c up", |s| s["a"] == "up" && s["c"] == "up")
             .await;
@@ -403,13 +410,21 @@ fn three_nodes_behind_one_gateway_place_route_survive_a_node_and_a_gateway_resta
 
 /// The nodes' bearer token.
 const NODE_TOKEN: &str = "Zq3v9LkP0xW7rT2mB8nC4dF6gH1jK5sA";
+/// The gateway's token: its clients' bearer token and E2B API key.
+const GATEWAY_TOKEN: &str = "Gw7kP2mQ9xR4tV6yB1nC3dF5hJ8lZ0sA";
 /// The nodes' E2B key.
 const NODE_E2B_KEY: &str = "e2b_0f1e2d3c4b5a69788796a5b4c3d2e1f0aa55cc33";
 
-/// The gateway's flags: the nodes' token and E2B key, and its E2B planes
-/// on ephemeral loopback ports.
-fn gateway_args<'a>(node_token_file: &'a str, node_key_file: &'a str) -> Vec<&'a str> {
+/// The gateway's flags: its own token, the nodes' token and E2B key, and
+/// its E2B planes on ephemeral loopback ports.
+fn gateway_args<'a>(
+    token_file: &'a str,
+    node_token_file: &'a str,
+    node_key_file: &'a str,
+) -> Vec<&'a str> {
     vec![
+        "--token-file",
+        token_file,
         "--node-token-file",
         node_token_file,
         "--node-e2b-key-file",
@@ -435,7 +450,7 @@ fn e2b_sdk(gw: &Gateway, var: &str, count: usize) -> Vec<String> {
         .arg(count.to_string())
         .env("E2B_API_URL", api)
         .env("E2B_SANDBOX_URL", sbx)
-        .env("E2B_API_KEY", "e2b_gateway_test")
+        .env("E2B_API_KEY", gw.token.as_deref().expect("a gateway token"))
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_ACCESS_TOKEN")
@@ -454,9 +469,21 @@ fn e2b_sdk(gw: &Gateway, var: &str, count: usize) -> Vec<String> {
     serde_json::from_str(ids).unwrap()
 }
 
-/// One call to the gateway's E2B control plane: status and JSON body.
+/// One call to the gateway's E2B control plane with its key: status and
+/// JSON body.
 async fn e2b_call(
     gw: &Gateway,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<serde_json::Value>,
+) -> (u16, serde_json::Value) {
+    e2b_call_as(gw, gw.token.as_deref(), method, path, body).await
+}
+
+/// [`e2b_call`] with `key` (None: no `X-API-Key`).
+async fn e2b_call_as(
+    gw: &Gateway,
+    key: Option<&str>,
     method: reqwest::Method,
     path: &str,
     body: Option<serde_json::Value>,
@@ -465,8 +492,10 @@ async fn e2b_call(
     let mut rb = forkd_api::http_builder()
         .build()
         .unwrap()
-        .request(method, format!("{api}{path}"))
-        .header("X-API-KEY", "e2b_gateway_test");
+        .request(method, format!("{api}{path}"));
+    if let Some(k) = key {
+        rb = rb.header("X-API-KEY", k);
+    }
     if let Some(b) = body {
         rb = rb.json(&b);
     }
@@ -479,13 +508,42 @@ async fn e2b_call(
     )
 }
 
+/// The gateway takes its token, and only that, on both front-ends: the
+/// `/v1` bearer token, the E2B API key (the nodes' key is not it).
+async fn gateway_auth(gw: &Gateway) {
+    for token in [None, Some(NODE_TOKEN)] {
+        let c = Client::new(&gw.url, token.map(str::to_string)).unwrap();
+        let (st, body) = c.send(Method::GET, "/v1/sandboxes", None).await.unwrap();
+        let body = String::from_utf8_lossy(&body);
+        assert_eq!(st.as_u16(), 401, "/v1 with token {token:?}: {body}");
+    }
+    let get = reqwest::Method::GET;
+    for key in [
+        None,
+        Some("e2b_wrong"),
+        Some(NODE_E2B_KEY),
+        Some(NODE_TOKEN),
+    ] {
+        let (st, v) = e2b_call_as(gw, key, get.clone(), "/sandboxes", None).await;
+        assert_eq!(st, 401, "E2B API with key {key:?}: {v}");
+        assert!(v["message"].is_string(), "E2B's error shape: {v}");
+    }
+    let (st, v) = e2b_call(gw, get, "/sandboxes", None).await;
+    assert_eq!(st, 200, "E2B API with the gateway's token: {v}");
+}
+
 /// The `forkd-unreachable-nodes` header of `GET /v1/sandboxes`.
-fn unreachable_header(url: &str) -> Option<String> {
+fn unreachable_header(gw: &Gateway) -> Option<String> {
     use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    let mut s = std::net::TcpStream::connect(gw.url.trim_start_matches("http://")).unwrap();
+    let auth = gw
+        .token
+        .as_ref()
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
     write!(
         s,
-        "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: x\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut resp = String::new();
