@@ -170,7 +170,9 @@ fn open_store(paths: &Paths) -> Result<Arc<Store>> {
 }
 
 pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
-    let store = open_store(paths)?;
+    // A view, not the store: a push only reads, and poold's writers (a
+    // snapshot, a pull) need not wait for it.
+    let view = forkd_snapshot::store::open_view(paths)?;
     let hub = Hub::open(&a.hub, hub::read_token(a.transfer.token_file.as_ref())?)?;
     let opts = PushOptions {
         hub_tag: a.as_tag,
@@ -179,7 +181,7 @@ pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
         layout: a.layout,
         pack_bytes: None,
     };
-    let r = hub::push(store, &a.tag, &hub, &opts).await?;
+    let r = hub::push(view.view(), &a.tag, &hub, &opts).await?;
     println!("pushed {} to {}: {}", a.tag, hub.describe(), r.summary());
     Ok(())
 }

@@ -158,11 +158,11 @@ async fn scenario(hub: &Hub, fx: &Fixture) {
     let src = &fx.store;
     let base_rec = src.snapshot(&fx.base).unwrap().unwrap();
     let base_chunks = src.snapshot_chunks(&base_rec).unwrap().len() as u64;
-    let r = push(src.clone(), "base", hub, &quiet_push()).await.unwrap();
+    let r = push(src.view(), "base", hub, &quiet_push()).await.unwrap();
     assert_eq!((r.chunks, r.snapshots), (base_chunks, 1));
     let diff = src.diff(&fx.base, &fx.head).unwrap();
     assert!(diff.new_chunks > 0 && diff.new_chunks < base_chunks / 4);
-    let r = push(src.clone(), "head", hub, &quiet_push()).await.unwrap();
+    let r = push(src.view(), "head", hub, &quiet_push()).await.unwrap();
     assert_eq!(
         r.chunks, diff.new_chunks,
         "second push moves only the head's chunks"
@@ -171,7 +171,7 @@ async fn scenario(hub: &Hub, fx: &Fixture) {
     assert_eq!(r.raw_bytes, diff.new_raw_bytes);
     assert_eq!(r.snapshots, 1);
     // Pushing again moves nothing.
-    let r = push(src.clone(), "head", hub, &quiet_push()).await.unwrap();
+    let r = push(src.view(), "head", hub, &quiet_push()).await.unwrap();
     assert_eq!((r.chunks, r.snapshots, r.manifests), (0, 0, 0));
 
     // Pull the head into an empty store: the whole chain arrives, ids kept.
@@ -271,7 +271,7 @@ async fn flipped_byte(fx: &Fixture, hub: &Hub, objects: &Path, layout: u32) {
         layout: Some(layout),
         ..quiet_push()
     };
-    let r = push(fx.store.clone(), "head", hub, &opts).await.unwrap();
+    let r = push(fx.store.view(), "head", hub, &opts).await.unwrap();
     assert_eq!(r.layout, layout);
     // Corrupt one chunk of the head that is not in the base.
     let head = fx.store.snapshot(&fx.head).unwrap().unwrap();
@@ -362,7 +362,7 @@ async fn killed_pull_resumes() {
 /// the next pull moves only what the killed one had not.
 async fn killed_pull(fx: &Fixture, url: &str, token: Option<&str>) {
     let hub = Hub::open(url, token.map(String::from)).unwrap();
-    let pushed = push(fx.store.clone(), "head", &hub, &quiet_push())
+    let pushed = push(fx.store.view(), "head", &hub, &quiet_push())
         .await
         .unwrap();
     assert!(pushed.chunks > 400, "{}", pushed.chunks);
@@ -645,7 +645,7 @@ fn cli_push_and_pull_through_a_file_hub() {
     // Seed the CLI's store from the fixture through the library.
     let hub = Hub::open(&url, None).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    rt.block_on(push(fx.store.clone(), "head", &hub, &quiet_push()))
+    rt.block_on(push(fx.store.view(), "head", &hub, &quiet_push()))
         .unwrap();
     let dst_home = tempfile::tempdir().unwrap();
     let run = |home: &Path, args: &[&str]| {
@@ -747,7 +747,7 @@ async fn s3_hub_on_a_real_s3_server() {
     assert!(tag.is_file(), "{}", tag.display());
     // A push of the chain is tens of requests, not one per chunk.
     let fresh = Hub::open("s3://forkd-test/hubs/requests", None).unwrap();
-    let r = push(fx.store.clone(), "head", &fresh, &quiet_push())
+    let r = push(fx.store.view(), "head", &fresh, &quiet_push())
         .await
         .unwrap();
     assert!(r.chunks > 200, "{}", r.chunks);
@@ -787,7 +787,7 @@ async fn s3_hub_on_a_real_s3_server() {
         layout: Some(1),
         ..quiet_push()
     };
-    push(fx.store.clone(), "head", &v1, &opts).await.unwrap();
+    push(fx.store.view(), "head", &v1, &opts).await.unwrap();
     let hub = v1;
     let all: Vec<Key> = fx
         .store

@@ -127,24 +127,12 @@ async fn run_in(store: Arc<Store>, opts: &BenchOptions, work: &Path) -> Result<B
         ..Default::default()
     };
     let mut steps = Vec::new();
-    let r = push(
-        store.clone(),
-        &base.id.to_string(),
-        &hub,
-        &push_opts("base"),
-    )
-    .await?;
+    let r = push(store.view(), &base.id.to_string(), &hub, &push_opts("base")).await?;
     steps.push(BenchStep {
         name: "push base (empty hub)",
         report: r,
     });
-    let r = push(
-        store.clone(),
-        &head.id.to_string(),
-        &hub,
-        &push_opts("head"),
-    )
-    .await?;
+    let r = push(store.view(), &head.id.to_string(), &hub, &push_opts("head")).await?;
     steps.push(BenchStep {
         name: "push head (hub has base)",
         report: r,

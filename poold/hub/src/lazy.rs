@@ -121,17 +121,18 @@ pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<Tra
 }
 
 /// Pushes local snapshot `tag` to the hub of `cfg` under the same tag
-/// (only the chunks the hub lacks). Blocking; holds this process's turn
-/// to write the store while it runs (the transfer reads through it).
+/// (only the chunks the hub lacks). Blocking. It reads through a view of
+/// its own and takes no turn to write the store: snapshots, pulls and GC
+/// go on while a push crosses a slow link.
 pub fn push_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<TransferReport> {
     let hub = cfg.open()?;
     let rt = runtime()?;
-    let store = forkd_snapshot::store::open_rw(paths)?;
+    let view = forkd_snapshot::store::open_view(paths)?;
     let opts = crate::transfer::PushOptions {
         quiet: true,
         ..Default::default()
     };
-    rt.block_on(crate::transfer::push(store.shared(), tag, &hub, &opts))
+    rt.block_on(crate::transfer::push(view.view(), tag, &hub, &opts))
 }
 
 /// Deletes the hub's tag `tag` if it still names snapshot `id` (a tag
@@ -282,6 +283,61 @@ mod tests {
         // Published again: not deleted any more.
         publish(a);
         assert!(deleted_tags(&cfg, &[("t".into(), a)]).unwrap().is_empty());
+    }
+
+    /// A push reads through a view of its own: it neither waits for this
+    /// process's writer (the old code took the write turn, so a push
+    /// started during a long snapshot create waited for it, and blocked
+    /// every create for its whole transfer), nor leaves its view behind.
+    #[test]
+    fn a_push_takes_no_turn_to_write_the_store() {
+        let home = tempfile::tempdir().unwrap();
+        let hub_dir = tempfile::tempdir().unwrap();
+        let paths = Paths::new(home.path());
+        let cfg: HubConfig =
+            toml::from_str(&format!("url = \"file://{}\"", hub_dir.path().display())).unwrap();
+        {
+            let store = forkd_snapshot::store::open_rw(&paths).unwrap();
+            let data = vec![7u8; 300_000];
+            let ing = store
+                .ingest_reader(&data[..], &forkd_layers::IngestOptions::default())
+                .unwrap();
+            let mut files = std::collections::BTreeMap::new();
+            files.insert("memory.bin".to_string(), ing.file_ref());
+            store
+                .commit_snapshot(forkd_layers::NewSnapshot {
+                    files,
+                    tag: Some("t".into()),
+                    ..Default::default()
+                })
+                .unwrap();
+        }
+        // This process's writer holds its turn throughout the push.
+        let turn = forkd_snapshot::store::open_rw(&paths).unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (p2, c2) = (paths.clone(), cfg.clone());
+        std::thread::spawn(move || {
+            let _ = tx.send(push_tag(&p2, &c2, "t").map(|r| r.snapshot));
+        });
+        let pushed = rx
+            .recv_timeout(std::time::Duration::from_secs(60))
+            .expect("the push waited for the write turn")
+            .unwrap();
+        assert_eq!(Some(pushed), turn.resolve("t").unwrap().map(|r| r.id));
+        drop(turn);
+        let hub = cfg.open().unwrap();
+        let tag = runtime()
+            .unwrap()
+            .block_on(hub.get(&forkd_remote::Key::tag("t").unwrap()))
+            .unwrap()
+            .expect("the tag is on the hub");
+        assert_eq!(TagObject::decode("t", &tag).unwrap().snapshot, pushed);
+        let left: Vec<_> = std::fs::read_dir(paths.staging_dir())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert!(left.is_empty(), "the push's view stayed: {left:?}");
     }
 
     #[test]

@@ -241,16 +241,16 @@ async fn layout_for_push(hub: &Hub, want: Option<u32>) -> Result<u32> {
 }
 
 /// Pushes snapshot `what` (tag or id) with the part of its parent chain the
-/// hub lacks.
+/// hub lacks, reading through `view` (a push only reads: callers pass a
+/// view that holds no write turn, `forkd_snapshot::store::open_view`).
 pub async fn push(
-    store: Arc<Store>,
+    view: StoreView,
     what: &str,
     hub: &Hub,
     opts: &PushOptions,
 ) -> Result<TransferReport> {
     let start = Instant::now();
     let traffic0 = hub.traffic();
-    let view = store.view();
     let (head, chain) = {
         let (view, what) = (view.clone(), what.to_string());
         blocking(move || {

@@ -6,11 +6,13 @@
 //! for the lock while another forkd process writes. So `forkd snapshot create`
 //! works while poold runs, and the two never fail on each other's lock; a
 //! long ingest only makes the other writer wait. Readers that live long (the
-//! daemon, forkd-fs) use RocksDB secondary views instead.
+//! daemon, forkd-fs) use RocksDB secondary views instead, and so does a
+//! long read that ends, a push to a hub ([`open_view`]): it must not make
+//! every writer wait for a slow link.
 
 use crate::paths::Paths;
 use anyhow::{Context, Result};
-use forkd_layers::{Store, StoreOptions, StoreReader};
+use forkd_layers::{Store, StoreOptions, StoreReader, StoreView};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -79,6 +81,34 @@ pub fn open_reader(paths: &Paths, secondary_dir: PathBuf) -> Result<StoreReader>
             dir.display()
         )
     })
+}
+
+/// A read-only view of the store for one long read (a push to a hub), kept
+/// in a staging directory of its own that goes with it (and, should the
+/// process be killed, with the next staging sweep).
+///
+/// Unlike [`open_rw`] it takes no turn: snapshot creates, pulls and GC go
+/// on while it reads. It sees the store as it was when opened; a chunk GC
+/// moves meanwhile is found again (the view catches up and retries), and
+/// one GC deleted (its snapshot deleted meanwhile) is an error.
+pub struct ReadView {
+    // Dropped before the directory it lives in.
+    reader: StoreReader,
+    _dir: crate::staging::Staging,
+}
+
+impl ReadView {
+    /// A clonable read handle, valid while this value lives.
+    pub fn view(&self) -> StoreView {
+        self.reader.view()
+    }
+}
+
+/// Opens a [`ReadView`]. Blocking: call from a blocking context.
+pub fn open_view(paths: &Paths) -> Result<ReadView> {
+    let dir = crate::staging::Staging::create(&paths.staging_dir(), "view")?;
+    let reader = open_reader(paths, dir.join("secondary"))?;
+    Ok(ReadView { reader, _dir: dir })
 }
 
 /// Runs `f` with the store open read-write on a blocking thread.
