@@ -49,7 +49,7 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         threads: usize,
         /// Kernel readahead window of the mount, KiB.
-        #[arg(long, default_value_t = 1024)]
+        #[arg(long, env = "FORKD_FS_READAHEAD_KIB", default_value_t = 1024)]
         readahead_kib: u32,
         /// Largest FUSE read request, KiB (a readahead window is split into
         /// requests of this size, served in parallel).

@@ -319,8 +319,14 @@ pub async fn restore_paused_with(
         nic,
         volumes: volumes.to_vec(),
     };
+    let narrow = volumes
+        .is_empty()
+        .then(|| (src.memory(), readahead_lock(paths)));
     let vm = Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
         timings.process_ms = ms(t0.elapsed());
+        if let Some((memory, lock)) = &narrow {
+            narrow_memory_readahead(vm.pid(), memory, lock);
+        }
         vm.load_state(&vmstate)
             .await
             .map_err(|e| e.context(format!("QEMU log:\n{}", vm.dir.qemu_log_tail(10))))?;
@@ -330,6 +336,30 @@ pub async fn restore_paused_with(
     .await;
     drop(ram_dir);
     vm
+}
+
+/// Beside the mount: serializes changes of its readahead window
+/// ([`forkd_vmm::readahead`]) between processes.
+fn readahead_lock(paths: &Paths) -> PathBuf {
+    let mut p = paths.mount_dir().into_os_string();
+    p.push(".readahead.lock");
+    PathBuf::from(p)
+}
+
+/// Gives QEMU's open `memory.bin` (a private mapping of the snapshot's on
+/// the mount) a chunk-sized readahead window before the first fault, so a
+/// fault reads its neighbourhood, not the mount's 1 MiB: a lazy snapshot's
+/// child fetches less from the hub before it answers, and a first restore
+/// records a working set of what the guest touched. A failure costs only
+/// that (logged).
+fn narrow_memory_readahead(pid: u32, memory: &std::path::Path, lock: &std::path::Path) {
+    let kib = forkd_vmm::readahead::MEMORY_READAHEAD_KIB;
+    if let Err(e) = forkd_vmm::readahead::narrow(pid, memory, kib, lock) {
+        tracing::warn!(
+            "{}: readahead left at the mount's ({e}); faults read more around each page",
+            memory.display()
+        );
+    }
 }
 
 /// Writes `policy` into a networked child's namespace unless it is the

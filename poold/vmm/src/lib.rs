@@ -25,6 +25,7 @@ pub mod private;
 mod process;
 mod qemu;
 mod qmp;
+pub mod readahead;
 pub mod volume;
 
 use anyhow::{anyhow, bail, Context, Result};
