@@ -208,10 +208,16 @@ fn session_config(threads: usize, gid: Option<u32>) -> Config {
 
 /// Raises the mount's readahead window (the FUSE handshake caps it at the
 /// kernel default, 128 KiB). Best effort.
+///
+/// Under the lock poold takes to narrow one file's window for a moment
+/// (`forkd_vmm::readahead`), so neither puts back a window the other set.
 fn set_readahead(mp: &Path, kib: u32) {
     let Ok(Some(entry)) = mount::mount_at(mp) else {
         return;
     };
+    let _turn = mount::readahead_lock(mp)
+        .map_err(|e| warn!("the mount's readahead lock: {e}; setting the window without it"))
+        .ok();
     let p = format!("/sys/class/bdi/{}/read_ahead_kb", entry.dev);
     match std::fs::write(&p, kib.to_string()) {
         Ok(()) => info!(readahead_kib = kib, "set {p}"),

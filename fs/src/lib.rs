@@ -39,7 +39,7 @@ mod shared;
 
 pub use control::{Client, ControlError, Status};
 pub use mount::{
-    default_control_socket, default_secondary_dir, ensure_mounted, unmount, unmount_lazy,
-    MountConfig,
+    default_control_socket, default_secondary_dir, ensure_mounted, readahead_lock_path, unmount,
+    unmount_lazy, MountConfig,
 };
 pub use ranges::RangeList;

@@ -87,6 +87,24 @@ pub fn default_control_socket(mountpoint: &Path) -> PathBuf {
     sibling(mountpoint, ".sock")
 }
 
+/// `<MOUNTPOINT>.readahead.lock`: whoever changes the mount's readahead
+/// window holds it (forkd-fs setting it; poold narrowing one file's).
+pub fn readahead_lock_path(mountpoint: &Path) -> PathBuf {
+    sibling(mountpoint, ".readahead.lock")
+}
+
+/// Takes [`readahead_lock_path`] exclusively (blocking) until the result
+/// is dropped.
+pub fn readahead_lock(mountpoint: &Path) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    let f = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(readahead_lock_path(mountpoint))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))
+}
+
 /// `<MOUNTPOINT>.secondary`: the default RocksDB secondary directory.
 pub fn default_secondary_dir(mountpoint: &Path) -> PathBuf {
     sibling(mountpoint, ".secondary")

@@ -57,6 +57,7 @@ def upgrades(b):
         status, head, sock = plane_request(host, upgrade="echo")
         if status == 101:
             break
+        sock.close()
         check(time.time() < deadline, f"no 101 from the guest: {head}")
         time.sleep(0.5)
     sock.sendall(b"hello through the gateway")

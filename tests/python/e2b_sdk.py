@@ -42,7 +42,9 @@ def step(name):
 def plane_request(host, path="/", headers=None, upgrade=None):
     """A raw HTTP/1.1 request to the sandbox plane naming `host`, as a
     client that resolves the sandbox URL (wildcard DNS) would send it:
-    (status, headers text, body or the upgraded socket)."""
+    (status, headers text, body). Asking to `upgrade`, the answer comes
+    right after the head, whatever the status (the connection may stay
+    open): (status, headers text, the socket), the caller closes it."""
     addr = urlsplit(os.environ["E2B_SANDBOX_URL"])
     s = socket.create_connection((addr.hostname, addr.port), timeout=20)
     lines = [f"GET {path} HTTP/1.1", f"Host: {host}"]
@@ -59,8 +61,11 @@ def plane_request(host, path="/", headers=None, upgrade=None):
             break
         buf += d
     head, _, rest = buf.partition(b"\r\n\r\n")
-    status = int(head.split(b" ")[1])
-    if upgrade and status == 101:
+    parts = head.split(b" ")
+    check(len(parts) > 1, f"no HTTP answer from the sandbox plane: {buf!r}")
+    status = int(parts[1])
+    if upgrade:
+        check(not rest or status != 101, f"bytes after the 101 head: {rest!r}")
         return status, head.decode(), s
     while True:
         d = s.recv(4096)

@@ -451,6 +451,8 @@ def ports(template):
         status, _, body = plane_request(sbx.get_host(8001))
         check(status == 502 and "nothing listens on port 8001" in body, f"closed port: {status} {body}")
         status, head, sock = plane_request(host, "/ws", upgrade="echo")
+        if status != 101:
+            sock.close()
         check(status == 101, f"upgrade: {status} {head}")
         sock.sendall(b"hello over the tunnel")
         got = b""

@@ -103,10 +103,11 @@ pub fn no_delay(
 /// Streamed answers (process output, NDJSON cells, an answer whose
 /// headers go out before its body, terminal frames) are small writes in
 /// a row: with Nagle on, a write may wait for the ACK of the one before,
-/// which the peer delays (up to 40 ms on Linux). Keepalive finds a peer
-/// that vanished without a FIN (a host gone, a NAT that forgot) within
-/// about two minutes, so what its stream holds (a relay slot, a PTY) is
-/// let go; a quiet but live peer is not disturbed.
+/// which the peer delays (up to 40 ms on Linux). Keepalive finds a quiet
+/// peer that vanished without a FIN (a host gone, a NAT that forgot)
+/// within about two minutes, and the user timeout one that stopped
+/// acknowledging what was sent to it, so what its stream holds (a relay
+/// slot, a PTY) is let go; a quiet but live peer is not disturbed.
 pub fn tune(tcp: &tokio::net::TcpStream) {
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!("TCP_NODELAY: {e}");
@@ -115,8 +116,12 @@ pub fn tune(tcp: &tokio::net::TcpStream) {
         .with_time(std::time::Duration::from_secs(60))
         .with_interval(std::time::Duration::from_secs(15))
         .with_retries(4);
-    if let Err(e) = socket2::SockRef::from(tcp).set_tcp_keepalive(&ka) {
+    let sock = socket2::SockRef::from(tcp);
+    if let Err(e) = sock.set_tcp_keepalive(&ka) {
         tracing::debug!("TCP keepalive: {e}");
+    }
+    if let Err(e) = sock.set_tcp_user_timeout(Some(std::time::Duration::from_secs(120))) {
+        tracing::debug!("TCP_USER_TIMEOUT: {e}");
     }
 }
 

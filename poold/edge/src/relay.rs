@@ -12,9 +12,9 @@
 //!
 //! Bounds, so a hostile server (a guest) cannot hold a slot for ever: an
 //! upgrade must be answered within [`UPGRADE_ANSWER`]; an upgraded stream
-//! ends after [`IDLE`] without a byte either way, and [`LINGER`] after one
-//! side closed its half. A plain request waits as long as its caller does
-//! (the caller leaving drops the exchange).
+//! ends after [`IDLE`] without a byte either way, and after [`LINGER`]
+//! without one once a side has closed its half. A plain request waits as
+//! long as its caller does (the caller leaving drops the exchange).
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -37,8 +37,8 @@ pub const UPGRADE_ANSWER: Duration = Duration::from_secs(30);
 /// clients that keep a quiet stream open send pings (WebSocket clients do).
 pub const IDLE: Duration = Duration::from_secs(600);
 
-/// How long the other direction may go on once one side has closed its
-/// half of an upgraded stream.
+/// How long the other direction may stay quiet once one side has closed
+/// its half of an upgraded stream.
 pub const LINGER: Duration = Duration::from_secs(60);
 
 /// Why an exchange failed.
@@ -84,8 +84,10 @@ where
     exchange_within(io, req, host, credentials, what, slot, UPGRADE_ANSWER).await
 }
 
-/// [`exchange`], an upgrade answered within `answer`.
-async fn exchange_within<T>(
+/// [`exchange`], an upgrade answered within `answer`: a relay in front
+/// of another relay (the gateway's, before a node's) gives the one behind
+/// it time to answer with its own error.
+pub async fn exchange_within<T>(
     io: T,
     mut req: Request,
     host: HeaderValue,

@@ -125,6 +125,10 @@ pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<Tra
 /// its own and takes no turn to write the store: snapshots, pulls and GC
 /// go on while a push crosses a slow link.
 pub fn push_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<TransferReport> {
+    // One push at a time in this process, as when pushes took the write
+    // turn: in order, and one read view at a time.
+    static PUSHES: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = PUSHES.lock().unwrap_or_else(|p| p.into_inner());
     let hub = cfg.open()?;
     let rt = runtime()?;
     let view = forkd_snapshot::store::open_view(paths)?;
@@ -144,6 +148,8 @@ pub fn push_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<TransferRep
 pub fn unpublish_tag(cfg: &HubConfig, tag: &str, id: forkd_layers::SnapshotId) -> Result<bool> {
     let hub = cfg.open()?;
     let rt = runtime()?;
+    // Not between a push's check of its tag and its publication.
+    let _turn = rt.block_on(crate::transfer::PUBLISH_TURN.lock());
     let key = forkd_remote::Key::tag(tag)?;
     let Some(bytes) = rt.block_on(hub.get(&key))? else {
         return Ok(false);

@@ -240,6 +240,10 @@ async fn layout_for_push(hub: &Hub, want: Option<u32>) -> Result<u32> {
     Ok(layout)
 }
 
+/// This process's turn to change tags on a hub: a push publishing its tag
+/// and a delete taking one down do not interleave.
+pub(crate) static PUBLISH_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Pushes snapshot `what` (tag or id) with the part of its parent chain the
 /// hub lacks, reading through `view` (a push only reads: callers pass a
 /// view that holds no write turn, `forkd_snapshot::store::open_view`).
@@ -352,6 +356,18 @@ pub async fn push(
     }
     hub.flush().await?;
     if let Some(t) = &hub_tag {
+        // In turn with deletes (`lazy::unpublish_tag`): a tag deleted or
+        // moved here while its chunks crossed is not published after it.
+        let _turn = PUBLISH_TURN.lock().await;
+        if opts.hub_tag.is_none() {
+            view.catch_up()?;
+            if view.tag(t)? != Some(head.id) {
+                bail!(
+                    "tag '{t}' was deleted or moved here while snapshot {} was pushed: its chunks and record are on the hub, the tag is not (push the tag again if it should be)",
+                    head.id
+                );
+            }
+        }
         let obj = TagObject { snapshot: head.id }.encode();
         report.wire_bytes += obj.len() as u64;
         hub.put(&Key::tag(t)?, obj).await?;

@@ -319,13 +319,20 @@ pub async fn restore_paused_with(
         nic,
         volumes: volumes.to_vec(),
     };
-    let narrow = volumes
-        .is_empty()
-        .then(|| (src.memory(), readahead_lock(paths)));
+    let narrow = volumes.is_empty().then(|| {
+        (
+            src.memory(),
+            forkd_fs::readahead_lock_path(&paths.mount_dir()),
+        )
+    });
     let vm = Vm::start(VmDir::new(paths.vm_dir(id)), spec, async |vm: &mut Vm| {
         timings.process_ms = ms(t0.elapsed());
-        if let Some((memory, lock)) = &narrow {
-            narrow_memory_readahead(vm.pid(), memory, lock);
+        if let Some((memory, lock)) = narrow.clone() {
+            let pid = vm.pid();
+            // Blocking: a lock another restore may hold, stats over FUSE.
+            let _ =
+                tokio::task::spawn_blocking(move || narrow_memory_readahead(pid, &memory, &lock))
+                    .await;
         }
         vm.load_state(&vmstate)
             .await
@@ -338,14 +345,6 @@ pub async fn restore_paused_with(
     vm
 }
 
-/// Beside the mount: serializes changes of its readahead window
-/// ([`forkd_vmm::readahead`]) between processes.
-fn readahead_lock(paths: &Paths) -> PathBuf {
-    let mut p = paths.mount_dir().into_os_string();
-    p.push(".readahead.lock");
-    PathBuf::from(p)
-}
-
 /// Gives QEMU's open `memory.bin` (a private mapping of the snapshot's on
 /// the mount) a chunk-sized readahead window before the first fault, so a
 /// fault reads its neighbourhood, not the mount's 1 MiB: a lazy snapshot's
@@ -353,12 +352,19 @@ fn readahead_lock(paths: &Paths) -> PathBuf {
 /// records a working set of what the guest touched. A failure costs only
 /// that (logged).
 fn narrow_memory_readahead(pid: u32, memory: &std::path::Path, lock: &std::path::Path) {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
     let kib = forkd_vmm::readahead::MEMORY_READAHEAD_KIB;
     if let Err(e) = forkd_vmm::readahead::narrow(pid, memory, kib, lock) {
-        tracing::warn!(
-            "{}: readahead left at the mount's ({e}); faults read more around each page",
+        let msg = format!(
+            "{}: readahead left at the mount's ({e}); a child's page faults read up to 1 MiB around each page (more fetched from a hub, larger working sets)",
             memory.display()
         );
+        // Once per process: the cause is the same for every restore.
+        if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::debug!("{msg}");
+        } else {
+            tracing::warn!("{msg}");
+        }
     }
 }
 

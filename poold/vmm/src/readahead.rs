@@ -15,12 +15,14 @@
 //! narrow one, advises it, and puts the mount's window back.
 //!
 //! Invariants: the mount's window is changed only under an exclusive lock
-//! on `lock` (every process narrowing on that mount takes it) and always
-//! put back before the lock is released; a failure leaves the file with
-//! the mount's window, never the mount with the narrow one (unless the
-//! process dies between the two writes: then every later open of the
-//! mount reads narrower, which costs speed only, until forkd-fs sets its
-//! window again at its next start).
+//! on `lock` (every process narrowing on that mount takes it, and so does
+//! forkd-fs setting the window) and always put back before the lock is
+//! released; a failure leaves the file with the mount's window, never the
+//! mount with the narrow one (unless the process dies between the two
+//! writes: then every later open of the mount reads narrower, which costs
+//! speed only, until forkd-fs sets its window again at its next start).
+//! A file another process opens on the mount in the microseconds the
+//! narrow window is up keeps it for its life: speed only, too.
 
 use std::fs::File;
 use std::io::{Error, ErrorKind, Result};
@@ -37,11 +39,25 @@ pub const MEMORY_READAHEAD_KIB: u32 = 32;
 
 /// Gives the open file `file` of process `pid` a readahead window of
 /// `kib` KiB, for the life of that open file. `lock` is a file beside the
-/// mount that serializes the mount's window between processes.
+/// mount that serializes the mount's window between processes (forkd-fs
+/// takes it too: `forkd_fs::readahead_lock_path`). Needs ptrace access to
+/// `pid` (CAP_SYS_PTRACE for a jailed QEMU: another uid, not dumpable) and
+/// the `pidfd_getfd` system call; without them, an error that says so.
 pub fn narrow(pid: u32, file: &Path, kib: u32, lock: &Path) -> Result<()> {
     let want = std::fs::metadata(file)?;
-    let theirs = find_fd(pid, want.dev(), want.ino())?;
-    let fd = steal_fd(pid, theirs)?;
+    let no_access = |e: Error| {
+        match e.kind() {
+        ErrorKind::PermissionDenied => Error::new(
+            ErrorKind::PermissionDenied,
+            format!(
+                "no access to process {pid}'s descriptors ({e}): give poold CAP_SYS_PTRACE and allow pidfd_getfd (poold/systemd/poold.service does)"
+            ),
+        ),
+        _ => e,
+    }
+    };
+    let theirs = find_fd(pid, want.dev(), want.ino()).map_err(no_access)?;
+    let fd = steal_fd(pid, theirs).map_err(no_access)?;
     let knob = bdi_knob(want.dev());
     let guard = File::options()
         .create(true)

@@ -75,6 +75,11 @@ async fn plane(State(f): F, req: Request) -> Response {
     }
 }
 
+/// How long a node's plane has to answer an upgrade: more than its own
+/// bound on the guest (TLS handshake, then the guest's answer, 30 s each),
+/// so the client gets the node's error, not ours.
+const UPGRADE_ANSWER: std::time::Duration = std::time::Duration::from_secs(75);
+
 /// How long connecting to a node's plane for an upgrade may take.
 const UPGRADE_CONNECT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -121,9 +126,27 @@ async fn upgrade(f: &E2bFront, node: &Node, base: &str, host: &str, req: Request
     // Small frames (terminals, VNC) go out at once; a dead node is found.
     forkd_edge::listen::tune(&tcp);
     let what = format!("node {}'s sandbox plane", node.name);
-    forkd_edge::relay::exchange(tcp, req, host, &["x-api-key"], &what, Some(slot))
-        .await
-        .unwrap_or_else(|e| unreachable(e.to_string()))
+    let relayed = forkd_edge::relay::exchange_within(
+        tcp,
+        req,
+        host,
+        &["x-api-key"],
+        &what,
+        Some(slot),
+        UPGRADE_ANSWER,
+    )
+    .await;
+    match relayed {
+        Ok(r) => r,
+        Err(e @ forkd_edge::relay::RelayError::NoAnswer(_)) => e2b_error(
+            StatusCode::GATEWAY_TIMEOUT,
+            format!(
+                "node {}'s sandbox plane did not answer the upgrade: {e}",
+                node.name
+            ),
+        ),
+        Err(e) => unreachable(e.to_string()),
+    }
 }
 
 /// A sandbox-plane request to `node`'s plane at `base`, the client's
