@@ -67,7 +67,14 @@ impl SnapshotHub for PooldHub {
     }
 
     fn push(&self, tag: String) -> HubFuture<'_, ()> {
-        self.blocking("push", move |p, c| lazy::push_tag(p, c, &tag).map(|_| ()))
+        // Pushes run one at a time (`lazy::push_tag`); those waiting wait
+        // here, not on a blocking thread restores need too.
+        static QUEUE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+        let push = self.blocking("push", move |p, c| lazy::push_tag(p, c, &tag).map(|_| ()));
+        Box::pin(async move {
+            let _turn = QUEUE.lock().await;
+            push.await
+        })
     }
 
     fn unpublish(&self, tag: String, id: forkd_layers::SnapshotId) -> HubFuture<'_, bool> {

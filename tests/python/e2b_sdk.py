@@ -53,19 +53,25 @@ def plane_request(host, path="/", headers=None, upgrade=None):
         lines += ["Connection: Upgrade", f"Upgrade: {upgrade}"]
     else:
         lines += ["Connection: close"]
-    s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        d = s.recv(4096)
-        if not d:
-            break
-        buf += d
-    head, _, rest = buf.partition(b"\r\n\r\n")
-    parts = head.split(b" ")
-    check(len(parts) > 1, f"no HTTP answer from the sandbox plane: {buf!r}")
-    status = int(parts[1])
+    try:
+        s.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            d = s.recv(4096)
+            if not d:
+                break
+            buf += d
+        head, _, rest = buf.partition(b"\r\n\r\n")
+        parts = head.split(b" ")
+        if upgrade and len(parts) < 2:
+            return 0, buf.decode(errors="replace"), s  # no answer: the caller may retry
+        check(len(parts) > 1, f"no HTTP answer from the sandbox plane: {buf!r}")
+        status = int(parts[1])
+        check(not (upgrade and status == 101 and rest), f"bytes after the 101 head: {rest!r}")
+    except BaseException:
+        s.close()
+        raise
     if upgrade:
-        check(not rest or status != 101, f"bytes after the 101 head: {rest!r}")
         return status, head.decode(), s
     while True:
         d = s.recv(4096)

@@ -457,7 +457,9 @@ def ports(template):
         sock.sendall(b"hello over the tunnel")
         got = b""
         while len(got) < 21:
-            got += sock.recv(64)
+            d = sock.recv(64)
+            check(d, f"the upgraded stream ended early: {got!r}")
+            got += d
         sock.close()
         check(got == b"HELLO OVER THE TUNNEL", f"upgraded stream: {got!r}")
     finally:

@@ -359,8 +359,9 @@ fn narrow_memory_readahead(pid: u32, memory: &std::path::Path, lock: &std::path:
             "{}: readahead left at the mount's ({e}); a child's page faults read up to 1 MiB around each page (more fetched from a hub, larger working sets)",
             memory.display()
         );
-        // Once per process: the cause is the same for every restore.
-        if WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        // A missing capability is the same for every restore: once.
+        let denied = e.kind() == std::io::ErrorKind::PermissionDenied;
+        if denied && WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
             tracing::debug!("{msg}");
         } else {
             tracing::warn!("{msg}");
