@@ -148,7 +148,8 @@ where
 
 /// Copies `a` to `b` and `b` to `a` until both have closed, shutting
 /// down each writer when its reader ends; Err(TimedOut) after `idle`
-/// without a byte read either way, or `linger` after one side closed.
+/// without a byte read either way, or, once one side has closed, after
+/// `linger` without one.
 async fn pipe<A, B>(a: A, b: B, idle: Duration, linger: Duration) -> std::io::Result<()>
 where
     A: AsyncRead + AsyncWrite + Unpin,
