@@ -198,7 +198,18 @@ pub async fn pull(paths: &Paths, a: PullArgs) -> Result<()> {
         on_chunks: None,
         lazy: a.lazy,
     };
-    let r = hub::pull(store.clone(), &hub, &a.tag, &opts).await?;
+    // A lazy snapshot is served by forkd-fs, which needs only the store to
+    // exist: it starts while the pull's requests are on the wire, so the
+    // working set begins to arrive as soon as the pull commits.
+    let mount = a.lazy.then(|| {
+        let p = paths.clone();
+        tokio::task::spawn_blocking(move || forkd_snapshot::ensure_mount(&p))
+    });
+    let pulled = hub::pull(store.clone(), &hub, &a.tag, &opts).await;
+    if let Some(m) = mount {
+        m.await.context("the mount task panicked")??;
+    }
+    let r = pulled?;
     drop(store);
     if a.lazy {
         let p = paths.clone();

@@ -112,7 +112,17 @@ pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<Tra
         ..Default::default()
     };
     let store = forkd_snapshot::store::open_rw(paths)?;
-    let r = rt.block_on(pull(store.shared(), &hub, tag, &opts))?;
+    // forkd-fs (re)starts, if it must, beside the pull's requests.
+    let mount = opts.lazy.then(|| {
+        let p = paths.clone();
+        std::thread::spawn(move || forkd_snapshot::ensure_mount(&p))
+    });
+    let pulled = rt.block_on(pull(store.shared(), &hub, tag, &opts));
+    if let Some(m) = mount {
+        m.join()
+            .map_err(|_| anyhow::anyhow!("the mount thread panicked"))??;
+    }
+    let r = pulled?;
     drop(store);
     // The mount must see the new tag before the caller restores from it; a
     // lazy snapshot's working set starts arriving now too.
