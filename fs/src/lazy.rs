@@ -62,6 +62,13 @@ const PREFETCH_WINDOW: usize = 4;
 const PENDING_MAX: u64 = 256 << 20;
 /// The writer imports once this much is pending (or every tick).
 const IMPORT_AT: u64 = 8 << 20;
+/// The writer leaves the store alone while faults or a working-set
+/// prefetch run and for this long after the last one ended, unless
+/// [`IMPORT_DEFER_MAX`] is pending: those are a restore under way, and
+/// each import opens the store read-write (recovery, a new MANIFEST, table
+/// files, syncs), CPU and disk the restoring child would wait behind.
+const URGENT_QUIET: Duration = Duration::from_secs(1);
+const IMPORT_DEFER_MAX: u64 = 64 << 20;
 /// Failures kept for `status`.
 const FAILURES_KEPT: usize = 32;
 /// A working-set recording ends after this long without a read of the
@@ -257,6 +264,9 @@ pub struct Lazy {
     urgent: tokio::sync::Semaphore,
     fill: tokio::sync::Semaphore,
     urgent_now: AtomicUsize,
+    /// When the last urgent read ended, ms since `epoch`.
+    last_urgent_ms: AtomicU64,
+    epoch: Instant,
     sources: Mutex<HashMap<u32, Arc<Source>>>,
     flights: Mutex<HashMap<ChunkId, Arc<Flight>>>,
     pending: Mutex<HashMap<ChunkId, VerifiedChunk>>,
@@ -300,6 +310,8 @@ impl Lazy {
             urgent: tokio::sync::Semaphore::new(URGENT_REQUESTS),
             fill: tokio::sync::Semaphore::new(FILL_REQUESTS),
             urgent_now: AtomicUsize::new(0),
+            last_urgent_ms: AtomicU64::new(0),
+            epoch: Instant::now(),
             sources: Mutex::new(HashMap::new()),
             flights: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -507,6 +519,10 @@ impl Lazy {
                 }
             }
         };
+        if urgent {
+            let now = self.epoch.elapsed().as_millis().max(1);
+            self.last_urgent_ms.store(now as u64, Ordering::Relaxed);
+        }
         match result {
             Ok(chunks) => chunks,
             Err(why) => {
@@ -972,7 +988,7 @@ impl Lazy {
                 let j = self.jobs.lock().unwrap();
                 !j.working_sets.is_empty() || !j.finish.is_empty()
             };
-            if !has_work {
+            if !has_work || self.defers_import() {
                 continue;
             }
             match self.write_once() {
@@ -991,6 +1007,20 @@ impl Lazy {
                 }
             }
         }
+    }
+
+    /// Whether the writer should wait: a restore is faulting or
+    /// prefetching (see [`URGENT_QUIET`]) and what is pending still fits.
+    fn defers_import(&self) -> bool {
+        let since_urgent = self
+            .epoch
+            .elapsed()
+            .as_millis()
+            .saturating_sub(u128::from(self.last_urgent_ms.load(Ordering::Relaxed)));
+        let restoring = self.urgent_now.load(Ordering::Relaxed) > 0
+            || (self.last_urgent_ms.load(Ordering::Relaxed) > 0
+                && since_urgent < URGENT_QUIET.as_millis());
+        restoring && self.pending_bytes.load(Ordering::Relaxed) < IMPORT_DEFER_MAX
     }
 
     fn write_once(&self) -> anyhow::Result<()> {

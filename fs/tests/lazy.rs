@@ -218,6 +218,41 @@ fn lazy_reads_are_fetched_once_verified_and_imported() {
     assert_eq!(m.client().status().unwrap().lazy.fetched_chunks, before);
 }
 
+/// While a child faults, the writer leaves the store alone (each import
+/// opens it read-write: CPU and disk the restore would wait behind), and
+/// imports once the faults have stopped. The old writer imported on every
+/// 250 ms tick, under the faults.
+#[test]
+fn fetched_chunks_wait_for_the_faults_to_stop_before_import() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(25);
+    let m = l.mount(true);
+    let f = std::fs::File::open(m.file(&l.rec.id, "memory.bin")).unwrap();
+    let mut buf = vec![0u8; 4096];
+    // A fault every 100 ms for two seconds, each on a chunk not read yet.
+    let start = std::time::Instant::now();
+    let mut off = 0u64;
+    while start.elapsed() < Duration::from_secs(2) && off < MEM as u64 {
+        f.read_exact_at(&mut buf, off).unwrap();
+        off += 512 << 10;
+        std::thread::sleep(Duration::from_millis(100));
+        let st = m.client().status().unwrap().lazy;
+        assert_eq!(st.imported_chunks, 0, "imported while faulting: {st:?}");
+    }
+    let st = m.client().status().unwrap().lazy;
+    assert!(st.fetched_chunks > 0 && st.pending_chunks > 0, "{st:?}");
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let st = m.client().status().unwrap().lazy;
+            st.pending_chunks == 0 && st.imported_chunks == st.fetched_chunks
+        }),
+        "not imported after the faults: {:?}",
+        m.client().status().unwrap().lazy
+    );
+}
+
 #[test]
 fn the_fill_makes_a_lazy_snapshot_local() {
     if no_fuse() {
