@@ -60,15 +60,21 @@ const PREFETCH_WINDOW: usize = 4;
 /// Fetched chunks held before the fill waits for the writer (faults never
 /// wait for it).
 const PENDING_MAX: u64 = 256 << 20;
-/// The writer imports once this much is pending (or every tick).
+/// The writer imports once this much is pending (or every tick), unless
+/// a restore defers it ([`URGENT_QUIET`]).
 const IMPORT_AT: u64 = 8 << 20;
-/// The writer leaves the store alone while faults or a working-set
-/// prefetch run and for this long after the last one ended, unless
-/// [`IMPORT_DEFER_MAX`] is pending: those are a restore under way, and
-/// each import opens the store read-write (recovery, a new MANIFEST, table
-/// files, syncs), CPU and disk the restoring child would wait behind.
+/// The writer (and the fill) leave the store alone while faults or a
+/// working-set prefetch run and for this long after the last one fetched
+/// something: a restore is under way, and each import opens the store
+/// read-write (recovery, a new MANIFEST, table files, syncs), CPU and disk
+/// the restoring child would wait behind. Bounded: the writer imports
+/// anyway once [`IMPORT_DEFER_MAX`] is pending or it has waited
+/// [`IMPORT_DEFER_LONGEST`] (a child that faults for minutes, or reads
+/// that keep failing against a dead hub, must not hold up every import,
+/// working-set save and "all local").
 const URGENT_QUIET: Duration = Duration::from_secs(1);
 const IMPORT_DEFER_MAX: u64 = 64 << 20;
+const IMPORT_DEFER_LONGEST: Duration = Duration::from_secs(5);
 /// Failures kept for `status`.
 const FAILURES_KEPT: usize = 32;
 /// A working-set recording ends after this long without a read of the
@@ -519,7 +525,7 @@ impl Lazy {
                 }
             }
         };
-        if urgent {
+        if urgent && result.is_ok() {
             let now = self.epoch.elapsed().as_millis().max(1);
             self.last_urgent_ms.store(now as u64, Ordering::Relaxed);
         }
@@ -974,6 +980,8 @@ impl Lazy {
     /// working sets, each time opening the store read-write for a moment.
     fn writer_loop(&self) {
         let mut backoff = Duration::from_millis(250);
+        // Since when work has waited for a restore.
+        let mut deferred: Option<Instant> = None;
         loop {
             {
                 let g = self.writer_wake.0.lock().unwrap();
@@ -988,9 +996,15 @@ impl Lazy {
                 let j = self.jobs.lock().unwrap();
                 !j.working_sets.is_empty() || !j.finish.is_empty()
             };
-            if !has_work || self.defers_import() {
+            if !has_work {
+                deferred = None;
                 continue;
             }
+            let since = *deferred.get_or_insert_with(Instant::now);
+            if self.defers_import() && since.elapsed() < IMPORT_DEFER_LONGEST {
+                continue;
+            }
+            deferred = None;
             match self.write_once() {
                 Ok(()) => backoff = Duration::from_millis(250),
                 Err(e) => {
@@ -1009,18 +1023,24 @@ impl Lazy {
         }
     }
 
-    /// Whether the writer should wait: a restore is faulting or
-    /// prefetching (see [`URGENT_QUIET`]) and what is pending still fits.
-    fn defers_import(&self) -> bool {
-        let since_urgent = self
+    /// Whether a restore is faulting or prefetching: urgent reads in
+    /// flight, or one fetched something less than [`URGENT_QUIET`] ago.
+    fn restoring(&self) -> bool {
+        let last = self.last_urgent_ms.load(Ordering::Relaxed);
+        let since = self
             .epoch
             .elapsed()
             .as_millis()
-            .saturating_sub(u128::from(self.last_urgent_ms.load(Ordering::Relaxed)));
-        let restoring = self.urgent_now.load(Ordering::Relaxed) > 0
-            || (self.last_urgent_ms.load(Ordering::Relaxed) > 0
-                && since_urgent < URGENT_QUIET.as_millis());
-        restoring && self.pending_bytes.load(Ordering::Relaxed) < IMPORT_DEFER_MAX
+            .saturating_sub(u128::from(last));
+        self.urgent_now.load(Ordering::Relaxed) > 0
+            || (last > 0 && since < URGENT_QUIET.as_millis())
+    }
+
+    /// Whether the writer should wait for a restore (the caller bounds how
+    /// long, [`IMPORT_DEFER_LONGEST`]): one is under way and what is
+    /// pending still fits.
+    fn defers_import(&self) -> bool {
+        self.restoring() && self.pending_bytes.load(Ordering::Relaxed) < IMPORT_DEFER_MAX
     }
 
     fn write_once(&self) -> anyhow::Result<()> {
@@ -1100,9 +1120,19 @@ impl Lazy {
     /// The recorder's clock, and the fill.
     fn housekeeping_loop(&self) {
         let mut next_fill = Instant::now();
+        // Since when the fill has stood aside for a restore.
+        let mut waited: Option<Instant> = None;
         loop {
             std::thread::sleep(Duration::from_millis(250));
             self.end_recordings();
+            // A restore under way keeps the link and the CPUs (each fill
+            // step decodes and verifies 16 MiB), as the writer does, and
+            // for as long at most.
+            let since = *waited.get_or_insert_with(Instant::now);
+            if self.restoring() && since.elapsed() < IMPORT_DEFER_LONGEST {
+                continue;
+            }
+            waited = None;
             if self.opts.fill && Instant::now() >= next_fill {
                 let busy = match self.fill_step() {
                     Ok(b) => b,

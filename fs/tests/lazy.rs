@@ -236,10 +236,15 @@ fn fetched_chunks_wait_for_the_faults_to_stop_before_import() {
     let mut off = 0u64;
     while start.elapsed() < Duration::from_secs(2) && off < MEM as u64 {
         f.read_exact_at(&mut buf, off).unwrap();
+        let faulted = std::time::Instant::now();
         off += 512 << 10;
         std::thread::sleep(Duration::from_millis(100));
         let st = m.client().status().unwrap().lazy;
-        assert_eq!(st.imported_chunks, 0, "imported while faulting: {st:?}");
+        // Only while the fault is recent (a stalled host may let the quiet
+        // second pass, and then the writer may import).
+        if faulted.elapsed() < Duration::from_millis(600) {
+            assert_eq!(st.imported_chunks, 0, "imported while faulting: {st:?}");
+        }
     }
     let st = m.client().status().unwrap().lazy;
     assert!(st.fetched_chunks > 0 && st.pending_chunks > 0, "{st:?}");
@@ -249,6 +254,39 @@ fn fetched_chunks_wait_for_the_faults_to_stop_before_import() {
             st.pending_chunks == 0 && st.imported_chunks == st.fetched_chunks
         }),
         "not imported after the faults: {:?}",
+        m.client().status().unwrap().lazy
+    );
+}
+
+/// ...but not for ever: a child that never stops faulting (or reads that
+/// keep failing) still gets its chunks imported every few seconds.
+#[test]
+fn a_child_that_keeps_faulting_does_not_hold_imports_for_ever() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(26);
+    let m = l.mount(true);
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.file(&l.rec.id, "memory.bin"))
+        .unwrap();
+    let mut buf = AlignedBuf::new(65536);
+    // A new chunk every 100 ms (no readahead: O_DIRECT), up to 96 of them.
+    let mut imported = false;
+    for i in 0..MEM / 65536 {
+        f.read_exact_at(buf.as_mut(), (i * 65536) as u64).unwrap();
+        std::thread::sleep(Duration::from_millis(100));
+        if m.client().status().unwrap().lazy.imported_chunks > 0 {
+            imported = true;
+            break;
+        }
+    }
+    assert!(
+        imported,
+        "nothing imported in 9.6 s of faults: {:?}",
         m.client().status().unwrap().lazy
     );
 }

@@ -206,11 +206,15 @@ pub async fn pull(paths: &Paths, a: PullArgs) -> Result<()> {
         tokio::task::spawn_blocking(move || forkd_snapshot::ensure_mount(&p))
     });
     let pulled = hub::pull(store.clone(), &hub, &a.tag, &opts).await;
-    if let Some(m) = mount {
-        m.await.context("the mount task panicked")??;
-    }
-    let r = pulled?;
+    // The store's write turn is not held while the mount finishes.
     drop(store);
+    let mounted = match mount {
+        Some(m) => m.await.context("the mount task panicked")?.map(drop),
+        None => Ok(()),
+    };
+    // A failed pull is the error to report, whatever the mount did.
+    let r = pulled?;
+    mounted?;
     if a.lazy {
         let p = paths.clone();
         let head = r.snapshot;

@@ -118,12 +118,18 @@ pub fn fetch_tag(paths: &Paths, cfg: &HubConfig, tag: &str) -> Result<Option<Tra
         std::thread::spawn(move || forkd_snapshot::ensure_mount(&p))
     });
     let pulled = rt.block_on(pull(store.shared(), &hub, tag, &opts));
-    if let Some(m) = mount {
-        m.join()
-            .map_err(|_| anyhow::anyhow!("the mount thread panicked"))??;
-    }
-    let r = pulled?;
+    // The store's write turn is not held while the mount finishes.
     drop(store);
+    let mounted = match mount {
+        Some(m) => m
+            .join()
+            .map_err(|_| anyhow::anyhow!("the mount thread panicked"))?
+            .map(drop),
+        None => Ok(()),
+    };
+    // A failed pull is the error to report, whatever the mount did.
+    let r = pulled?;
+    mounted?;
     // The mount must see the new tag before the caller restores from it; a
     // lazy snapshot's working set starts arriving now too.
     start_filling(paths, opts.lazy.then_some(r.snapshot))?;

@@ -193,6 +193,7 @@ impl fmt::Display for Refused {
 
 impl std::error::Error for Refused {}
 
+/// Where the local cache of a hub's index objects lives (they are
 /// immutable and named by their hash, so a cached copy is always right).
 fn index_cache(store_root: &Path) -> PathBuf {
     store_root.join("remote").join("index-cache")

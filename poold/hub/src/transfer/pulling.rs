@@ -30,6 +30,8 @@ const MAX_CHAIN: usize = 10_000;
 const MAX_PULL_RECORD_BYTES: usize = 64 << 20;
 /// Most manifest bytes one pull holds before importing them.
 const MAX_PULL_MANIFEST_BYTES: usize = 1 << 30;
+/// Most working-set bytes one pull holds.
+const MAX_PULL_WORKING_SET_BYTES: usize = 256 << 20;
 /// Chunks per durable import batch (or [`IMPORT_BATCH_BYTES`], whichever first).
 const IMPORT_BATCH_CHUNKS: usize = 256;
 const IMPORT_BATCH_BYTES: usize = 16 << 20;
@@ -123,16 +125,18 @@ pub async fn pull(
         TransferReport::default(),
     ];
     let [r_manifests, r_located, r_ws] = &mut side;
-    let (manifests, located, working_sets) = tokio::join!(
+    // A refused manifest or working set ends the others at once; where the
+    // chunks lie is needed (and its failure an error) only if some are
+    // missing, known after the manifests.
+    let (manifests, located, working_sets) = tokio::try_join!(
         fetch_manifests(&view, hub, &to_import, r_manifests),
-        locate_chunks(hub, view.root(), &locate, r_located),
+        async { Ok(locate_chunks(hub, view.root(), &locate, r_located).await) },
         fetch_working_sets(hub, &to_import, r_ws),
-    );
+    )?;
     for r in &side {
         report.wire_bytes += r.wire_bytes;
         report.manifests += r.manifests;
     }
-    let (manifests, working_sets) = (manifests?, working_sets?);
     // Distinct chunks of the new manifests with their raw lengths (known
     // from the slots), so progress has a byte total before any download.
     let mut needed: Vec<(ChunkId, u64)> = Vec::new();
@@ -266,8 +270,18 @@ async fn fetch_working_sets(
         .map(|rec| async move { (rec.id, hub.get(&Key::WorkingSet(rec.id)).await) })
         .buffered(METADATA_GETS);
     let mut out = Vec::new();
+    let mut held = 0usize;
     while let Some((id, b)) = got.next().await {
         let Some(b) = b? else { continue };
+        held += b.len();
+        if held > MAX_PULL_WORKING_SET_BYTES {
+            return Err(Refused(format!(
+                "the working sets of the snapshots to pull from {} pass {} MiB in total (a real one is KiBs to a few MiB); the hub copy is altered or hostile",
+                hub.describe(),
+                MAX_PULL_WORKING_SET_BYTES >> 20
+            ))
+            .into());
+        }
         report.wire_bytes += b.len() as u64;
         let ws = WorkingSet::decode(&id, &b).map_err(|e| {
             Refused(format!(
