@@ -391,17 +391,34 @@ impl Lazy {
         let mut lead: Vec<(ChunkId, RemoteChunk)> = Vec::new();
         let mut wait: Vec<(ChunkId, Arc<Flight>)> = Vec::new();
         {
+            // Checked again under the flights lock: a flight that ended
+            // since the check above left its chunk pending (its leader
+            // keeps it before it removes the flight), or the writer has
+            // imported it since (it drops a chunk from pending only once
+            // the view has it). Without this, a chunk could be fetched
+            // twice. Lock order, as in the fill: pending, then flights.
+            let pending = self.pending.lock().unwrap();
             let mut flights = self.flights.lock().unwrap();
-            for (c, loc) in absent.iter().zip(locs) {
-                // Not located: not remote after all (or stale view); the
-                // read goes to the store, which says what is wrong.
-                let Some(loc) = loc else { continue };
-                match flights.get(c) {
-                    Some(f) => wait.push((*c, f.clone())),
-                    None => {
-                        flights.insert(*c, Flight::new());
-                        lead.push((*c, loc));
+            let mut maybe: Vec<(ChunkId, RemoteChunk)> = Vec::new();
+            {
+                for (c, loc) in absent.iter().zip(locs) {
+                    // Not located: not remote after all (or stale view);
+                    // the read goes to the store, which says what is wrong.
+                    let Some(loc) = loc else { continue };
+                    match flights.get(c) {
+                        Some(f) => wait.push((*c, f.clone())),
+                        None if pending.contains_key(c) => {}
+                        None => maybe.push((*c, loc)),
                     }
+                }
+            }
+            drop(pending);
+            let ids: Vec<ChunkId> = maybe.iter().map(|(c, _)| *c).collect();
+            let stored = self.view.has_chunks(&ids)?;
+            for ((c, loc), stored) in maybe.into_iter().zip(stored) {
+                if !stored {
+                    flights.insert(c, Flight::new());
+                    lead.push((c, loc));
                 }
             }
         }
