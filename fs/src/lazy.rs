@@ -114,6 +114,8 @@ struct Source {
     layout: u32,
     hub: Hub,
     health: Mutex<Health>,
+    /// Pending packs this process has asked the pusher for (`wanted/`).
+    wanted: Mutex<HashSet<ObjectId>>,
 }
 
 /// What the last requests to a hub did.
@@ -166,6 +168,9 @@ enum Failure {
     Transient(String),
     /// Will not pass (bad bytes, a missing object): not retried.
     Refused(String),
+    /// A pack a push is still uploading: retried to the deadline like a
+    /// transient failure, but the hub is answering, so its health stands.
+    Promised(String),
 }
 
 /// A failed chunk fetch, as `status` reports it.
@@ -526,19 +531,33 @@ impl Lazy {
                     break Ok(chunks);
                 }
                 Err(Failure::Refused(why)) => break Err(why),
-                Err(Failure::Transient(why)) => {
-                    src.failed(&why);
+                Err(f @ (Failure::Transient(_) | Failure::Promised(_))) => {
+                    let promised = matches!(f, Failure::Promised(_));
+                    let (why, hint) = match f {
+                        Failure::Transient(why) => {
+                            src.failed(&why);
+                            let hint = format!("is {} reachable?", src.url);
+                            (why, hint)
+                        }
+                        Failure::Promised(why) | Failure::Refused(why) => (
+                            why,
+                            "has the push stopped? Run it again to complete it".into(),
+                        ),
+                    };
                     if start.elapsed() + delay > self.opts.deadline {
                         break Err(format!(
-                            "{why} (retried for {:.0} s, the deadline; is {} reachable?)",
+                            "{why} (retried for {:.0} s, the deadline; {hint})",
                             start.elapsed().as_secs_f64(),
-                            src.url
                         ));
                     }
                     self.counters.retries.fetch_add(1, Ordering::Relaxed);
                     debug!(hub = %src.url, "retrying in {delay:?}: {why}");
                     tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(2));
+                    // A promised pack is polled for: it comes soon (asked
+                    // for), and a fault waits on it.
+                    if !promised {
+                        delay = (delay * 2).min(Duration::from_secs(2));
+                    }
                 }
             }
         };
@@ -567,7 +586,8 @@ impl Lazy {
         src: &Source,
         read: &RangeRead,
     ) -> Result<Vec<(ChunkId, Result<ChunkData, String>)>, Failure> {
-        let key = if src.layout == forkd_remote::LAYOUT_CHUNKS {
+        let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
+        let key = if layout1 {
             Key::Chunk(ChunkId(read.object.0))
         } else {
             Key::Pack(read.object)
@@ -579,19 +599,25 @@ impl Lazy {
         };
         let bytes = match got {
             Ok(Some(b)) => b,
-            Ok(None) => {
-                return Err(Failure::Refused(format!(
-                    "{} has no {key}; the hub copy is incomplete, push the snapshot again",
-                    src.url
-                )))
-            }
+            // A pack a push still running has promised: wait for it.
+            Ok(None) if !layout1 => match src.hub.pack_pending(&read.object).await {
+                Ok(true) => {
+                    src.want(&read.object).await;
+                    return Err(Failure::Promised(format!(
+                        "{key} is not on {} yet: a push still running promised it",
+                        src.url
+                    )));
+                }
+                Ok(false) => return Err(Failure::Refused(incomplete(&src.url, &key))),
+                Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
+            },
+            Ok(None) => return Err(Failure::Refused(incomplete(&src.url, &key))),
             Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
         };
         self.counters
             .fetched_bytes
             .fetch_add(bytes.len() as u64, Ordering::Relaxed);
         let read2 = read.clone();
-        let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
         let checked = tokio::task::spawn_blocking(move || {
             if layout1 {
                 let id = ChunkId(read2.object.0);
@@ -716,6 +742,7 @@ impl Lazy {
             layout: rec.layout,
             hub,
             health: Mutex::new(Health::default()),
+            wanted: Mutex::new(HashSet::new()),
         });
         Ok(self.sources.lock().unwrap().entry(id).or_insert(s).clone())
     }
@@ -1373,6 +1400,11 @@ fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec
     plan_reads(&wanted, c)
 }
 
+/// The error for an object the hub lacks and no push has promised.
+fn incomplete(url: &str, key: &Key) -> String {
+    format!("{url} has no {key}; the hub copy is incomplete, push the snapshot again")
+}
+
 impl Source {
     fn ok(&self) {
         let mut h = self.health.lock().unwrap();
@@ -1381,6 +1413,22 @@ impl Source {
         }
         h.last_ok = Some(Instant::now());
         h.down_since = None;
+    }
+
+    /// Asks the pusher for pending pack `pack` (once per pack): a push
+    /// sends wanted packs before the rest. Best effort: a hub that does not
+    /// take the marker leaves the push's own order.
+    async fn want(&self, pack: &ObjectId) {
+        if !self.hub.is_object_store() || !self.wanted.lock().unwrap().insert(*pack) {
+            return;
+        }
+        if let Err(e) = self
+            .hub
+            .put(&Key::Wanted(*pack), b"{}".to_vec().into())
+            .await
+        {
+            debug!(hub = %self.url, "asking for pack {pack} failed: {e:#}");
+        }
     }
 
     fn failed(&self, why: &str) {

@@ -390,3 +390,55 @@ fn a_worker_killed_mid_fetch_loses_nothing() {
     let r = b.residency(&l.rec).unwrap();
     assert_eq!(r.local_chunks + r.remote_chunks, r.chunks);
 }
+
+/// A pack a push has promised (its pending marker is on the hub) but not
+/// uploaded yet: the read waits for it instead of failing, and asks the
+/// pusher for it (`wanted/<pack>`). The old reader refused at once.
+#[test]
+fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(27);
+    let (victim, pack, _) = l.places[4].clone();
+    let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
+    let aside = l.dir.path().join("pack-aside");
+    std::fs::rename(&pack, &aside).unwrap();
+    let hub = l.dir.path().join("hub");
+    std::fs::create_dir_all(hub.join("pending")).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let marker = serde_json::json!({"since": now, "index": victim.to_string()});
+    std::fs::write(hub.join("pending").join(&pack_id), marker.to_string()).unwrap();
+    let m = l.mount(true);
+    let path = m.file(&l.rec.id, "memory.bin");
+    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
+    let slot = (0..man.len())
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(victim))
+        .unwrap();
+    let arrive = std::thread::spawn({
+        let (aside, pack, hub) = (aside.clone(), pack.clone(), hub.clone());
+        let pack_id = pack_id.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(800));
+            let asked = hub.join("wanted").join(&pack_id).is_file();
+            std::fs::rename(&aside, &pack).unwrap();
+            std::fs::remove_file(hub.join("pending").join(&pack_id)).unwrap();
+            asked
+        }
+    });
+    let t = std::time::Instant::now();
+    let f = std::fs::File::open(&path).unwrap();
+    let mut buf = vec![0u8; 65536];
+    f.read_exact_at(&mut buf, slot as u64 * 65536)
+        .expect("a promised pack is waited for");
+    assert!(t.elapsed() >= Duration::from_millis(800));
+    let at = slot * 65536;
+    assert!(buf == l.data[at..at + 65536], "wrong bytes served");
+    assert!(arrive.join().unwrap(), "the reader asked for the pack");
+    let st = m.client().status().unwrap();
+    assert!(st.lazy.failures.is_empty(), "{:?}", st.lazy.failures);
+    assert!(st.lazy.sources.iter().all(|s| s.healthy), "{:?}", st.lazy);
+}

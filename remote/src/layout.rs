@@ -11,6 +11,8 @@
 //! deleted/<tag>                        {"snapshot": "<snapshot id>"}: the last snapshot tag <tag> named when it was deleted (a tombstone)
 //! packs/<id[0..2]>/<pack id>           layout 2: chunk objects back to back, named by the blake3 of the whole object
 //! index/<index id>                     layout 2: where each chunk of some packs lies (see `packs`), named by its blake3
+//! pending/<pack id>                    layout 2: {"since": <unix s>, "index": <id>}: a push published the pack's index before the pack (see below)
+//! wanted/<pack id>                     layout 2: {}: a reader waits for this pending pack; its pusher sends it next
 //! chunks/<id[0..2]>/<chunk id>         layout 1: one chunk object per chunk
 //! ```
 //!
@@ -18,7 +20,23 @@
 //! index) goes through [`Key::parse`], which accepts exactly these shapes:
 //! ids are fixed-length lowercase hex, tags follow the project's tag rule, so
 //! no name can hold `..`, a `/` of its own, or an absolute path. Objects are
-//! immutable except tags, tombstones and `layout.json`.
+//! immutable except tags, tombstones, pending markers and `layout.json`.
+//!
+//! **Pending packs.** A record on the hub means its chunks are there, with
+//! one exception a reader must allow for: a push to a plain object store
+//! (file, S3) publishes a snapshot once its working set's packs are up and
+//! uploads the other packs after. Before publishing, it writes
+//! `pending/<pack id>` for each pack still to come, and removes it once the
+//! pack is up. So a reader that finds a pack missing looks for its marker:
+//! present and younger than [`PENDING_MAX_AGE_SECS`], the pack is on its
+//! way (wait and retry); absent or stale, the hub is incomplete (refuse).
+//! A lazy reader that waits for a pending pack also writes
+//! `wanted/<pack id>`: the pusher looks at `wanted/` before each pack it
+//! starts and sends the wanted ones first, so a child that faults outside
+//! the working set waits for one pack, not for the push's order.
+//! A pusher killed mid-way leaves markers behind; the next push of a
+//! snapshot that needs those packs uploads them again (they are
+//! content-addressed, so rebuilt from the index byte for byte).
 
 use anyhow::{anyhow, bail, Result};
 use bytes::{BufMut, Bytes, BytesMut};
@@ -75,6 +93,11 @@ pub enum Key {
     Locator(SnapshotId),
     /// A snapshot's recorded working set, `snapshots/<id>.ws`.
     WorkingSet(SnapshotId),
+    /// A pack a push promised but has not uploaded yet, `pending/<hex>`
+    /// (a [`PendingObject`]).
+    Pending(ObjectId),
+    /// A pending pack a reader is waiting for, `wanted/<hex>` (`{}`).
+    Wanted(ObjectId),
     /// The hub's layout version, `layout.json`.
     Layout,
 }
@@ -104,6 +127,8 @@ impl Key {
             Key::Index(id) => format!("index/{id}"),
             Key::Locator(id) => format!("snapshots/{id}.idx"),
             Key::WorkingSet(id) => format!("snapshots/{id}.ws"),
+            Key::Pending(id) => format!("pending/{id}"),
+            Key::Wanted(id) => format!("wanted/{id}"),
             Key::Layout => "layout.json".into(),
         }
     }
@@ -122,6 +147,8 @@ impl Key {
             ["manifests", _, id] => Key::Manifest(ManifestId(hex(id)?)),
             ["packs", _, id] => Key::Pack(ObjectId(hex(id)?)),
             ["index", id] => Key::Index(ObjectId(hex(id)?)),
+            ["pending", id] => Key::Pending(ObjectId(hex(id)?)),
+            ["wanted", id] => Key::Wanted(ObjectId(hex(id)?)),
             ["snapshots", file] => {
                 let (id, ext) = file.split_once('.').ok_or_else(bad)?;
                 let id: SnapshotId = id.parse().map_err(|e| anyhow!("{e}"))?;
@@ -149,7 +176,9 @@ impl Key {
             Key::Chunk(_) => MAX_CHUNK_OBJECT,
             Key::Manifest(_) => MAX_MANIFEST_BYTES as u64,
             Key::Snapshot(_) => MAX_RECORD_BYTES as u64,
-            Key::Tag(_) | Key::Deleted(_) => MAX_TAG_OBJECT_BYTES,
+            Key::Tag(_) | Key::Deleted(_) | Key::Pending(_) | Key::Wanted(_) => {
+                MAX_TAG_OBJECT_BYTES
+            }
             Key::Pack(_) => MAX_PACK_BYTES,
             Key::Index(_) => MAX_INDEX_BYTES,
             Key::Locator(_) => MAX_LOCATOR_BYTES,
@@ -158,10 +187,13 @@ impl Key {
         }
     }
 
-    /// True for the kinds that may be overwritten (tags, tombstones, the
-    /// layout).
+    /// True for the kinds that may be overwritten (tags, tombstones,
+    /// pending and wanted markers, the layout).
     pub fn is_mutable(&self) -> bool {
-        matches!(self, Key::Tag(_) | Key::Deleted(_) | Key::Layout)
+        matches!(
+            self,
+            Key::Tag(_) | Key::Deleted(_) | Key::Pending(_) | Key::Wanted(_) | Key::Layout
+        )
     }
 }
 
@@ -177,6 +209,8 @@ impl fmt::Display for Key {
             Key::Index(id) => write!(f, "index {id}"),
             Key::Locator(id) => write!(f, "chunk locator of snapshot {id}"),
             Key::WorkingSet(id) => write!(f, "working set of snapshot {id}"),
+            Key::Pending(id) => write!(f, "pending marker of pack {id}"),
+            Key::Wanted(id) => write!(f, "wanted marker of pack {id}"),
             Key::Layout => write!(f, "layout.json"),
         }
     }
@@ -245,6 +279,58 @@ impl TagObject {
         }
         serde_json::from_slice(b).map_err(|e| anyhow!("tag '{tag}' object is malformed: {e}"))
     }
+}
+
+/// How long a pending marker keeps readers waiting for its pack: a push
+/// that has not uploaded it within this long is taken for dead (push the
+/// snapshot again to complete it).
+pub const PENDING_MAX_AGE_SECS: u64 = 3600;
+
+/// `pending/<pack id>`: the pack is promised by a push still running.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PendingObject {
+    /// When the push wrote the marker, Unix seconds (the pusher's clock).
+    pub since: u64,
+    /// The index naming the pack (what a later push rebuilds it from).
+    pub index: ObjectId,
+}
+
+impl PendingObject {
+    /// A marker written now for a pack of `index`.
+    pub fn now(index: ObjectId) -> PendingObject {
+        PendingObject {
+            since: unix_now(),
+            index,
+        }
+    }
+
+    /// The object's bytes.
+    pub fn encode(&self) -> Bytes {
+        Bytes::from(serde_json::to_vec(self).expect("pending marker serializes"))
+    }
+
+    /// Parses a marker, bounded.
+    pub fn decode(pack: &ObjectId, b: &[u8]) -> Result<PendingObject> {
+        if b.len() as u64 > MAX_TAG_OBJECT_BYTES {
+            bail!("the pending marker of pack {pack} is over the size limit");
+        }
+        serde_json::from_slice(b)
+            .map_err(|e| anyhow!("the pending marker of pack {pack} is malformed: {e}"))
+    }
+
+    /// Whether readers should still wait for the pack (the marker is
+    /// younger than [`PENDING_MAX_AGE_SECS`]; a marker from the future, a
+    /// skewed clock, counts as fresh).
+    pub fn is_fresh(&self) -> bool {
+        unix_now().saturating_sub(self.since) < PENDING_MAX_AGE_SECS
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// `layout.json`: which layout the hub's objects follow.
@@ -332,6 +418,8 @@ mod tests {
             Key::deleted("py-numpy_1").unwrap(),
             Key::Pack(ObjectId(c.0)),
             Key::Index(ObjectId(c.0)),
+            Key::Pending(ObjectId(c.0)),
+            Key::Wanted(ObjectId(c.0)),
             Key::Locator(s),
             Key::WorkingSet(s),
             Key::Layout,
@@ -353,6 +441,8 @@ mod tests {
             format!("manifests/{}/{}", &hex[..2], &hex[..62]),
             format!("packs/00/{hex}"),
             format!("index/{}/{hex}", &hex[..2]),
+            format!("pending/{}/{hex}", &hex[..2]),
+            "pending/..".into(),
             "snapshots/0123.json".into(),
             format!("snapshots/{}", &hex[..32]),
             format!("snapshots/{}.exe", &hex[..32]),
@@ -362,6 +452,26 @@ mod tests {
         ] {
             assert!(Key::parse(&bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn pending_markers_round_trip_and_go_stale() {
+        let p = ObjectId::of(b"pack");
+        let m = PendingObject::now(ObjectId::of(b"index"));
+        assert_eq!(PendingObject::decode(&p, &m.encode()).unwrap(), m);
+        assert!(m.is_fresh());
+        let old = PendingObject {
+            since: m.since - PENDING_MAX_AGE_SECS,
+            ..m
+        };
+        assert!(!old.is_fresh());
+        let skewed = PendingObject {
+            since: m.since + 600,
+            ..m
+        };
+        assert!(skewed.is_fresh());
+        assert!(PendingObject::decode(&p, b"{\"since\": 1, \"x\": 2}").is_err());
+        assert!(PendingObject::decode(&p, &vec![b' '; 5000]).is_err());
     }
 
     #[test]

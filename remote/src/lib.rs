@@ -31,6 +31,7 @@ pub use s3::S3Hub;
 
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
+use forkd_layers::ObjectId;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -366,10 +367,12 @@ impl Hub {
         }
     }
 
-    /// The objects directly in `dir` (`index` or `snapshots`), as parsed
-    /// keys; names that are not valid object names are skipped.
+    /// The objects directly in `dir` (`index` or `snapshots`; `pending` and
+    /// `wanted` on plain object stores), as parsed keys; names that are not valid
+    /// object names are skipped.
     pub async fn list(&self, dir: &str) -> Result<Vec<Key>> {
-        if dir != "index" && dir != "snapshots" {
+        let markers = (dir == "pending" || dir == "wanted") && self.is_object_store();
+        if dir != "index" && dir != "snapshots" && !markers {
             bail!("only index/ and snapshots/ are listed, not {dir:?}");
         }
         let names = match self {
@@ -384,7 +387,25 @@ impl Hub {
         Ok(names.iter().filter_map(|n| Key::parse(n).ok()).collect())
     }
 
-    /// Removes an object (a migration's `--prune`); file and S3 hubs only.
+    /// A plain object store (file or S3 hub): it takes any well-formed
+    /// object, lists and deletes. An HTTP hub verifies what it stores, so a
+    /// push to it never publishes ahead of its packs (no pending markers).
+    pub fn is_object_store(&self) -> bool {
+        matches!(self, Hub::File(_) | Hub::S3(_))
+    }
+
+    /// Whether a push has promised pack `pack` and may still deliver it: its
+    /// pending marker is there and fresh (`layout`, "Pending packs"). What a
+    /// reader asks when the pack is missing, to wait instead of refusing.
+    pub async fn pack_pending(&self, pack: &ObjectId) -> Result<bool> {
+        Ok(match self.get(&Key::Pending(*pack)).await? {
+            Some(b) => layout::PendingObject::decode(pack, &b)?.is_fresh(),
+            None => false,
+        })
+    }
+
+    /// Removes an object (a migration's `--prune`, a pending marker); file
+    /// and S3 hubs only.
     pub async fn delete(&self, key: &Key) -> Result<()> {
         match self {
             Hub::File(h) => {

@@ -408,6 +408,13 @@ fn store_verified(st: &AppState, key: &Key, body: &[u8]) -> Result<(), Refusal> 
         Key::Deleted(t) => {
             TagObject::decode(t, body).map_err(|e| invalid(format!("{e:#}")))?;
         }
+        Key::Pending(p) | Key::Wanted(p) => {
+            // This hub verifies every index against packs it holds, so a
+            // push to it never runs ahead of its packs.
+            return Err(invalid(format!(
+                "{key}: an HTTP hub takes packs before the index that names them, so nothing is pending on it (pack {p})"
+            )));
+        }
         Key::Tag(t) => {
             let obj = TagObject::decode(t, body).map_err(|e| invalid(format!("{e:#}")))?;
             if !present(&Key::Snapshot(obj.snapshot)) {

@@ -13,14 +13,14 @@ use forkd_layers::{
     ObjectId, RemoteChunk, SnapshotId, SnapshotRecord, Store, StoreView, VerifiedChunk, WorkingSet,
 };
 use forkd_remote::layout::{decode_chunk, Key, Locator, LAYOUT_PACKED};
-use forkd_remote::packs::{plan_reads, split_read, ChunkMap, Coalesce, Location};
+use forkd_remote::packs::{plan_reads, split_read, ChunkMap, Coalesce, Location, RangeRead};
 use forkd_remote::Credentials;
 use forkd_snapshot::Progress;
 use futures::StreamExt;
 use std::collections::{BTreeSet, HashMap, HashSet};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Longest parent chain a pull follows.
 const MAX_CHAIN: usize = 10_000;
@@ -578,19 +578,7 @@ async fn fetch_packed(
     let (tx, importer) = start_importer(store, jobs, opts);
     let mut fetches = futures::stream::iter(reads)
         .map(|r| async move {
-            let key = Key::Pack(r.object);
-            let b = if r.object_len == Some(r.len) && r.start == 0 {
-                hub.get(&key).await?
-            } else {
-                hub.get_range(&key, r.start, r.len).await?
-            };
-            let b = b.ok_or_else(|| {
-                Refused(format!(
-                    "{} lacks pack {}; the hub is incomplete, push the snapshot again",
-                    hub.describe(),
-                    r.object
-                ))
-            })?;
+            let b = read_pack(hub, &r).await?;
             let wire = b.len() as u64;
             let chunks = blocking(move || {
                 split_read(&r, &b)
@@ -628,6 +616,34 @@ async fn fetch_packed(
     }
     drop(fetches);
     finish_import(tx, importer, failed, &progress, report).await
+}
+
+/// One planned read of a pack. A pack that is missing but promised by a
+/// push still running (its pending marker) is waited for, polling with
+/// backoff; a missing pack without a fresh marker is refused.
+async fn read_pack(hub: &Hub, r: &RangeRead) -> Result<Bytes> {
+    let key = Key::Pack(r.object);
+    let mut delay = Duration::from_millis(100);
+    loop {
+        let b = if r.object_len == Some(r.len) && r.start == 0 {
+            hub.get(&key).await?
+        } else {
+            hub.get_range(&key, r.start, r.len).await?
+        };
+        if let Some(b) = b {
+            return Ok(b);
+        }
+        if !hub.pack_pending(&r.object).await? {
+            return Err(Refused(format!(
+                "{} lacks pack {}; the hub is incomplete, push the snapshot again",
+                hub.describe(),
+                r.object
+            ))
+            .into());
+        }
+        tokio::time::sleep(delay).await;
+        delay = (delay * 2).min(Duration::from_secs(2));
+    }
 }
 
 type Importer = tokio::task::JoinHandle<Result<ChunkImport>>;
