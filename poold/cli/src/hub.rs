@@ -180,6 +180,17 @@ pub async fn push(paths: &Paths, a: PushArgs) -> Result<()> {
         quiet: a.transfer.quiet,
         layout: a.layout,
         pack_bytes: None,
+        on_publish: Some(Arc::new(|p: &hub::Published| {
+            // Its own line, as it happens: other hosts may pull from here.
+            if p.late_packs > 0 {
+                println!(
+                    "published after {:.2}s; {} packs ({}) still uploading",
+                    p.after.as_secs_f64(),
+                    p.late_packs,
+                    mib(p.late_bytes)
+                );
+            }
+        })),
     };
     let r = hub::push(view.view(), &a.tag, &hub, &opts).await?;
     println!("pushed {} to {}: {}", a.tag, hub.describe(), r.summary());

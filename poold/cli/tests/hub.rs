@@ -780,6 +780,30 @@ async fn s3_hub_on_a_real_s3_server() {
     assert!(s.lazy_snapshots().unwrap().is_empty());
     assert_same(&fx.store, &s, &fx.head);
     assert!(s.verify().unwrap().is_ok());
+    // With a working set the push publishes before the rest of its packs,
+    // each promised, asked for and delivered, and the markers are gone
+    // after: through the S3 protocol's LIST and DELETE.
+    record_working_set(&fx, 16);
+    let early = Hub::open("s3://forkd-test/hubs/early", None).unwrap();
+    let opts = PushOptions {
+        pack_bytes: Some(1 << 20),
+        ..quiet_push()
+    };
+    let r = push(fx.store.view(), "head", &early, &opts).await.unwrap();
+    assert!(r.late_packs > 0, "{}", r.summary());
+    assert!(r.requests < 100, "{}", r.summary());
+    let markers = root.path().join("forkd-test/hubs/early/pending");
+    assert!(
+        std::fs::read_dir(&markers).map_or(true, |mut d| d.next().is_none()),
+        "markers left in {}",
+        markers.display()
+    );
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    pull(s.clone(), &early, "head", &quiet_pull())
+        .await
+        .unwrap();
+    assert_same(&fx.store, &s, &fx.head);
     // Big have/want batches list fan-out directories instead of HEADing
     // (a layout-1 hub).
     let v1 = Hub::open("s3://forkd-test/hubs/v1", None).unwrap();
@@ -990,4 +1014,240 @@ async fn forged_vm_config_is_refused() {
         .unwrap_err();
     assert!(format!("{e:#}").contains("lacks manifest"), "{e:#}");
     assert!(s.view().list_snapshots().unwrap().is_empty());
+}
+
+/// Gives `head` a working set of the first `slots` chunk slots of its
+/// memory.bin.
+fn record_working_set(fx: &Fixture, slots: u32) {
+    let mut ws = forkd_layers::WorkingSet::new();
+    for s in 0..slots {
+        ws.push("memory.bin", s);
+    }
+    fx.store.set_working_set(&fx.head, &ws).unwrap();
+}
+
+/// The pending markers in a file hub's directory, by pack file name.
+fn pending_markers(hub_dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(hub_dir.join("pending"))
+        .map(|rd| {
+            rd.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    names.sort();
+    names
+}
+
+fn pack_path(hub_dir: &Path, pack: &str) -> PathBuf {
+    hub_dir.join("packs").join(&pack[..2]).join(pack)
+}
+
+/// What a file hub held when the push said it had published.
+#[derive(Debug, Default)]
+struct AtPublish {
+    tag: bool,
+    markers: Vec<String>,
+    packs_up: usize,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_publishes_once_the_working_set_is_up_and_promises_the_rest() {
+    let fx = fixture(65536);
+    record_working_set(&fx, 16);
+    let dir = tempfile::tempdir().unwrap();
+    let hub_dir = dir.path().to_path_buf();
+    let hub = Hub::open(&format!("file://{}", hub_dir.display()), None).unwrap();
+    let seen = Arc::new(std::sync::Mutex::new(None));
+    let opts = PushOptions {
+        pack_bytes: Some(1 << 20),
+        on_publish: Some(Arc::new({
+            let (seen, hub_dir) = (seen.clone(), hub_dir.clone());
+            move |_p: &forkd_hub::Published| {
+                let markers = pending_markers(&hub_dir);
+                let packs_up = markers
+                    .iter()
+                    .filter(|m| pack_path(&hub_dir, m).exists())
+                    .count();
+                *seen.lock().unwrap() = Some(AtPublish {
+                    tag: hub_dir.join("tags/head").is_file(),
+                    markers,
+                    packs_up,
+                });
+            }
+        })),
+        ..quiet_push()
+    };
+    let r = push(fx.store.view(), "head", &hub, &opts).await.unwrap();
+    let at = seen.lock().unwrap().take().expect("the push published");
+    assert!(at.tag, "the tag is up when the push says it published");
+    assert!(
+        !at.markers.is_empty() && at.packs_up == 0,
+        "packs outside the working set come after, each promised: {at:?}"
+    );
+    assert_eq!(r.late_packs as usize, at.markers.len());
+    assert!(r.packs > r.late_packs, "the working set's packs came first");
+    assert!(
+        pending_markers(&hub_dir).is_empty(),
+        "every marker goes once its pack is up"
+    );
+    // The hub is complete: a full pull is byte-exact.
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    pull(s.clone(), &hub, "head", &quiet_pull()).await.unwrap();
+    assert_same(&fx.store, &s, &fx.head);
+
+    // Without a working set (or on an HTTP hub) the tag is the last object:
+    // nothing is promised.
+    let fx2 = fixture(65536);
+    let dir2 = tempfile::tempdir().unwrap();
+    let hub2 = Hub::open(&format!("file://{}", dir2.path().display()), None).unwrap();
+    let r = push(
+        fx2.store.view(),
+        "head",
+        &hub2,
+        &PushOptions {
+            pack_bytes: Some(1 << 20),
+            ..quiet_push()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.late_packs, 0);
+}
+
+/// Pushes `fx`'s head with a working set and small packs, then takes one
+/// pack outside the working set back off the hub and leaves its pending
+/// marker, as a push killed before that pack would. Returns the pack's
+/// file name and bytes.
+async fn push_then_unfinish(fx: &Fixture, hub: &Hub, hub_dir: &Path) -> (String, Vec<u8>) {
+    record_working_set(fx, 16);
+    let markers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let opts = PushOptions {
+        pack_bytes: Some(1 << 20),
+        on_publish: Some(Arc::new({
+            let (markers, hub_dir) = (markers.clone(), hub_dir.to_path_buf());
+            move |_p: &forkd_hub::Published| {
+                let copies: Vec<(String, Vec<u8>)> = pending_markers(&hub_dir)
+                    .into_iter()
+                    .map(|m| {
+                        let b = std::fs::read(hub_dir.join("pending").join(&m)).unwrap();
+                        (m, b)
+                    })
+                    .collect();
+                *markers.lock().unwrap() = copies;
+            }
+        })),
+        ..quiet_push()
+    };
+    push(fx.store.view(), "head", hub, &opts).await.unwrap();
+    let (pack, marker) = markers.lock().unwrap().last().cloned().expect("late packs");
+    let path = pack_path(hub_dir, &pack);
+    let bytes = std::fs::read(&path).unwrap();
+    std::fs::remove_file(&path).unwrap();
+    std::fs::write(hub_dir.join("pending").join(&pack), marker).unwrap();
+    (pack, bytes)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pull_waits_for_a_promised_pack_and_refuses_a_missing_one() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let hub_dir = dir.path().to_path_buf();
+    let hub = Hub::open(&format!("file://{}", hub_dir.display()), None).unwrap();
+    let (pack, bytes) = push_then_unfinish(&fx, &hub, &hub_dir).await;
+
+    // The pack arrives (and its marker goes) 600 ms into the pull.
+    let arrive = {
+        let hub_dir = hub_dir.clone();
+        let pack = pack.clone();
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(600));
+            std::fs::write(pack_path(&hub_dir, &pack), &bytes).unwrap();
+            std::fs::remove_file(hub_dir.join("pending").join(&pack)).unwrap();
+            bytes
+        })
+    };
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    let t = Instant::now();
+    pull(s.clone(), &hub, "head", &quiet_pull())
+        .await
+        .expect("a promised pack is waited for");
+    assert!(t.elapsed() >= Duration::from_millis(600));
+    assert_same(&fx.store, &s, &fx.head);
+    let bytes = arrive.join().unwrap();
+
+    // The same pack gone with no marker: refused at once, naming it.
+    std::fs::remove_file(pack_path(&hub_dir, &pack)).unwrap();
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    let e = pull(s.clone(), &hub, "head", &quiet_pull())
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains(&pack), "{e:#}");
+    assert!(s.snapshot(&fx.head).unwrap().is_none());
+
+    // A marker older than readers wait for is a push that died: refused.
+    let stale = forkd_hub::Key::Pending(pack.parse().unwrap());
+    let old = serde_json::json!({"since": 1, "index": forkd_layers::ObjectId::of(b"x")});
+    hub.put(&stale, serde_json::to_vec(&old).unwrap().into())
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let e = pull(s.clone(), &hub, "head", &quiet_pull())
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains(&pack), "{e:#}");
+    assert!(t.elapsed() < Duration::from_secs(30));
+    std::fs::write(pack_path(&hub_dir, &pack), bytes).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pushing_again_completes_a_push_that_stopped_after_publishing() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let hub_dir = dir.path().to_path_buf();
+    let hub = Hub::open(&format!("file://{}", hub_dir.display()), None).unwrap();
+    let (pack, bytes) = push_then_unfinish(&fx, &hub, &hub_dir).await;
+    let r = push(fx.store.view(), "head", &hub, &quiet_push())
+        .await
+        .unwrap();
+    assert_eq!(r.completed_packs, 1, "{}", r.summary());
+    assert_eq!(std::fs::read(pack_path(&hub_dir, &pack)).unwrap(), bytes);
+    assert!(pending_markers(&hub_dir).is_empty());
+    let d = tempfile::tempdir().unwrap();
+    let s = open(d.path());
+    pull(s.clone(), &hub, "head", &quiet_pull()).await.unwrap();
+    assert_same(&fx.store, &s, &fx.head);
+    // A store that lacks the pack's chunks leaves the marker alone.
+    std::fs::remove_file(pack_path(&hub_dir, &pack)).unwrap();
+    let marker = forkd_hub::Key::Pending(pack.parse().unwrap());
+    let index = std::fs::read_dir(hub_dir.join("index"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .file_name();
+    let m = serde_json::json!({"since": 4_000_000_000u64, "index": index.to_string_lossy()});
+    hub.put(&marker, serde_json::to_vec(&m).unwrap().into())
+        .await
+        .unwrap();
+    let d2 = tempfile::tempdir().unwrap();
+    let lone = open(d2.path());
+    let data = synth::mixed_file(42, 300_000, 65536);
+    let f = lone
+        .ingest_reader(&data[..], &IngestOptions::default())
+        .unwrap();
+    lone.commit_snapshot(NewSnapshot {
+        files: BTreeMap::from([("rootfs.img".to_string(), f.file_ref())]),
+        config: serde_json::json!({"qemu_version": "10.0.2", "machine_signature": "test"}),
+        tag: Some("other".into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let r = push(lone.view(), "other", &hub, &quiet_push())
+        .await
+        .unwrap();
+    assert_eq!(r.completed_packs, 0);
+    assert_eq!(pending_markers(&hub_dir), vec![pack]);
 }

@@ -27,4 +27,6 @@ mod transfer;
 pub use forkd_remote::{
     blocking, layout, packs, read_token, Credentials, Hub, Key, Timeouts, TrafficCounts,
 };
-pub use transfer::{pull, push, PullOptions, PushOptions, Refused, TransferReport};
+pub use transfer::{
+    pull, push, PublishCallback, Published, PullOptions, PushOptions, Refused, TransferReport,
+};

@@ -96,6 +96,18 @@ pub struct PushFigures {
     pub seconds: f64,
     /// The snapshot had a recorded working set to send.
     pub working_set: bool,
+    /// When the snapshot was published on the hub, s: before the end when
+    /// the push sent the packs outside the working set after it.
+    #[serde(default)]
+    pub published_s: Option<f64>,
+}
+
+impl PushFigures {
+    /// When the snapshot was published, s (a report from before pushes
+    /// published early: the push's end).
+    pub fn published(&self) -> f64 {
+        self.published_s.unwrap_or(self.seconds)
+    }
 }
 
 /// Medians of one link and mode.
@@ -345,26 +357,80 @@ fn start_s3(net: &Net, args: &Args, work: &Path) -> Result<Proc> {
 }
 
 /// `forkd push TAG URL` with the command `forkd` (a [`forkd_in`]).
-fn push(mut forkd: Command, tag: &str, url: &str) -> Result<PushFigures> {
+fn push(forkd: Command, tag: &str, url: &str) -> Result<PushFigures> {
+    start_push(forkd, tag, url)?.finish()
+}
+
+/// A `forkd push` that has published its snapshot and may still be
+/// uploading the packs outside the working set.
+struct PushUnderWay {
+    child: std::process::Child,
+    out: std::io::BufReader<std::process::ChildStdout>,
+    t0: Instant,
+    published_s: f64,
+}
+
+/// Starts `forkd push TAG URL` and returns once the snapshot is published:
+/// at the push's "published after" line, or at its end when it publishes
+/// last.
+fn start_push(mut forkd: Command, tag: &str, url: &str) -> Result<PushUnderWay> {
+    use std::io::BufRead;
     let t0 = Instant::now();
-    let out = forkd
+    let mut child = forkd
         .args(["push", tag, url, "-q"])
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .context("running forkd push")?;
-    if !out.status.success() {
-        bail!(
-            "forkd push failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
+    let mut line = String::new();
+    while out
+        .read_line(&mut line)
+        .context("reading forkd push's output")?
+        > 0
+    {
+        if line.starts_with("published after ") {
+            break;
+        }
+        line.clear();
     }
-    let line = String::from_utf8_lossy(&out.stdout).to_string();
-    Ok(PushFigures {
-        requests: figure(&line, " requests").unwrap_or(0),
-        packs: figure(&line, " packs").unwrap_or(0),
-        wire_bytes: mib_figure(&line, " on the wire").unwrap_or(0),
-        seconds: seconds_figure(&line).unwrap_or_else(|| t0.elapsed().as_secs_f64()),
-        working_set: line.contains("with its working set"),
+    Ok(PushUnderWay {
+        child,
+        out,
+        t0,
+        published_s: t0.elapsed().as_secs_f64(),
     })
+}
+
+impl PushUnderWay {
+    /// Waits for the push to end; its figures.
+    fn finish(mut self) -> Result<PushFigures> {
+        use std::io::Read;
+        let mut rest = String::new();
+        self.out
+            .read_to_string(&mut rest)
+            .context("reading forkd push's output")?;
+        let mut err = String::new();
+        if let Some(mut e) = self.child.stderr.take() {
+            let _ = e.read_to_string(&mut err);
+        }
+        let status = self.child.wait().context("waiting for forkd push")?;
+        if !status.success() {
+            bail!("forkd push failed: {err}");
+        }
+        let line = rest
+            .lines()
+            .rfind(|l| l.starts_with("pushed "))
+            .unwrap_or_default();
+        Ok(PushFigures {
+            requests: figure(line, " requests").unwrap_or(0),
+            packs: figure(line, " packs").unwrap_or(0),
+            wire_bytes: mib_figure(line, " on the wire").unwrap_or(0),
+            seconds: seconds_figure(line).unwrap_or_else(|| self.t0.elapsed().as_secs_f64()),
+            working_set: line.contains("with its working set"),
+            published_s: Some(self.published_s),
+        })
+    }
 }
 
 /// The proxy in front of s3s-fs that adds nothing.

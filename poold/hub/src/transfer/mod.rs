@@ -57,7 +57,7 @@ const MAX_INDEX_TOTAL_BYTES: usize = 1 << 30;
 /// Small objects (manifests, locators, indexes, working sets) a transfer
 /// asks for at once: each GET is a round trip, so one at a time would cost
 /// a pull over a slow link a round trip per object.
-const METADATA_GETS: usize = 8;
+pub(crate) const METADATA_GETS: usize = 8;
 /// Packs uploaded at once (each is held in memory while it goes).
 const PACK_UPLOADS: usize = 4;
 
@@ -90,6 +90,12 @@ pub struct TransferReport {
     pub wire_bytes: u64,
     /// Packs written (push to a layout-2 hub).
     pub packs: u64,
+    /// Of those, packs uploaded after the snapshot was published.
+    pub late_packs: u64,
+    /// Packs an earlier, unfinished push promised that this one uploaded.
+    pub completed_packs: u64,
+    /// When the records and tag were up, since the start (a push).
+    pub published_after: Option<Duration>,
     /// Requests sent to the hub (HTTP and S3 hubs; 0 for file hubs).
     pub requests: u64,
     /// A lazy pull: chunks left on the hub for forkd-fs to fetch.
@@ -132,6 +138,19 @@ impl TransferReport {
         if self.working_set {
             s.push_str("; with its working set");
         }
+        if self.completed_packs > 0 {
+            s.push_str(&format!(
+                "; {} packs of an unfinished push completed",
+                self.completed_packs
+            ));
+        }
+        if let (Some(t), true) = (self.published_after, self.late_packs > 0) {
+            s.push_str(&format!(
+                "; published after {:.2}s, {} packs after it",
+                t.as_secs_f64(),
+                self.late_packs
+            ));
+        }
         if self.requests > 0 {
             s.push_str(&format!("; {} requests", self.requests));
         }
@@ -144,8 +163,22 @@ impl TransferReport {
     }
 }
 
+/// A push's publication: its records and tag are on the hub.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Published {
+    /// Since the push started.
+    pub after: Duration,
+    /// Packs still to upload (promised by pending markers).
+    pub late_packs: u64,
+    /// Their bytes.
+    pub late_bytes: u64,
+}
+
+/// Called once when a push has published its snapshot (see [`Published`]).
+pub type PublishCallback = Arc<dyn Fn(&Published) + Send + Sync>;
+
 /// Options of [`push`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct PushOptions {
     /// Tag to set on the hub (default: the local tag pushed, if a tag).
     pub hub_tag: Option<String>,
@@ -158,6 +191,9 @@ pub struct PushOptions {
     pub layout: Option<u32>,
     /// Bytes a pack is filled to (default 8 MiB).
     pub pack_bytes: Option<usize>,
+    /// Told when the snapshot is published, which on a file or S3 hub is
+    /// before the packs outside its working set are up.
+    pub on_publish: Option<PublishCallback>,
 }
 
 /// Options of [`pull`].
@@ -276,6 +312,31 @@ pub(crate) async fn load_index(
         map.add(id, &index);
     }
     Ok(map)
+}
+
+/// One index object, from the local cache or the hub (then cached),
+/// checked against its name.
+pub(crate) async fn index_object(
+    hub: &Hub,
+    store_root: &Path,
+    id: &ObjectId,
+    report: &mut TransferReport,
+) -> Result<Index> {
+    let cached = std::fs::read(index_cache(store_root).join(id.to_string()))
+        .ok()
+        .filter(|b| ObjectId::of(b) == *id);
+    if let Some(b) = cached {
+        return Index::decode(id, &b);
+    }
+    let b = hub
+        .get(&Key::Index(*id))
+        .await?
+        .ok_or_else(|| Refused(format!("{} lacks index {id}", hub.describe())))?;
+    report.wire_bytes += b.len() as u64;
+    let index =
+        Index::decode(id, &b).map_err(|e| Refused(format!("{e:#} (from {})", hub.describe())))?;
+    cache_index(store_root, id, &b);
+    Ok(index)
 }
 
 /// Resolves `name` on the hub: a snapshot id the hub has, else a tag.

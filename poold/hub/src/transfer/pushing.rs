@@ -1,8 +1,24 @@
 //! Push: what the hub lacks of a snapshot's chain, in packs (or an object
 //! per chunk on a layout-1 hub), then the objects that name them, the tag
 //! last (see the parent module).
+//!
+//! **Publishing early.** On a plain object store (file, S3) a push whose
+//! snapshot has a recorded working set publishes once the working set's
+//! packs are up: it plans the other packs (ids and entries, built once and
+//! dropped), writes a pending marker for each (`forkd_remote::layout`,
+//! "Pending packs"), the index naming all of them, then manifests, locators,
+//! working sets, records and tag, and only then uploads the other packs,
+//! built again byte for byte, removing each marker as its pack lands. Other
+//! hosts start their lazy pulls after the working set instead of after the
+//! whole snapshot. Invariant: every pack an index on the hub names is on
+//! the hub, or has a marker. A push also first uploads any pack an
+//! unfinished earlier push promised whose chunks this store holds, so
+//! running a failed push again completes it.
 
-use super::{cache_index, load_index, Hub, PushOptions, TransferReport, PACK_UPLOADS};
+use super::{
+    cache_index, index_object, load_index, Hub, Published, PushOptions, TransferReport,
+    PACK_UPLOADS,
+};
 use crate::blocking;
 use anyhow::{anyhow, bail, Context, Result};
 use bytes::Bytes;
@@ -10,9 +26,10 @@ use forkd_layers::{
     validate_tag, ChunkId, ManifestId, ObjectId, SnapshotId, SnapshotRecord, StoreView,
 };
 use forkd_remote::layout::{
-    encode_chunk, Key, LayoutObject, Locator, TagObject, LAYOUT_CHUNKS, LAYOUT_PACKED,
+    encode_chunk, Key, LayoutObject, Locator, PendingObject, TagObject, LAYOUT_CHUNKS,
+    LAYOUT_PACKED,
 };
-use forkd_remote::packs::{ChunkMap, Index, PackBuilder, DEFAULT_PACK_BYTES};
+use forkd_remote::packs::{ChunkMap, Index, PackBuilder, PackInfo, DEFAULT_PACK_BYTES};
 use forkd_snapshot::Progress;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{BTreeSet, HashSet};
@@ -113,28 +130,146 @@ pub async fn push(
         ..Default::default()
     };
     let mut chunk_map = ChunkMap::default();
+    let mut late = None;
     if layout == LAYOUT_PACKED {
-        chunk_map = load_index(hub, view.root(), None, &mut report).await?;
-        let missing: Vec<ChunkId> = candidates
-            .iter()
-            .filter(|c| chunk_map.get(c).is_none())
-            .copied()
-            .collect();
-        let ordered = {
-            let (view, recs) = (view.clone(), missing_recs.clone());
-            blocking(move || working_set_first(&view, &recs, missing)).await?
-        };
-        let index = push_packs(&view, hub, ordered, opts, &mut report).await?;
-        if let Some((id, index)) = index {
-            chunk_map.add(id, &index);
-        }
+        (chunk_map, late) =
+            send_packs(&view, hub, &candidates, &missing_recs, opts, &mut report).await?;
     } else {
         push_chunk_objects(&view, hub, &candidates, opts, &mut report).await?;
     }
     hub.flush().await?;
+    let names = Names {
+        head: head.id,
+        records: &missing_recs,
+        manifests: &manifests,
+        layout,
+        chunk_map: &chunk_map,
+    };
+    put_names(&view, hub, &names, &mut report).await?;
+    // A tag refused here still lets the packs already promised go up.
+    let tagged = match &hub_tag {
+        Some(t) => publish_tag(&view, hub, t, head.id, opts, &mut report).await,
+        None => Ok(()),
+    };
+    let published = Published {
+        after: start.elapsed(),
+        late_packs: late.as_ref().map_or(0, |l| l.planned.len() as u64),
+        late_bytes: late
+            .as_ref()
+            .map_or(0, |l| l.planned.iter().map(|p| p.len).sum()),
+    };
+    report.published_after = Some(published.after);
+    if let (Some(cb), true) = (&opts.on_publish, tagged.is_ok()) {
+        cb(&published);
+    }
+    if let Some(Late { planned, progress }) = late {
+        upload_late(&view, hub, planned, &progress, &mut report)
+            .await
+            .with_context(|| {
+                format!(
+                    "snapshot {} is published on {}, but not all of its packs are up: run the push again to complete it (readers wait for the missing packs up to {} min)",
+                    head.id,
+                    hub.describe(),
+                    forkd_remote::layout::PENDING_MAX_AGE_SECS / 60
+                )
+            })?;
+        progress.finish();
+    }
+    tagged?;
+    report.requests = hub.traffic().since(&traffic0).requests;
+    report.elapsed = start.elapsed();
+    Ok(report)
+}
 
-    let mkeys: Vec<Key> = manifests.iter().map(|m| Key::Manifest(*m)).collect();
-    for (m, have) in manifests.iter().zip(hub.has(&mkeys).await?) {
+/// Packs a push uploads after publishing, and its progress bar.
+struct Late {
+    planned: Vec<PackInfo>,
+    progress: Progress,
+}
+
+/// Layout 2: completes what earlier pushes promised, then sends the chunks
+/// the hub lacks in packs, working set first, and the index naming them.
+/// On a plain object store with a working set, only the working set's
+/// packs are sent here; the rest are planned, marked pending and named by
+/// the index, and returned to be sent after publishing. Returns where the
+/// hub's chunks are.
+async fn send_packs(
+    view: &StoreView,
+    hub: &Hub,
+    candidates: &[ChunkId],
+    missing_recs: &[SnapshotRecord],
+    opts: &PushOptions,
+    report: &mut TransferReport,
+) -> Result<(ChunkMap, Option<Late>)> {
+    let mut chunk_map = load_index(hub, view.root(), None, report).await?;
+    if hub.is_object_store() {
+        complete_pending(view, hub, report).await?;
+    }
+    let missing: Vec<ChunkId> = candidates
+        .iter()
+        .filter(|c| chunk_map.get(c).is_none())
+        .copied()
+        .collect();
+    let (mut ordered, ws_len) = {
+        let (view, recs) = (view.clone(), missing_recs.to_vec());
+        blocking(move || working_set_first(&view, &recs, missing)).await?
+    };
+    let progress = Progress::new("push", opts.quiet);
+    progress.set_total(stored_total(view, &ordered)?);
+    let early = hub.is_object_store() && ws_len > 0 && ws_len < ordered.len();
+    let mut late = None;
+    let mut packs = Vec::new();
+    if early {
+        let rest = ordered.split_off(ws_len);
+        let plan = {
+            let view = view.clone();
+            let target = opts.pack_bytes.unwrap_or(DEFAULT_PACK_BYTES);
+            tokio::task::spawn_blocking(move || plan_packs(&view, rest, target))
+        };
+        packs = upload_packs(view, hub, ordered, opts, &progress, report).await?;
+        let planned = plan.await.context("planning the packs panicked")??;
+        packs.extend(planned.iter().cloned());
+        let index_id = ObjectId::of(
+            &Index {
+                packs: packs.clone(),
+            }
+            .encode(),
+        );
+        mark_pending(hub, &planned, index_id).await?;
+        late = Some(Late { planned, progress });
+    } else {
+        if !ordered.is_empty() {
+            packs = upload_packs(view, hub, ordered, opts, &progress, report).await?;
+        }
+        progress.finish();
+    }
+    if !packs.is_empty() {
+        let index = Index { packs };
+        let id = put_index(view, hub, &index, report).await?;
+        chunk_map.add(id, &index);
+    }
+    Ok((chunk_map, late))
+}
+
+/// What names a push's chunks: the objects [`put_names`] writes.
+struct Names<'a> {
+    head: SnapshotId,
+    records: &'a [SnapshotRecord],
+    manifests: &'a [ManifestId],
+    layout: u32,
+    chunk_map: &'a ChunkMap,
+}
+
+/// Manifests → locators → working sets → records root first, flushing
+/// before the records (each step names only what is already up).
+async fn put_names(
+    view: &StoreView,
+    hub: &Hub,
+    n: &Names<'_>,
+    report: &mut TransferReport,
+) -> Result<()> {
+    let mkeys: Vec<Key> = n.manifests.iter().map(|m| Key::Manifest(*m)).collect();
+    for (m, have) in n.manifests.iter().zip(hub.has(&mkeys).await?) {
         if !have {
             let bytes = Bytes::from(view.manifest_bytes(m)?);
             report.wire_bytes += bytes.len() as u64;
@@ -142,9 +277,9 @@ pub async fn push(
             hub.put(&Key::Manifest(*m), bytes).await?;
         }
     }
-    if layout == LAYOUT_PACKED {
-        for rec in &missing_recs {
-            let locator = locator_of(&view, rec, &chunk_map)?;
+    if n.layout == LAYOUT_PACKED {
+        for rec in n.records {
+            let locator = locator_of(view, rec, n.chunk_map)?;
             let b = locator.encode();
             report.wire_bytes += b.len() as u64;
             hub.put(&Key::Locator(rec.id), b).await?;
@@ -152,49 +287,57 @@ pub async fn push(
     }
     // Working sets: of the records sent, and the head's if it was
     // recorded after an earlier push.
-    let mut ws_recs: Vec<SnapshotId> = missing_recs.iter().map(|r| r.id).collect();
-    if !ws_recs.contains(&head.id)
-        && view.working_set(&head.id)?.is_some()
-        && !hub.has(&[Key::WorkingSet(head.id)]).await?[0]
+    let mut ws_recs: Vec<SnapshotId> = n.records.iter().map(|r| r.id).collect();
+    if !ws_recs.contains(&n.head)
+        && view.working_set(&n.head)?.is_some()
+        && !hub.has(&[Key::WorkingSet(n.head)]).await?[0]
     {
-        ws_recs.push(head.id);
+        ws_recs.push(n.head);
     }
     for id in &ws_recs {
         if let Some(b) = view.annotation(id, forkd_layers::workingset::ANNOTATION)? {
             report.wire_bytes += b.len() as u64;
-            report.working_set |= *id == head.id;
+            report.working_set |= *id == n.head;
             hub.put(&Key::WorkingSet(*id), Bytes::from(b)).await?;
         }
     }
     hub.flush().await?;
-    for rec in &missing_recs {
+    for rec in n.records {
         let json = Bytes::from(serde_json::to_vec(rec)?);
         report.wire_bytes += json.len() as u64;
         report.snapshots += 1;
         hub.put(&Key::Snapshot(rec.id), json).await?;
     }
-    hub.flush().await?;
-    if let Some(t) = &hub_tag {
-        // In turn with deletes (`lazy::unpublish_tag`): a tag deleted or
-        // moved here while its chunks crossed is not published after it.
-        let _turn = PUBLISH_TURN.lock().await;
-        if opts.hub_tag.is_none() {
-            view.catch_up()?;
-            if view.tag(t)? != Some(head.id) {
-                bail!(
-                    "tag '{t}' was deleted or moved here while snapshot {} was pushed: its chunks and record are on the hub, the tag is not (push the tag again if it should be)",
-                    head.id
-                );
-            }
+    hub.flush().await
+}
+
+/// Publishes tag `t` for `head` (in turn with deletes). Refuses when the
+/// local tag pushed was deleted or moved meanwhile.
+async fn publish_tag(
+    view: &StoreView,
+    hub: &Hub,
+    t: &str,
+    head: SnapshotId,
+    opts: &PushOptions,
+    report: &mut TransferReport,
+) -> Result<()> {
+    // In turn with deletes (`lazy::unpublish_tag`): a tag deleted or
+    // moved here while its chunks crossed is not published after it.
+    let _turn = PUBLISH_TURN.lock().await;
+    if opts.hub_tag.is_none() {
+        view.catch_up()?;
+        if view.tag(t)? != Some(head) {
+            bail!(
+                "tag '{t}' was deleted or moved here while snapshot {} was pushed: its chunks and record are on the hub, the tag is not (push the tag again if it should be)",
+                head
+            );
         }
-        let obj = TagObject { snapshot: head.id }.encode();
-        report.wire_bytes += obj.len() as u64;
-        hub.put(&Key::tag(t)?, obj).await?;
-        hub.flush().await?;
     }
-    report.requests = hub.traffic().since(&traffic0).requests;
-    report.elapsed = start.elapsed();
-    Ok(report)
+    let obj = TagObject { snapshot: head }.encode();
+    report.wire_bytes += obj.len() as u64;
+    hub.put(&Key::tag(t)?, obj).await?;
+    hub.flush().await?;
+    Ok(())
 }
 
 /// The chunks of the records the hub lacks that no record it has names
@@ -236,12 +379,13 @@ fn push_candidates(
 
 /// `missing` with the chunks of the records' working sets first, in the
 /// order they were recorded (the head's first), then the rest in order: a
-/// lazy host's prefetch then reads a few contiguous ranges.
+/// lazy host's prefetch then reads a few contiguous ranges. Also how many
+/// come first.
 fn working_set_first(
     view: &StoreView,
     recs: &[SnapshotRecord],
     missing: Vec<ChunkId>,
-) -> Result<Vec<ChunkId>> {
+) -> Result<(Vec<ChunkId>, usize)> {
     let wanted: HashSet<ChunkId> = missing.iter().copied().collect();
     let mut out = Vec::with_capacity(missing.len());
     let mut placed = HashSet::new();
@@ -254,8 +398,9 @@ fn working_set_first(
             }
         }
     }
+    let first = out.len();
     out.extend(missing.into_iter().filter(|c| !placed.contains(c)));
-    Ok(out)
+    Ok((out, first))
 }
 
 /// Layout 1: one have/want query, then one object per missing chunk.
@@ -310,26 +455,27 @@ async fn push_chunk_objects(
     Ok(())
 }
 
-/// Layout 2: packs the missing chunks in order, uploads the packs (a few at
-/// a time), then one index object naming them. Returns the index.
-async fn push_packs(
-    view: &StoreView,
-    hub: &Hub,
-    missing: Vec<ChunkId>,
-    opts: &PushOptions,
-    report: &mut TransferReport,
-) -> Result<Option<(ObjectId, Index)>> {
-    if missing.is_empty() {
-        return Ok(None);
-    }
-    let progress = Progress::new("push", opts.quiet);
+/// The stored bytes of `chunks` (what the progress bar counts).
+fn stored_total(view: &StoreView, chunks: &[ChunkId]) -> Result<u64> {
     let mut total = 0;
-    for c in &missing {
+    for c in chunks {
         total += view
             .chunk_location(c)?
             .map_or(0, |l| u64::from(l.stored_len));
     }
-    progress.set_total(total);
+    Ok(total)
+}
+
+/// Packs `chunks` in order and uploads the packs as they close (a few at a
+/// time). Returns the packs.
+async fn upload_packs(
+    view: &StoreView,
+    hub: &Hub,
+    chunks: Vec<ChunkId>,
+    opts: &PushOptions,
+    progress: &Progress,
+    report: &mut TransferReport,
+) -> Result<Vec<PackInfo>> {
     let (tx, rx) = tokio::sync::mpsc::channel(1);
     let target = opts.pack_bytes.unwrap_or(DEFAULT_PACK_BYTES);
     let packer = {
@@ -337,7 +483,7 @@ async fn push_packs(
         tokio::task::spawn_blocking(move || -> Result<(u64, u64, u64)> {
             let mut b = PackBuilder::new(target);
             let (mut n, mut stored, mut raw) = (0, 0, 0);
-            for id in missing {
+            for id in chunks {
                 let c = view.stored_chunk(&id)?;
                 n += 1;
                 stored += c.record_len();
@@ -358,25 +504,19 @@ async fn push_packs(
         .jobs
         .unwrap_or_else(|| hub.default_jobs())
         .clamp(1, PACK_UPLOADS);
-    let uploaded: Result<Vec<forkd_remote::packs::PackInfo>> = tokio_stream_of(rx)
-        .map(|p| {
-            let (hub, progress) = (hub.clone(), &progress);
-            async move {
-                let len = p.bytes.len() as u64;
-                hub.put(&Key::Pack(p.info.id), p.bytes)
-                    .await
-                    .with_context(|| {
-                        format!("uploading pack {} to {}", p.info.id, hub.describe())
-                    })?;
-                progress.inc(len);
-                anyhow::Ok(p.info)
-            }
+    let uploaded: Result<Vec<PackInfo>> = tokio_stream_of(rx)
+        .map(|p| async move {
+            let len = p.bytes.len() as u64;
+            hub.put(&Key::Pack(p.info.id), p.bytes)
+                .await
+                .with_context(|| format!("uploading pack {} to {}", p.info.id, hub.describe()))?;
+            progress.inc(len);
+            anyhow::Ok(p.info)
         })
         .buffered(jobs)
         .try_collect()
         .await;
     let counted = packer.await.context("the packer panicked")?;
-    progress.finish();
     let packs = uploaded?;
     let (n, stored, raw) = counted?;
     report.chunks += n;
@@ -384,14 +524,232 @@ async fn push_packs(
     report.raw_bytes += raw;
     report.packs += packs.len() as u64;
     report.wire_bytes += packs.iter().map(|p| p.len).sum::<u64>();
+    Ok(packs)
+}
+
+/// The packs `chunks` make, in order, without keeping their bytes: the ids
+/// an index can name before the packs are uploaded ([`upload_packs`] builds
+/// the same packs from the same chunks).
+fn plan_packs(view: &StoreView, chunks: Vec<ChunkId>, target: usize) -> Result<Vec<PackInfo>> {
+    let mut b = PackBuilder::new(target);
+    let mut out = Vec::new();
+    for id in chunks {
+        let c = view.stored_chunk(&id)?;
+        if let Some(p) = b.add(&c) {
+            out.push(p.info);
+        }
+    }
+    out.extend(b.finish().map(|p| p.info));
+    Ok(out)
+}
+
+/// Writes a pending marker for each planned pack of index `index` (a few
+/// at a time), made durable before anything names the packs.
+async fn mark_pending(hub: &Hub, planned: &[PackInfo], index: ObjectId) -> Result<()> {
+    let marker = PendingObject::now(index).encode();
+    futures::stream::iter(planned)
+        .map(|p| {
+            let key = Key::Pending(p.id);
+            let marker = marker.clone();
+            async move { hub.put(&key, marker).await }
+        })
+        .buffer_unordered(super::METADATA_GETS)
+        .try_collect::<()>()
+        .await?;
+    hub.flush().await
+}
+
+/// Uploads `index` (after flushing the packs it names); returns its id.
+async fn put_index(
+    view: &StoreView,
+    hub: &Hub,
+    index: &Index,
+    report: &mut TransferReport,
+) -> Result<ObjectId> {
     hub.flush().await?;
-    let index = Index { packs };
     let bytes = index.encode();
     let id = ObjectId::of(&bytes);
     report.wire_bytes += bytes.len() as u64;
     hub.put(&Key::Index(id), bytes.clone()).await?;
     cache_index(view.root(), &id, &bytes);
-    Ok(Some((id, index)))
+    Ok(id)
+}
+
+/// Uploads the packs that earlier pushes promised (pending markers) and
+/// did not deliver, where this store holds their chunks: each is rebuilt
+/// from its index entries and must hash to its id. Markers whose pack is
+/// up are removed.
+async fn complete_pending(view: &StoreView, hub: &Hub, report: &mut TransferReport) -> Result<()> {
+    let packs: Vec<ObjectId> = hub
+        .list("pending")
+        .await?
+        .into_iter()
+        .filter_map(|k| match k {
+            Key::Pending(p) => Some(p),
+            _ => None,
+        })
+        .collect();
+    if packs.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<Key> = packs.iter().map(|p| Key::Pack(*p)).collect();
+    for (pack, up) in packs.iter().zip(hub.has(&keys).await?) {
+        if !up {
+            let Some(marker) = hub.get(&Key::Pending(*pack)).await? else {
+                continue; // delivered meanwhile
+            };
+            let index = PendingObject::decode(pack, &marker)?.index;
+            if !hub.has(&[Key::Index(index)]).await?[0] {
+                // A push stopped before its index (nothing names the pack),
+                // or one about to write it: not ours to touch.
+                continue;
+            }
+            let index = index_object(hub, view.root(), &index, report).await?;
+            let Some(info) = index.packs.iter().find(|p| p.id == *pack).cloned() else {
+                continue; // a marker that does not match its index: not ours to fix
+            };
+            let bytes = {
+                let view = view.clone();
+                blocking(move || rebuild_pack(&view, &info)).await?
+            };
+            let Some(rebuilt) = bytes else {
+                continue; // chunks this store does not hold
+            };
+            report.wire_bytes += rebuilt.bytes.len() as u64;
+            hub.put(&Key::Pack(*pack), rebuilt.bytes).await?;
+            hub.flush().await?;
+            report.completed_packs += 1;
+        }
+        hub.delete(&Key::Pending(*pack)).await?;
+        hub.delete(&Key::Wanted(*pack)).await?;
+    }
+    Ok(())
+}
+
+/// Pack `info` built again from this store's chunks, or `None` when the
+/// store lacks one of them. Refuses bytes that do not hash to the pack's id.
+fn rebuild_pack(view: &StoreView, info: &PackInfo) -> Result<Option<Rebuilt>> {
+    let ids: Vec<ChunkId> = info.entries.iter().map(|e| e.chunk).collect();
+    if view.has_chunks(&ids)?.iter().any(|h| !h) {
+        return Ok(None);
+    }
+    let mut b = PackBuilder::new(usize::MAX);
+    let mut built = None;
+    let (mut stored, mut raw) = (0, 0);
+    for (i, id) in ids.iter().enumerate() {
+        let c = view.stored_chunk(id)?;
+        stored += c.record_len();
+        raw += u64::from(c.raw_len);
+        if let Some(p) = b.add(&c) {
+            if i + 1 < ids.len() {
+                bail!("pack {} is larger than a pack may be", info.id);
+            }
+            built = Some(p);
+        }
+    }
+    let built = built
+        .or_else(|| b.finish())
+        .ok_or_else(|| anyhow!("pack {} has no chunks", info.id))?;
+    if built.info != *info {
+        bail!(
+            "pack {} built again from this store came out as {}; not uploaded",
+            info.id,
+            built.info.id
+        );
+    }
+    Ok(Some(Rebuilt {
+        bytes: built.bytes,
+        stored,
+        raw,
+    }))
+}
+
+/// A pack built again ([`rebuild_pack`]) and what its chunks count for.
+struct Rebuilt {
+    bytes: Bytes,
+    stored: u64,
+    raw: u64,
+}
+
+/// Packs uploaded at once after publishing: fewer than before it, so a
+/// pack a reader waits for gets a larger share of the link.
+const LATE_UPLOADS: usize = 2;
+
+/// Uploads the planned packs after publishing, each built again from its
+/// entries: packs readers asked for (`wanted/`) first, else in plan order.
+/// Each pack's markers go once it is up.
+async fn upload_late(
+    view: &StoreView,
+    hub: &Hub,
+    planned: Vec<PackInfo>,
+    progress: &Progress,
+    report: &mut TransferReport,
+) -> Result<()> {
+    let mut left: std::collections::VecDeque<PackInfo> = planned.into();
+    let mut running = futures::stream::FuturesUnordered::new();
+    loop {
+        while running.len() < LATE_UPLOADS && !left.is_empty() {
+            let wanted = wanted_packs(hub).await;
+            let next = left
+                .iter()
+                .position(|p| wanted.contains(&p.id))
+                .and_then(|i| left.remove(i))
+                .or_else(|| left.pop_front())
+                .expect("a pack is left");
+            let was_wanted = wanted.contains(&next.id);
+            running.push(send_late(view, hub, next, was_wanted, progress));
+        }
+        let Some(sent) = running.next().await else {
+            return Ok(());
+        };
+        let (info, rebuilt) = sent?;
+        report.chunks += info.entries.len() as u64;
+        report.stored_bytes += rebuilt.stored;
+        report.raw_bytes += rebuilt.raw;
+        report.packs += 1;
+        report.late_packs += 1;
+        report.wire_bytes += info.len;
+    }
+}
+
+/// The packs readers wait for; none when the hub cannot say (the push's
+/// own order then stands).
+async fn wanted_packs(hub: &Hub) -> HashSet<ObjectId> {
+    match hub.list("wanted").await {
+        Ok(keys) => keys
+            .into_iter()
+            .filter_map(|k| match k {
+                Key::Wanted(p) => Some(p),
+                _ => None,
+            })
+            .collect(),
+        Err(_) => HashSet::new(),
+    }
+}
+
+/// One late pack: built again, uploaded, its markers removed.
+async fn send_late(
+    view: &StoreView,
+    hub: &Hub,
+    info: PackInfo,
+    wanted: bool,
+    progress: &Progress,
+) -> Result<(PackInfo, Rebuilt)> {
+    let rebuilt = {
+        let (view, info) = (view.clone(), info.clone());
+        blocking(move || rebuild_pack(&view, &info)).await?
+    }
+    .ok_or_else(|| anyhow!("pack {}: a chunk left the local store mid-push", info.id))?;
+    hub.put(&Key::Pack(info.id), rebuilt.bytes.clone())
+        .await
+        .with_context(|| format!("uploading pack {} to {}", info.id, hub.describe()))?;
+    hub.flush().await?;
+    hub.delete(&Key::Pending(info.id)).await?;
+    if wanted {
+        hub.delete(&Key::Wanted(info.id)).await?;
+    }
+    progress.inc(info.len);
+    Ok((info, rebuilt))
 }
 
 /// A receiver as a stream (packs arrive as the packer closes them).
