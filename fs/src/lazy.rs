@@ -17,8 +17,10 @@
 //! 4. **retries**: a request that fails for a reason that may pass (network,
 //!    5xx, timeout) is retried with backoff (100 ms doubling to 2 s) until
 //!    the deadline (`--remote-deadline-secs`, default 120 s) from its first
-//!    try; bytes that fail verification or an object the hub lacks are
-//!    refused at once. A final failure answers that read with EIO, is
+//!    try; so is a pack a push has promised and not uploaded yet (polled
+//!    every 100 ms; a fault also asks the pusher for it, see
+//!    `forkd_remote::layout`, "Pending packs"); bytes that fail
+//!    verification or an object the hub lacks are refused at once. A final failure answers that read with EIO, is
 //!    logged with the chunk, snapshot and hub, and is kept in the `status`
 //!    reply (`lazy.failures`) for poold to report;
 //! 5. no lock is held across a network wait: the maps of flights and of
@@ -525,40 +527,35 @@ impl Lazy {
         let mut delay = Duration::from_millis(100);
         let result = loop {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            match self.get_read(&src, &read).await {
+            let (why, hint, promised) = match self.get_read(&src, &read, urgent).await {
                 Ok(chunks) => {
                     src.ok();
                     break Ok(chunks);
                 }
                 Err(Failure::Refused(why)) => break Err(why),
-                Err(f @ (Failure::Transient(_) | Failure::Promised(_))) => {
-                    let promised = matches!(f, Failure::Promised(_));
-                    let (why, hint) = match f {
-                        Failure::Transient(why) => {
-                            src.failed(&why);
-                            let hint = format!("is {} reachable?", src.url);
-                            (why, hint)
-                        }
-                        Failure::Promised(why) | Failure::Refused(why) => (
-                            why,
-                            "has the push stopped? Run it again to complete it".into(),
-                        ),
-                    };
-                    if start.elapsed() + delay > self.opts.deadline {
-                        break Err(format!(
-                            "{why} (retried for {:.0} s, the deadline; {hint})",
-                            start.elapsed().as_secs_f64(),
-                        ));
-                    }
-                    self.counters.retries.fetch_add(1, Ordering::Relaxed);
-                    debug!(hub = %src.url, "retrying in {delay:?}: {why}");
-                    tokio::time::sleep(delay).await;
-                    // A promised pack is polled for: it comes soon (asked
-                    // for), and a fault waits on it.
-                    if !promised {
-                        delay = (delay * 2).min(Duration::from_secs(2));
-                    }
+                Err(Failure::Transient(why)) => {
+                    src.failed(&why);
+                    let hint = format!("is {} reachable?", src.url);
+                    (why, hint, false)
                 }
+                Err(Failure::Promised(why)) => {
+                    let hint = "if its push is still running, raise --remote-deadline-secs; if it stopped, run it again to complete the snapshot";
+                    (why, hint.to_string(), true)
+                }
+            };
+            if start.elapsed() + delay > self.opts.deadline {
+                break Err(format!(
+                    "{why} (retried for {:.0} s, the deadline; {hint})",
+                    start.elapsed().as_secs_f64(),
+                ));
+            }
+            self.counters.retries.fetch_add(1, Ordering::Relaxed);
+            debug!(hub = %src.url, "retrying in {delay:?}: {why}");
+            tokio::time::sleep(delay).await;
+            // A promised pack is polled for: it comes soon (asked for),
+            // and a fault waits on it.
+            if !promised {
+                delay = (delay * 2).min(Duration::from_secs(2));
             }
         };
         if urgent && result.is_ok() {
@@ -585,6 +582,7 @@ impl Lazy {
         &self,
         src: &Source,
         read: &RangeRead,
+        urgent: bool,
     ) -> Result<Vec<(ChunkId, Result<ChunkData, String>)>, Failure> {
         let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
         let key = if layout1 {
@@ -599,19 +597,7 @@ impl Lazy {
         };
         let bytes = match got {
             Ok(Some(b)) => b,
-            // A pack a push still running has promised: wait for it.
-            Ok(None) if !layout1 => match src.hub.pack_pending(&read.object).await {
-                Ok(true) => {
-                    src.want(&read.object).await;
-                    return Err(Failure::Promised(format!(
-                        "{key} is not on {} yet: a push still running promised it",
-                        src.url
-                    )));
-                }
-                Ok(false) => return Err(Failure::Refused(incomplete(&src.url, &key))),
-                Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
-            },
-            Ok(None) => return Err(Failure::Refused(incomplete(&src.url, &key))),
+            Ok(None) => return Err(missing(src, read, &key, urgent).await),
             Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
         };
         self.counters
@@ -1398,6 +1384,33 @@ fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec
         }
     };
     plan_reads(&wanted, c)
+}
+
+/// Why the object of `read` is missing: a pack a push promised (wait, and
+/// ask the pusher for it when a fault waits), one that arrived between the
+/// two requests (read again), or one that is not coming (refuse). Only
+/// plain object stores hold promises.
+async fn missing(src: &Source, read: &RangeRead, key: &Key, urgent: bool) -> Failure {
+    if src.layout == forkd_remote::LAYOUT_CHUNKS || !src.hub.is_object_store() {
+        return Failure::Refused(incomplete(&src.url, key));
+    }
+    match src.hub.pack_pending(&read.object).await {
+        Ok(true) => {
+            if urgent {
+                src.want(&read.object).await;
+            }
+            Failure::Promised(format!(
+                "{key} is not on {} yet: a push still running promised it",
+                src.url
+            ))
+        }
+        Ok(false) => match src.hub.has(std::slice::from_ref(key)).await {
+            Ok(up) if up[0] => Failure::Promised(format!("{key} arrived on {}", src.url)),
+            Ok(_) => Failure::Refused(incomplete(&src.url, key)),
+            Err(e) => Failure::Transient(format!("{e:#}")),
+        },
+        Err(e) => Failure::Transient(format!("{e:#}")),
+    }
 }
 
 /// The error for an object the hub lacks and no push has promised.

@@ -319,11 +319,14 @@ impl PendingObject {
             .map_err(|e| anyhow!("the pending marker of pack {pack} is malformed: {e}"))
     }
 
-    /// Whether readers should still wait for the pack (the marker is
-    /// younger than [`PENDING_MAX_AGE_SECS`]; a marker from the future, a
-    /// skewed clock, counts as fresh).
+    /// Whether readers should still wait for the pack: the marker is
+    /// younger than [`PENDING_MAX_AGE_SECS`] (a pusher rewrites its markers
+    /// well within that). One dated further ahead than that is no pusher's
+    /// clock skew: stale too.
     pub fn is_fresh(&self) -> bool {
-        unix_now().saturating_sub(self.since) < PENDING_MAX_AGE_SECS
+        let now = unix_now();
+        now.saturating_sub(self.since) < PENDING_MAX_AGE_SECS
+            && self.since.saturating_sub(now) < PENDING_MAX_AGE_SECS
     }
 }
 
@@ -470,6 +473,11 @@ mod tests {
             ..m
         };
         assert!(skewed.is_fresh());
+        let future = PendingObject {
+            since: m.since + PENDING_MAX_AGE_SECS,
+            ..m
+        };
+        assert!(!future.is_fresh());
         assert!(PendingObject::decode(&p, b"{\"since\": 1, \"x\": 2}").is_err());
         assert!(PendingObject::decode(&p, &vec![b' '; 5000]).is_err());
     }

@@ -1228,7 +1228,11 @@ async fn pushing_again_completes_a_push_that_stopped_after_publishing() {
         .unwrap()
         .unwrap()
         .file_name();
-    let m = serde_json::json!({"since": 4_000_000_000u64, "index": index.to_string_lossy()});
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let m = serde_json::json!({"since": now, "index": index.to_string_lossy()});
     hub.put(&marker, serde_json::to_vec(&m).unwrap().into())
         .await
         .unwrap();
@@ -1250,4 +1254,62 @@ async fn pushing_again_completes_a_push_that_stopped_after_publishing() {
         .unwrap();
     assert_eq!(r.completed_packs, 0);
     assert_eq!(pending_markers(&hub_dir), vec![pack]);
+}
+
+/// A push from a store that holds only some chunks of a pack another push
+/// promised and never delivered sends those chunks again in packs of its
+/// own: its snapshot does not depend on the missing pack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_does_not_count_on_a_pack_still_promised() {
+    let fx = fixture(65536);
+    let dir = tempfile::tempdir().unwrap();
+    let hub_dir = dir.path().to_path_buf();
+    let hub = Hub::open(&format!("file://{}", hub_dir.display()), None).unwrap();
+    let (pack, _) = push_then_unfinish(&fx, &hub, &hub_dir).await;
+    // One chunk of the missing pack, with bytes of its own around it.
+    let index = std::fs::read_dir(hub_dir.join("index"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find_map(|p| {
+            let id: forkd_layers::ObjectId =
+                p.file_name().unwrap().to_str().unwrap().parse().unwrap();
+            let idx = Index::decode(&id, &std::fs::read(&p).unwrap()).unwrap();
+            idx.packs.into_iter().find(|p| p.id.to_string() == pack)
+        })
+        .expect("an index names the pack");
+    let shared = index.entries[0].chunk;
+    let chunk = fx.store.view().chunk(&shared).unwrap();
+    let mut data = synth::mixed_file(77, 256 << 10, 65536);
+    data.extend_from_slice(&chunk);
+    let d2 = tempfile::tempdir().unwrap();
+    let other = open(d2.path());
+    let f = other
+        .ingest_reader(&data[..], &IngestOptions::default())
+        .unwrap();
+    let rec = other
+        .commit_snapshot(NewSnapshot {
+            files: BTreeMap::from([("rootfs.img".to_string(), f.file_ref())]),
+            config: serde_json::json!({"qemu_version": "10.0.2", "machine_signature": "test"}),
+            tag: Some("mix".into()),
+            ..Default::default()
+        })
+        .unwrap();
+    assert!(other.snapshot_chunks(&rec).unwrap().contains(&shared));
+    let r = push(other.view(), "mix", &hub, &quiet_push())
+        .await
+        .unwrap();
+    assert_eq!(r.completed_packs, 0, "it cannot rebuild the pack");
+    assert_eq!(pending_markers(&hub_dir), vec![pack.clone()]);
+    // Its snapshot reads without the missing pack (which would be waited
+    // for, up to an hour, had the push counted on it).
+    let d3 = tempfile::tempdir().unwrap();
+    let s = open(d3.path());
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        pull(s.clone(), &hub, "mix", &quiet_pull()),
+    )
+    .await
+    .expect("the pull does not wait on the promised pack")
+    .unwrap();
+    assert_same(&other, &s, &rec.id);
 }

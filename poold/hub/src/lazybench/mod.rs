@@ -366,6 +366,10 @@ fn push(forkd: Command, tag: &str, url: &str) -> Result<PushFigures> {
 struct PushUnderWay {
     child: std::process::Child,
     out: std::io::BufReader<std::process::ChildStdout>,
+    /// Its stderr, drained on a thread of its own so it never fills.
+    err: std::thread::JoinHandle<String>,
+    /// Its stdout so far.
+    text: String,
     t0: Instant,
     published_s: f64,
 }
@@ -383,20 +387,31 @@ fn start_push(mut forkd: Command, tag: &str, url: &str) -> Result<PushUnderWay> 
         .spawn()
         .context("running forkd push")?;
     let mut out = std::io::BufReader::new(child.stdout.take().expect("piped"));
-    let mut line = String::new();
-    while out
-        .read_line(&mut line)
-        .context("reading forkd push's output")?
-        > 0
-    {
-        if line.starts_with("published after ") {
+    let mut stderr = child.stderr.take().expect("piped");
+    let err = std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut s);
+        s
+    });
+    let mut text = String::new();
+    loop {
+        let at = text.len();
+        if out
+            .read_line(&mut text)
+            .context("reading forkd push's output")?
+            == 0
+        {
+            break; // it ended: published last, or failed (`finish` says)
+        }
+        if text[at..].starts_with("published after ") {
             break;
         }
-        line.clear();
     }
     Ok(PushUnderWay {
         child,
         out,
+        err,
+        text,
         t0,
         published_s: t0.elapsed().as_secs_f64(),
     })
@@ -406,15 +421,12 @@ impl PushUnderWay {
     /// Waits for the push to end; its figures.
     fn finish(mut self) -> Result<PushFigures> {
         use std::io::Read;
-        let mut rest = String::new();
+        let mut rest = std::mem::take(&mut self.text);
         self.out
             .read_to_string(&mut rest)
             .context("reading forkd push's output")?;
-        let mut err = String::new();
-        if let Some(mut e) = self.child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
         let status = self.child.wait().context("waiting for forkd push")?;
+        let err = self.err.join().unwrap_or_default();
         if !status.success() {
             bail!("forkd push failed: {err}");
         }

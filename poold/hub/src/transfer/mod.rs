@@ -3,13 +3,15 @@
 //! does").
 //!
 //! Push: one batched query for which chain records the hub has (a record
-//! on the hub means all its chunks and manifests are there, since records
-//! are written last); then, on a layout-2 hub, the hub's index objects
-//! (LIST `index/`, each GET once and cached by id) say which chunks it has
-//! and where; the missing ones go into ~8 MiB packs in working-set order,
-//! then one index object; on a layout-1 hub one have/want query and one
-//! object per chunk. Then manifests → locators → working sets → records
-//! root first → tag, flushing before each step that names earlier objects.
+//! on the hub means its chunks and manifests are there, or, on a plain
+//! object store, promised by a pending marker: see `pushing`); then, on a
+//! layout-2 hub, the hub's index objects (LIST `index/`, each GET once and
+//! cached by id) say which chunks it has and where; the missing ones go
+//! into ~8 MiB packs in working-set order, then one index object; on a
+//! layout-1 hub one have/want query and one object per chunk. Then
+//! manifests → locators → working sets → records root first → tag,
+//! flushing before each step that names earlier objects. On a file or S3
+//! hub the packs outside the working set go after the tag.
 //!
 //! Pull: fetch the chain's records back to the first snapshot this store
 //! has, check QEMU compatibility (before any bulk transfer), then fetch
@@ -28,7 +30,8 @@
 //! A kill at any point leaves a consistent store and a re-run skips every
 //! chunk already imported. A hub that serves a corrupt or missing object
 //! makes the pull fail naming it, and the chunks this run imported are
-//! dropped again, so the store is as before.
+//! dropped again, so the store is as before; a missing pack that a push
+//! still running has promised is waited for instead.
 //!
 //! `push` and `pull` live in their own modules; what both use (the
 //! report, the options, index objects and their cache) is here.

@@ -33,7 +33,7 @@ use forkd_remote::packs::{ChunkMap, Index, PackBuilder, PackInfo, DEFAULT_PACK_B
 use forkd_snapshot::Progress;
 use futures::{StreamExt, TryStreamExt};
 use std::collections::{BTreeSet, HashSet};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// The layout to push to: the hub's own, or `want` (default 2) for a hub
 /// that holds no snapshot yet, whose `layout.json` is then written first.
@@ -162,18 +162,28 @@ pub async fn push(
     if let (Some(cb), true) = (&opts.on_publish, tagged.is_ok()) {
         cb(&published);
     }
-    if let Some(Late { planned, progress }) = late {
-        upload_late(&view, hub, planned, &progress, &mut report)
-            .await
-            .with_context(|| {
-                format!(
-                    "snapshot {} is published on {}, but not all of its packs are up: run the push again to complete it (readers wait for the missing packs up to {} min)",
-                    head.id,
-                    hub.describe(),
-                    forkd_remote::layout::PENDING_MAX_AGE_SECS / 60
-                )
-            })?;
-        progress.finish();
+    if let Some(late) = late {
+        let sent = upload_late(
+            &view,
+            hub,
+            late.planned,
+            late.index,
+            &late.progress,
+            &mut report,
+        )
+        .await;
+        late.progress.finish();
+        if let Err(e) = sent {
+            let tag = match &tagged {
+                Ok(()) => String::new(),
+                Err(t) => format!(" (and the tag was not published: {t:#})"),
+            };
+            return Err(e.context(format!(
+                "the records of snapshot {} are on {}, but not all of its packs{tag}: run the push again to complete it",
+                head.id,
+                hub.describe(),
+            )));
+        }
     }
     tagged?;
     report.requests = hub.traffic().since(&traffic0).requests;
@@ -184,6 +194,8 @@ pub async fn push(
 /// Packs a push uploads after publishing, and its progress bar.
 struct Late {
     planned: Vec<PackInfo>,
+    /// The index naming them (what their markers say).
+    index: ObjectId,
     progress: Progress,
 }
 
@@ -203,7 +215,9 @@ async fn send_packs(
 ) -> Result<(ChunkMap, Option<Late>)> {
     let mut chunk_map = load_index(hub, view.root(), None, report).await?;
     if hub.is_object_store() {
-        complete_pending(view, hub, report).await?;
+        // Chunks in packs still promised are sent again, in packs of ours.
+        let promised = complete_pending(view, hub, report).await?;
+        chunk_map.forget_packs(&promised);
     }
     let missing: Vec<ChunkId> = candidates
         .iter()
@@ -236,7 +250,11 @@ async fn send_packs(
             .encode(),
         );
         mark_pending(hub, &planned, index_id).await?;
-        late = Some(Late { planned, progress });
+        late = Some(Late {
+            planned,
+            index: index_id,
+            progress,
+        });
     } else {
         if !ordered.is_empty() {
             packs = upload_packs(view, hub, ordered, opts, &progress, report).await?;
@@ -575,55 +593,100 @@ async fn put_index(
     Ok(id)
 }
 
-/// Uploads the packs that earlier pushes promised (pending markers) and
-/// did not deliver, where this store holds their chunks: each is rebuilt
-/// from its index entries and must hash to its id. Markers whose pack is
-/// up are removed.
-async fn complete_pending(view: &StoreView, hub: &Hub, report: &mut TransferReport) -> Result<()> {
-    let packs: Vec<ObjectId> = hub
-        .list("pending")
+/// The packs named by the markers in `dir` (`pending` or `wanted`).
+async fn markers(hub: &Hub, dir: &str) -> Result<Vec<ObjectId>> {
+    Ok(hub
+        .list(dir)
         .await?
         .into_iter()
         .filter_map(|k| match k {
-            Key::Pending(p) => Some(p),
+            Key::Pending(p) | Key::Wanted(p) => Some(p),
             _ => None,
         })
-        .collect();
-    if packs.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<Key> = packs.iter().map(|p| Key::Pack(*p)).collect();
-    for (pack, up) in packs.iter().zip(hub.has(&keys).await?) {
-        if !up {
-            let Some(marker) = hub.get(&Key::Pending(*pack)).await? else {
-                continue; // delivered meanwhile
-            };
-            let index = PendingObject::decode(pack, &marker)?.index;
-            if !hub.has(&[Key::Index(index)]).await?[0] {
-                // A push stopped before its index (nothing names the pack),
-                // or one about to write it: not ours to touch.
-                continue;
-            }
-            let index = index_object(hub, view.root(), &index, report).await?;
-            let Some(info) = index.packs.iter().find(|p| p.id == *pack).cloned() else {
-                continue; // a marker that does not match its index: not ours to fix
-            };
-            let bytes = {
-                let view = view.clone();
-                blocking(move || rebuild_pack(&view, &info)).await?
-            };
-            let Some(rebuilt) = bytes else {
-                continue; // chunks this store does not hold
-            };
-            report.wire_bytes += rebuilt.bytes.len() as u64;
-            hub.put(&Key::Pack(*pack), rebuilt.bytes).await?;
-            hub.flush().await?;
-            report.completed_packs += 1;
+        .collect())
+}
+
+/// Uploads the packs that earlier pushes promised (pending markers) and
+/// did not deliver, where this store holds their chunks: each is rebuilt
+/// from its index entries and must hash to its id. Markers whose pack is
+/// up, and stale ones nothing names, are removed; so are wanted markers of
+/// packs that are up. Returns the packs still promised, which this push
+/// must not count on.
+async fn complete_pending(
+    view: &StoreView,
+    hub: &Hub,
+    report: &mut TransferReport,
+) -> Result<HashSet<ObjectId>> {
+    let (pending, wanted) = tokio::try_join!(markers(hub, "pending"), markers(hub, "wanted"))?;
+    let mut still = HashSet::new();
+    let keys: Vec<Key> = pending.iter().map(|p| Key::Pack(*p)).collect();
+    let up = if keys.is_empty() {
+        Vec::new()
+    } else {
+        hub.has(&keys).await?
+    };
+    for (pack, up) in pending.iter().zip(up) {
+        if !up && !complete_one(view, hub, pack, report).await? {
+            still.insert(*pack);
+            continue;
         }
         hub.delete(&Key::Pending(*pack)).await?;
-        hub.delete(&Key::Wanted(*pack)).await?;
     }
-    Ok(())
+    let wanted: Vec<ObjectId> = wanted.into_iter().filter(|p| !still.contains(p)).collect();
+    let keys: Vec<Key> = wanted.iter().map(|p| Key::Pack(*p)).collect();
+    let up = if keys.is_empty() {
+        Vec::new()
+    } else {
+        hub.has(&keys).await?
+    };
+    for (pack, up) in wanted.iter().zip(up) {
+        if up {
+            hub.delete(&Key::Wanted(*pack)).await?;
+        }
+    }
+    Ok(still)
+}
+
+/// One promised pack that is not up: uploads it if this store can rebuild
+/// it. True when its marker can go (the pack is up now, or the marker is
+/// stale and nothing names the pack); false when it stays promised.
+async fn complete_one(
+    view: &StoreView,
+    hub: &Hub,
+    pack: &ObjectId,
+    report: &mut TransferReport,
+) -> Result<bool> {
+    let Some(marker) = hub.get(&Key::Pending(*pack)).await? else {
+        return Ok(true); // delivered and removed meanwhile
+    };
+    let marker = match PendingObject::decode(pack, &marker) {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("{e:#}; left alone");
+            return Ok(false);
+        }
+    };
+    if !hub.has(&[Key::Index(marker.index)]).await?[0] {
+        // A push stopped before its index (nothing names the pack), or one
+        // about to write it.
+        return Ok(!marker.is_fresh());
+    }
+    let index = index_object(hub, view.root(), &marker.index, report).await?;
+    let Some(info) = index.packs.iter().find(|p| p.id == *pack).cloned() else {
+        return Ok(false); // a marker that does not match its index
+    };
+    let rebuilt = {
+        let view = view.clone();
+        blocking(move || rebuild_pack(&view, &info)).await?
+    };
+    let Some(rebuilt) = rebuilt else {
+        return Ok(false); // chunks this store does not hold
+    };
+    report.wire_bytes += rebuilt.bytes.len() as u64;
+    hub.put(&Key::Pack(*pack), rebuilt.bytes).await?;
+    hub.flush().await?;
+    report.completed_packs += 1;
+    Ok(true)
 }
 
 /// Pack `info` built again from this store's chunks, or `None` when the
@@ -675,32 +738,46 @@ struct Rebuilt {
 /// pack a reader waits for gets a larger share of the link.
 const LATE_UPLOADS: usize = 2;
 
+/// How often a push rewrites the markers of packs it has still to send,
+/// well within `PENDING_MAX_AGE_SECS`, so readers keep waiting for a push
+/// that is still running however long it takes.
+const MARK_REFRESH: Duration = Duration::from_secs(600);
+
 /// Uploads the planned packs after publishing, each built again from its
 /// entries: packs readers asked for (`wanted/`) first, else in plan order.
-/// Each pack's markers go once it is up.
+/// Each pack's pending marker goes once it is up; the markers of the rest
+/// are rewritten every [`MARK_REFRESH`]; wanted markers go at the end.
 async fn upload_late(
     view: &StoreView,
     hub: &Hub,
     planned: Vec<PackInfo>,
+    index: ObjectId,
     progress: &Progress,
     report: &mut TransferReport,
 ) -> Result<()> {
+    let ours: HashSet<ObjectId> = planned.iter().map(|p| p.id).collect();
     let mut left: std::collections::VecDeque<PackInfo> = planned.into();
     let mut running = futures::stream::FuturesUnordered::new();
+    let mut marked = Instant::now();
+    let mut asked_for = HashSet::new();
     loop {
         while running.len() < LATE_UPLOADS && !left.is_empty() {
-            let wanted = wanted_packs(hub).await;
+            if marked.elapsed() >= MARK_REFRESH {
+                mark_pending(hub, left.make_contiguous(), index).await?;
+                marked = Instant::now();
+            }
+            let wanted = markers(hub, "wanted").await.unwrap_or_default();
+            asked_for.extend(wanted.iter().copied());
             let next = left
                 .iter()
                 .position(|p| wanted.contains(&p.id))
                 .and_then(|i| left.remove(i))
                 .or_else(|| left.pop_front())
                 .expect("a pack is left");
-            let was_wanted = wanted.contains(&next.id);
-            running.push(send_late(view, hub, next, was_wanted, progress));
+            running.push(send_late(view, hub, next, progress));
         }
         let Some(sent) = running.next().await else {
-            return Ok(());
+            break;
         };
         let (info, rebuilt) = sent?;
         report.chunks += info.entries.len() as u64;
@@ -710,29 +787,19 @@ async fn upload_late(
         report.late_packs += 1;
         report.wire_bytes += info.len;
     }
-}
-
-/// The packs readers wait for; none when the hub cannot say (the push's
-/// own order then stands).
-async fn wanted_packs(hub: &Hub) -> HashSet<ObjectId> {
-    match hub.list("wanted").await {
-        Ok(keys) => keys
-            .into_iter()
-            .filter_map(|k| match k {
-                Key::Wanted(p) => Some(p),
-                _ => None,
-            })
-            .collect(),
-        Err(_) => HashSet::new(),
+    // Readers may have asked after the last look: one more.
+    asked_for.extend(markers(hub, "wanted").await.unwrap_or_default());
+    for p in asked_for.intersection(&ours) {
+        hub.delete(&Key::Wanted(*p)).await?;
     }
+    Ok(())
 }
 
-/// One late pack: built again, uploaded, its markers removed.
+/// One late pack: built again, uploaded, its pending marker removed.
 async fn send_late(
     view: &StoreView,
     hub: &Hub,
     info: PackInfo,
-    wanted: bool,
     progress: &Progress,
 ) -> Result<(PackInfo, Rebuilt)> {
     let rebuilt = {
@@ -745,9 +812,6 @@ async fn send_late(
         .with_context(|| format!("uploading pack {} to {}", info.id, hub.describe()))?;
     hub.flush().await?;
     hub.delete(&Key::Pending(info.id)).await?;
-    if wanted {
-        hub.delete(&Key::Wanted(info.id)).await?;
-    }
     progress.inc(info.len);
     Ok((info, rebuilt))
 }
