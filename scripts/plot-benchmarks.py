@@ -25,7 +25,8 @@ eval and the largest fan-out). --hub-lazy writes hub-lazy.svg (time to a
 fresh host's first answer and the bytes fetched before it, lazy vs full
 pull, per link, every run and the medians). --hub-propagate writes
 hub-propagate.svg (from a push to every node's first answer, split into the
-push and what follows, per node count, every run and the medians).
+push until it published and what follows, with where the push ended, per
+node count, every run and the medians).
 --gateway (once per run of the gateway bench) writes gateway.svg (every
 sample of a pool-hit spawn and an exec, direct to the node and through the
 gateway, per run, with the medians and what the gateway added). Any subset
@@ -336,25 +337,30 @@ def plot_hub_lazy(plt, r, out):
 
 
 def plot_hub_propagate(plt, r, out):
-    """From a push to a child answering on each of N nodes: the push, then the rest."""
+    """From a push to a child answering on each of N nodes: until the snapshot is published, then the rest."""
     rows = r["summary"]
-    fig, ax = plt.subplots(figsize=(8, 3.4))
+    fig, ax = plt.subplots(figsize=(8, 4.0))
     ys = list(range(len(rows)))
-    push = [s["push_s"] for s in rows]
-    after = [s["all_nodes_s"] - s["push_s"] for s in rows]
-    ax.barh(ys, push, color="C1", alpha=0.8, label="push from the origin")
-    ax.barh(ys, after, left=push, color="C0", alpha=0.8, label="every node's lazy pull and first answer")
+    # Reports from before pushes published early have no published_s: the push's end.
+    published = [s.get("published_s") or s["push_s"] for s in rows]
+    after = [s["all_nodes_s"] - p for s, p in zip(rows, published)]
+    ax.barh(ys, published, color="C1", alpha=0.8, label="push until the snapshot is published")
+    ax.barh(ys, after, left=published, color="C0", alpha=0.8, label="every node's lazy pull and first answer")
+    for y, s in zip(ys, rows):
+        if s.get("published_s") and s["push_s"] > s["published_s"]:
+            ax.plot([s["published_s"], s["push_s"]], [y + 0.3] * 2, color="C1", lw=2)
+            ax.text(s["push_s"], y + 0.3, "  push ends", va="center", fontsize=6, color="C1")
     for y, s in zip(ys, rows):
         pts = [x["all_nodes_s"] for x in r["runs"] if x["nodes"] == s["nodes"]]
         ax.scatter(pts, [y] * len(pts), color="0.3", s=12, zorder=3)
-        ax.text(s["all_nodes_s"], y, f"  {s['all_nodes_s']:.2f} s, {s['bytes_to_nodes'] / MIB:.0f} MiB to the nodes", va="center", fontsize=7)
+        ax.text(max(pts + [s["all_nodes_s"]]), y, f"  {s['all_nodes_s']:.2f} s, {s['bytes_to_nodes'] / MIB:.0f} MiB to the nodes", va="center", fontsize=7)
     ax.set_yticks(ys)
     ax.set_yticklabels([f"{s['nodes']} node{'s' if s['nodes'] > 1 else ''}" for s in rows], fontsize=8)
     ax.invert_yaxis()
     ax.margins(x=0.45)
     ax.grid(alpha=0.3, axis="x")
     ax.set_xlabel("from before the push until the last node's child answered (s); dots: runs, bars: medians")
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     ax.set_title(
         f"{r['tag']} ({r['stored_bytes'] / MIB:.0f} MiB stored) to N nodes through S3 (s3s-fs); every link "
         f"{r['rate_mbit']} Mbit/s + {r['rtt_ms']} ms RTT\nnodes pull lazily at once; {r['host_cpus']} host CPUs "

@@ -272,12 +272,7 @@ pub(crate) async fn load_index(
     };
     // The cached ones first; the rest from the hub, a few at once, taken
     // in order so the byte bound holds.
-    let cached = |id: &ObjectId| {
-        std::fs::read(index_cache(store_root).join(id.to_string()))
-            .ok()
-            .filter(|b| ObjectId::of(b) == *id)
-            .map(Bytes::from)
-    };
+    let cached = |id: &ObjectId| cached_index(store_root, id);
     let mut got = futures::stream::iter(ids)
         .map(|id| async move {
             match cached(&id) {
@@ -317,6 +312,14 @@ pub(crate) async fn load_index(
     Ok(map)
 }
 
+/// Index object `id` from the local cache, if it is there and intact.
+fn cached_index(store_root: &Path, id: &ObjectId) -> Option<Bytes> {
+    std::fs::read(index_cache(store_root).join(id.to_string()))
+        .ok()
+        .filter(|b| ObjectId::of(b) == *id)
+        .map(Bytes::from)
+}
+
 /// One index object, from the local cache or the hub (then cached),
 /// checked against its name.
 pub(crate) async fn index_object(
@@ -325,10 +328,7 @@ pub(crate) async fn index_object(
     id: &ObjectId,
     report: &mut TransferReport,
 ) -> Result<Index> {
-    let cached = std::fs::read(index_cache(store_root).join(id.to_string()))
-        .ok()
-        .filter(|b| ObjectId::of(b) == *id);
-    if let Some(b) = cached {
+    if let Some(b) = cached_index(store_root, id) {
         return Index::decode(id, &b);
     }
     let b = hub
