@@ -527,7 +527,7 @@ impl Lazy {
         let mut delay = Duration::from_millis(100);
         let result = loop {
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            let (why, hint, promised) = match self.get_read(&src, &read, urgent).await {
+            let (why, hint, promised) = match self.get_read(&src, &read).await {
                 Ok(chunks) => {
                     src.ok();
                     break Ok(chunks);
@@ -582,7 +582,6 @@ impl Lazy {
         &self,
         src: &Source,
         read: &RangeRead,
-        urgent: bool,
     ) -> Result<Vec<(ChunkId, Result<ChunkData, String>)>, Failure> {
         let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
         let key = if layout1 {
@@ -597,7 +596,7 @@ impl Lazy {
         };
         let bytes = match got {
             Ok(Some(b)) => b,
-            Ok(None) => return Err(missing(src, read, &key, urgent).await),
+            Ok(None) => return Err(missing(src, read, &key).await),
             Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
         };
         self.counters
@@ -1387,18 +1386,18 @@ fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec
 }
 
 /// Why the object of `read` is missing: a pack a push promised (wait, and
-/// ask the pusher for it when a fault waits), one that arrived between the
+/// ask the pusher for it), one that arrived between the
 /// two requests (read again), or one that is not coming (refuse). Only
 /// plain object stores hold promises.
-async fn missing(src: &Source, read: &RangeRead, key: &Key, urgent: bool) -> Failure {
+async fn missing(src: &Source, read: &RangeRead, key: &Key) -> Failure {
     if src.layout == forkd_remote::LAYOUT_CHUNKS || !src.hub.is_object_store() {
         return Failure::Refused(incomplete(&src.url, key));
     }
     match src.hub.pack_pending(&read.object).await {
         Ok(true) => {
-            if urgent {
-                src.want(&read.object).await;
-            }
+            // The fill asks too: a fault may be waiting on its flight. It
+            // asks for at most a pack or two at a time (its permits).
+            src.want(&read.object).await;
             Failure::Promised(format!(
                 "{key} is not on {} yet: a push still running promised it",
                 src.url

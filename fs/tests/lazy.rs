@@ -122,6 +122,30 @@ impl Lazy {
         m
     }
 
+    /// Takes the pack holding `places[i]` off the hub and leaves a fresh
+    /// pending marker for it, as a push that has not sent it yet does.
+    fn promise_pack(&self, i: usize) -> Promised {
+        let (victim, pack, _) = self.places[i].clone();
+        let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
+        let aside = self.dir.path().join("pack-aside");
+        std::fs::rename(&pack, &aside).unwrap();
+        let pending = self.dir.path().join("hub").join("pending");
+        std::fs::create_dir_all(&pending).unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        let marker = serde_json::json!({"since": now, "index": victim.to_string()});
+        std::fs::write(pending.join(&pack_id), marker.to_string()).unwrap();
+        Promised {
+            victim,
+            marker: pending.join(&pack_id),
+            wanted: self.dir.path().join("hub").join("wanted").join(&pack_id),
+            pack,
+            aside,
+        }
+    }
+
     /// A read-only view of host B's store.
     fn b(&self) -> StoreReader {
         let sec = self
@@ -129,6 +153,25 @@ impl Lazy {
             .path()
             .join(format!("sec-{}", rand::random::<u32>()));
         StoreReader::open_secondary(&self.dir.path().join("b"), &sec).unwrap()
+    }
+}
+
+/// A pack taken off the hub with a pending marker left in its place.
+struct Promised {
+    /// A chunk in the pack.
+    victim: ChunkId,
+    marker: PathBuf,
+    /// Where a reader asks for the pack.
+    wanted: PathBuf,
+    pack: PathBuf,
+    aside: PathBuf,
+}
+
+impl Promised {
+    /// Puts the pack in place and drops its marker: the push is done.
+    fn land(&self) {
+        std::fs::rename(&self.aside, &self.pack).unwrap();
+        std::fs::remove_file(&self.marker).unwrap();
     }
 }
 
@@ -364,12 +407,17 @@ fn a_corrupt_chunk_from_the_hub_is_refused() {
     assert_eq!(l.b().has_chunks(&[victim]).unwrap(), vec![false]);
 }
 
+/// The worker is killed while a read is certainly inside it: the read
+/// waits on a pack a push has promised (see the next test), and the kill
+/// comes once the worker has asked for that pack. The holder's next worker
+/// replays the read, and it completes once the pack lands.
 #[test]
 fn a_worker_killed_mid_fetch_loses_nothing() {
     if no_fuse() || !forkd_fs::holder::can_hold() {
         return;
     }
     let l = Lazy::new(24);
+    let promised = l.promise_pack(4);
     let mut m = l.mount(true);
     let path = m.file(&l.rec.id, "memory.bin");
     let worker = m.client().status().unwrap().pid;
@@ -377,18 +425,38 @@ fn a_worker_killed_mid_fetch_loses_nothing() {
         let path = path.clone();
         std::thread::spawn(move || read_all_direct(&path, MEM, 4))
     };
-    std::thread::sleep(Duration::from_millis(30));
+    assert!(
+        wait_for(Duration::from_secs(20), || promised.wanted.is_file()),
+        "the worker never asked for the promised pack"
+    );
+    assert!(!reader.is_finished(), "the read should wait for the pack");
     // SAFETY: kill(2) on the worker we started.
     unsafe { libc::kill(worker as i32, libc::SIGKILL) };
+    assert!(wait_for(Duration::from_secs(20), || !alive(worker as i32)));
+    let st = wait_for_status(&m, |st| st.generation >= 2);
+    assert_ne!(st.pid, worker);
+    promised.land();
     let got = reader.join().unwrap();
     assert!(got == l.data, "bytes differ after the worker was killed");
     m.note_pid();
-    assert!(m.client().status().unwrap().generation >= 2);
     // Whatever was imported is whole: the store verifies.
     std::thread::sleep(Duration::from_secs(1));
     let b = l.b();
     let r = b.residency(&l.rec).unwrap();
     assert_eq!(r.local_chunks + r.remote_chunks, r.chunks);
+}
+
+/// The control socket's status once it answers and `ok` holds: a worker
+/// the holder just started binds the socket a moment after it is forked.
+fn wait_for_status(m: &Mounted, ok: impl Fn(&forkd_fs::Status) -> bool) -> forkd_fs::Status {
+    let mut seen = None;
+    let status = || forkd_fs::Client::connect(&m.control).and_then(|mut c| c.status());
+    let answered = wait_for(Duration::from_secs(20), || {
+        seen = status().ok().filter(&ok);
+        seen.is_some()
+    });
+    assert!(answered, "no new worker answered in 20 s");
+    seen.unwrap()
 }
 
 /// A pack a push has promised (its pending marker is on the hub) but not
@@ -400,32 +468,20 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
         return;
     }
     let l = Lazy::new(27);
-    let (victim, pack, _) = l.places[4].clone();
-    let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
-    let aside = l.dir.path().join("pack-aside");
-    std::fs::rename(&pack, &aside).unwrap();
-    let hub = l.dir.path().join("hub");
-    std::fs::create_dir_all(hub.join("pending")).unwrap();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
-    let marker = serde_json::json!({"since": now, "index": victim.to_string()});
-    std::fs::write(hub.join("pending").join(&pack_id), marker.to_string()).unwrap();
+    let promised = l.promise_pack(4);
     let m = l.mount(true);
     let path = m.file(&l.rec.id, "memory.bin");
     let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
     let slot = (0..man.len())
-        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(victim))
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
         .unwrap();
+    let (asked, promised) = (promised.wanted.clone(), std::sync::Arc::new(promised));
     let arrive = std::thread::spawn({
-        let (aside, pack, hub) = (aside.clone(), pack.clone(), hub.clone());
-        let pack_id = pack_id.clone();
+        let promised = promised.clone();
         move || {
             std::thread::sleep(Duration::from_millis(800));
-            let asked = hub.join("wanted").join(&pack_id).is_file();
-            std::fs::rename(&aside, &pack).unwrap();
-            std::fs::remove_file(hub.join("pending").join(&pack_id)).unwrap();
+            let asked = asked.is_file();
+            promised.land();
             asked
         }
     });

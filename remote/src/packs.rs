@@ -230,14 +230,6 @@ impl ChunkMap {
         }
     }
 
-    /// Drops the locations in `packs` (packs that may never arrive), so
-    /// their chunks count as missing.
-    pub fn forget_packs(&mut self, packs: &std::collections::HashSet<ObjectId>) {
-        if !packs.is_empty() {
-            self.map.retain(|_, l| !packs.contains(&l.pack));
-        }
-    }
-
     /// Where `chunk` lies, if an added index has it.
     pub fn get(&self, chunk: &ChunkId) -> Option<&Location> {
         self.map.get(chunk)

@@ -401,7 +401,15 @@ fn start_push(mut forkd: Command, tag: &str, url: &str) -> Result<PushUnderWay> 
             .context("reading forkd push's output")?
             == 0
         {
-            break; // it ended: published last, or failed (`finish` says)
+            // It ended: published last, or failed before publishing (then
+            // no node may start).
+            if !child.wait().context("waiting for forkd push")?.success() {
+                bail!(
+                    "forkd push failed: {}",
+                    err.join().unwrap_or_default().trim()
+                );
+            }
+            break;
         }
         if text[at..].starts_with("published after ") {
             break;

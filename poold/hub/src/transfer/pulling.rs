@@ -12,7 +12,7 @@ use forkd_layers::{
     decode_manifest, decode_record, validate_tag, ChunkId, ChunkImport, ChunkRef, ManifestId,
     ObjectId, RemoteChunk, SnapshotId, SnapshotRecord, Store, StoreView, VerifiedChunk, WorkingSet,
 };
-use forkd_remote::layout::{decode_chunk, Key, Locator, LAYOUT_PACKED, PENDING_MAX_AGE_SECS};
+use forkd_remote::layout::{decode_chunk, Key, Locator, LAYOUT_PACKED};
 use forkd_remote::packs::{plan_reads, split_read, ChunkMap, Coalesce, Location, RangeRead};
 use forkd_remote::Credentials;
 use forkd_snapshot::Progress;
@@ -619,14 +619,12 @@ async fn fetch_packed(
 }
 
 /// One planned read of a pack. A pack that is missing but promised by a
-/// push still running (its fresh pending marker, on a plain object store)
-/// is waited for, polling with backoff, at most
-/// [`PENDING_MAX_AGE_SECS`] by this host's clock; a missing pack without
-/// one is refused (after one more look, in case it arrived between the
-/// two requests).
+/// push still running (its fresh pending marker, on a plain object store;
+/// a running push keeps its markers fresh) is waited for, polling with
+/// backoff; a missing pack without one is refused, after one more look in
+/// case it landed between the two requests.
 async fn read_pack(hub: &Hub, r: &RangeRead) -> Result<Bytes> {
     let key = Key::Pack(r.object);
-    let started = Instant::now();
     let mut delay = Duration::from_millis(100);
     let mut looked_again = false;
     loop {
@@ -638,27 +636,20 @@ async fn read_pack(hub: &Hub, r: &RangeRead) -> Result<Bytes> {
         if let Some(b) = b {
             return Ok(b);
         }
-        let promised = hub.is_object_store() && hub.pack_pending(&r.object).await?;
-        let waited = started.elapsed() >= Duration::from_secs(PENDING_MAX_AGE_SECS);
-        if waited || (!promised && looked_again) {
+        if hub.is_object_store() && hub.pack_pending(&r.object).await? {
+            looked_again = false;
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(2));
+        } else if looked_again {
             return Err(Refused(format!(
-                "{} lacks pack {}{}; the hub is incomplete, push the snapshot again",
+                "{} lacks pack {}; the hub is incomplete, push the snapshot again",
                 hub.describe(),
-                r.object,
-                if waited {
-                    " (promised by a push that never delivered it)"
-                } else {
-                    ""
-                }
+                r.object
             ))
             .into());
-        }
-        if !promised {
+        } else {
             looked_again = true;
-            continue;
         }
-        tokio::time::sleep(delay).await;
-        delay = (delay * 2).min(Duration::from_secs(2));
     }
 }
 

@@ -215,9 +215,7 @@ async fn send_packs(
 ) -> Result<(ChunkMap, Option<Late>)> {
     let mut chunk_map = load_index(hub, view.root(), None, report).await?;
     if hub.is_object_store() {
-        // Chunks in packs still promised are sent again, in packs of ours.
-        let promised = complete_pending(view, hub, report).await?;
-        chunk_map.forget_packs(&promised);
+        complete_pending(view, hub, report).await?;
     }
     let missing: Vec<ChunkId> = candidates
         .iter()
@@ -610,13 +608,10 @@ async fn markers(hub: &Hub, dir: &str) -> Result<Vec<ObjectId>> {
 /// did not deliver, where this store holds their chunks: each is rebuilt
 /// from its index entries and must hash to its id. Markers whose pack is
 /// up, and stale ones nothing names, are removed; so are wanted markers of
-/// packs that are up. Returns the packs still promised, which this push
-/// must not count on.
-async fn complete_pending(
-    view: &StoreView,
-    hub: &Hub,
-    report: &mut TransferReport,
-) -> Result<HashSet<ObjectId>> {
+/// packs that are up. A pack this store cannot rebuild stays promised:
+/// this push counts on it as on any pack an index names (its readers wait
+/// for it), and pushing the snapshot that promised it again completes it.
+async fn complete_pending(view: &StoreView, hub: &Hub, report: &mut TransferReport) -> Result<()> {
     let (pending, wanted) = tokio::try_join!(markers(hub, "pending"), markers(hub, "wanted"))?;
     let mut still = HashSet::new();
     let keys: Vec<Key> = pending.iter().map(|p| Key::Pack(*p)).collect();
@@ -644,7 +639,7 @@ async fn complete_pending(
             hub.delete(&Key::Wanted(*pack)).await?;
         }
     }
-    Ok(still)
+    Ok(())
 }
 
 /// One promised pack that is not up: uploads it if this store can rebuild
@@ -671,16 +666,28 @@ async fn complete_one(
         // about to write it.
         return Ok(!marker.is_fresh());
     }
-    let index = index_object(hub, view.root(), &marker.index, report).await?;
+    let index = match index_object(hub, view.root(), &marker.index, report).await {
+        Ok(i) => i,
+        Err(e) => {
+            tracing::warn!("pending pack {pack}: {e:#}; left promised");
+            return Ok(false);
+        }
+    };
     let Some(info) = index.packs.iter().find(|p| p.id == *pack).cloned() else {
         return Ok(false); // a marker that does not match its index
     };
     let rebuilt = {
         let view = view.clone();
-        blocking(move || rebuild_pack(&view, &info)).await?
+        blocking(move || rebuild_pack(&view, &info)).await
     };
-    let Some(rebuilt) = rebuilt else {
-        return Ok(false); // chunks this store does not hold
+    let rebuilt = match rebuilt {
+        Ok(Some(r)) => r,
+        Ok(None) => return Ok(false), // chunks this store does not hold
+        Err(e) => {
+            // E.g. the same chunks stored with other compression here.
+            tracing::warn!("pending pack {pack}: {e:#}; left promised");
+            return Ok(false);
+        }
     };
     report.wire_bytes += rebuilt.bytes.len() as u64;
     hub.put(&Key::Pack(*pack), rebuilt.bytes).await?;
@@ -763,7 +770,11 @@ async fn upload_late(
     loop {
         while running.len() < LATE_UPLOADS && !left.is_empty() {
             if marked.elapsed() >= MARK_REFRESH {
-                mark_pending(hub, left.make_contiguous(), index).await?;
+                // The packs in flight keep their markers' age: each is
+                // one upload from done.
+                if let Err(e) = mark_pending(hub, left.make_contiguous(), index).await {
+                    tracing::warn!("refreshing the pending markers: {e:#}");
+                }
                 marked = Instant::now();
             }
             let wanted = markers(hub, "wanted").await.unwrap_or_default();
@@ -790,7 +801,9 @@ async fn upload_late(
     // Readers may have asked after the last look: one more.
     asked_for.extend(markers(hub, "wanted").await.unwrap_or_default());
     for p in asked_for.intersection(&ours) {
-        hub.delete(&Key::Wanted(*p)).await?;
+        if let Err(e) = hub.delete(&Key::Wanted(*p)).await {
+            tracing::warn!("removing the wanted marker of pack {p}: {e:#}");
+        }
     }
     Ok(())
 }
