@@ -235,7 +235,10 @@ async fn send_packs(
         let rest = ordered.split_off(ws_len);
         let plan = {
             let view = view.clone();
-            let target = opts.pack_bytes.unwrap_or(DEFAULT_PACK_BYTES);
+            let target = opts
+                .pack_bytes
+                .unwrap_or(DEFAULT_PACK_BYTES)
+                .min(LATE_PACK_BYTES);
             tokio::task::spawn_blocking(move || plan_packs(&view, rest, target))
         };
         packs = upload_packs(view, hub, ordered, opts, &progress, report).await?;
@@ -740,6 +743,12 @@ struct Rebuilt {
     stored: u64,
     raw: u64,
 }
+
+/// The fill of a pack sent after publishing. A reader that faults on a
+/// chunk outside the working set waits for that chunk's whole pack (asked
+/// for, it is sent next); a smaller pack shortens the wait, at the cost of
+/// more requests for the push (docs/BENCHMARKS.md, "Propagation").
+const LATE_PACK_BYTES: usize = 2 << 20;
 
 /// Packs uploaded at once after publishing: fewer than before it, so a
 /// pack a reader waits for gets a larger share of the link.
