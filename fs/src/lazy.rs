@@ -18,8 +18,9 @@
 //!    5xx, timeout) is retried with backoff (100 ms doubling to 2 s) until
 //!    the deadline (`--remote-deadline-secs`, default 120 s) from its first
 //!    try; so is a pack a push has promised and not uploaded yet (polled
-//!    every 100 ms; a fault also asks the pusher for it, see
-//!    `forkd_remote::layout`, "Pending packs"); bytes that fail
+//!    every 100 ms, and asked for, see `forkd_remote::layout`, "Pending
+//!    packs"; the fill's reads wait on it past the deadline, for as long as
+//!    the marker stays fresh, since a fault may join them); bytes that fail
 //!    verification or an object the hub lacks are refused at once. A final failure answers that read with EIO, is
 //!    logged with the chunk, snapshot and hub, and is kept in the `status`
 //!    reply (`lazy.failures`) for poold to report;
@@ -543,7 +544,12 @@ impl Lazy {
                     (why, hint.to_string(), true)
                 }
             };
-            if start.elapsed() + delay > self.opts.deadline {
+            // The fill waits on a promised pack for as long as its push
+            // keeps the marker fresh (a push that died lets it go stale,
+            // and the read is refused then): a fault may join its flight
+            // at any time, and must not inherit a deadline nearly spent.
+            let waits_on_push = promised && !urgent;
+            if start.elapsed() + delay > self.opts.deadline && !waits_on_push {
                 break Err(format!(
                     "{why} (retried for {:.0} s, the deadline; {hint})",
                     start.elapsed().as_secs_f64(),

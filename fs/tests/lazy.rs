@@ -498,3 +498,44 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     assert!(st.lazy.failures.is_empty(), "{:?}", st.lazy.failures);
     assert!(st.lazy.sources.iter().all(|s| s.healthy), "{:?}", st.lazy);
 }
+
+/// The fill waits on a promised pack past the read deadline while the
+/// push keeps the marker fresh: a slow push is not a failure, and a fault
+/// that joins the fill's flight late is served once the pack lands. The
+/// old fill gave up at the deadline (10 s here), recorded the read's
+/// chunks as failed, and failed any fault waiting on its flight.
+#[test]
+fn the_fill_outwaits_the_read_deadline_on_a_promised_pack() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::new(29);
+    let promised = l.promise_pack(4);
+    let m = l.mount(false);
+    std::thread::sleep(Duration::from_secs(12));
+    let st = m.client().status().unwrap().lazy;
+    assert!(st.failures.is_empty(), "{:?}", st.failures);
+    assert!(st.retries > 0, "the fill polled the promised pack: {st:?}");
+    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
+    let slot = (0..man.len())
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
+        .unwrap();
+    let fault = std::thread::spawn({
+        let path = m.file(&l.rec.id, "memory.bin");
+        move || {
+            let mut buf = vec![0u8; 65536];
+            std::fs::File::open(&path)
+                .unwrap()
+                .read_exact_at(&mut buf, slot as u64 * 65536)
+                .map(|()| buf)
+        }
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(!fault.is_finished(), "the pack is not up: the fault waits");
+    promised.land();
+    let buf = fault.join().unwrap().expect("the fault is served");
+    let at = slot * 65536;
+    assert!(buf == l.data[at..at + 65536], "wrong bytes served");
+    let st = m.client().status().unwrap().lazy;
+    assert!(st.failures.is_empty(), "{:?}", st.failures);
+}

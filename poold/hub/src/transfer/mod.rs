@@ -192,7 +192,8 @@ pub struct PushOptions {
     /// The layout of a hub that is still empty (default 2). A hub that has
     /// objects keeps its own.
     pub layout: Option<u32>,
-    /// Bytes a pack is filled to (default 8 MiB).
+    /// Bytes a pack is filled to (default 8 MiB; a pack sent after
+    /// publishing holds at most 2 MiB, see `pushing::LATE_PACK_BYTES`).
     pub pack_bytes: Option<usize>,
     /// Told when the snapshot is published, which on a file or S3 hub is
     /// before the packs outside its working set are up.
