@@ -17,11 +17,14 @@
 //! 4. **retries**: a request that fails for a reason that may pass (network,
 //!    5xx, timeout) is retried with backoff (100 ms doubling to 2 s) until
 //!    the deadline (`--remote-deadline-secs`, default 120 s) from its first
-//!    try; so is a pack a push has promised and not uploaded yet (polled
-//!    every 100 ms, and asked for, see `forkd_remote::layout`, "Pending
-//!    packs"; the fill's reads wait on it past the deadline, for as long as
-//!    the marker stays fresh, since a fault may join them); bytes that fail
-//!    verification or an object the hub lacks are refused at once. A final failure answers that read with EIO, is
+//!    try; so is a pack a push has promised and not uploaded yet (asked
+//!    for, see `forkd_remote::layout`, "Pending packs", and polled every
+//!    100 ms while a fault waits on it). A fill read waiting on a promised
+//!    pack backs off, gives its request slot up while it sleeps (the
+//!    fill's other reads go on) and waits past the deadline, for as long
+//!    as the marker stays fresh, since a fault may join it late. Bytes that
+//!    fail verification or an object the hub lacks are refused at once. A
+//!    final failure answers that read with EIO, is
 //!    logged with the chunk, snapshot and hub, and is kept in the `status`
 //!    reply (`lazy.failures`) for poold to report;
 //! 5. no lock is held across a network wait: the maps of flights and of
@@ -39,7 +42,7 @@
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -138,6 +141,9 @@ const PROBE_FRESH: Duration = Duration::from_secs(1);
 struct Flight {
     done: Mutex<Option<Result<ChunkData, String>>>,
     cv: Condvar,
+    /// A fault waits on it: a fill read polling a promised pack for it
+    /// polls at the faults' pace, not the fill's.
+    fault_waits: AtomicBool,
 }
 
 impl Flight {
@@ -145,6 +151,7 @@ impl Flight {
         Arc::new(Flight {
             done: Mutex::new(None),
             cv: Condvar::new(),
+            fault_waits: AtomicBool::new(false),
         })
     }
 
@@ -414,7 +421,12 @@ impl Lazy {
                     // the read goes to the store, which says what is wrong.
                     let Some(loc) = loc else { continue };
                     match flights.get(c) {
-                        Some(f) => wait.push((*c, f.clone())),
+                        Some(f) => {
+                            if urgent {
+                                f.fault_waits.store(true, Ordering::Relaxed);
+                            }
+                            wait.push((*c, f.clone()))
+                        }
                         None if pending.contains_key(c) => {}
                         None => maybe.push((*c, loc)),
                     }
@@ -522,11 +534,14 @@ impl Lazy {
         urgent: bool,
     ) -> Vec<(ChunkId, Result<ChunkData, String>)> {
         let sem = if urgent { &self.urgent } else { &self.fill };
-        let _permit = sem.acquire().await.expect("semaphore open");
+        let mut permit = Some(sem.acquire().await.expect("semaphore open"));
         let _gauge = urgent.then(|| Gauge::up(&self.urgent_now));
         let start = Instant::now();
         let mut delay = Duration::from_millis(100);
         let result = loop {
+            if permit.is_none() {
+                permit = Some(sem.acquire().await.expect("semaphore open"));
+            }
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
             let (why, hint, promised) = match self.get_read(&src, &read).await {
                 Ok(chunks) => {
@@ -557,12 +572,20 @@ impl Lazy {
             }
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
             debug!(hub = %src.url, "retrying in {delay:?}: {why}");
-            tokio::time::sleep(delay).await;
-            // A promised pack is polled for: it comes soon (asked for),
-            // and a fault waits on it.
-            if !promised {
-                delay = (delay * 2).min(Duration::from_secs(2));
+            if waits_on_push {
+                // The fill's other reads (which faults may wait on) run
+                // meanwhile: a pack that is up is not held up by one a
+                // push has still to send.
+                permit = None;
             }
+            tokio::time::sleep(delay).await;
+            // A promised pack a fault waits on is polled for every 100 ms
+            // (asked for, it comes soon); anything else backs off.
+            delay = if promised && (urgent || self.fault_waits_on(&read)) {
+                Duration::from_millis(100)
+            } else {
+                (delay * 2).min(Duration::from_secs(2))
+            };
         };
         if urgent && result.is_ok() {
             let now = self.epoch.elapsed().as_millis().max(1);
@@ -696,6 +719,16 @@ impl Lazy {
                     .map(|s| s.url.clone())
             })
             .unwrap_or_else(|| "its hub".into())
+    }
+
+    /// Whether a fault has joined the flight of a chunk of `read`.
+    fn fault_waits_on(&self, read: &RangeRead) -> bool {
+        let flights = self.flights.lock().unwrap();
+        read.chunks.iter().any(|(c, _, _)| {
+            flights
+                .get(c)
+                .is_some_and(|f| f.fault_waits.load(Ordering::Relaxed))
+        })
     }
 
     fn record_failure(&self, chunk: &ChunkId, url: &str, why: &str) {

@@ -34,6 +34,12 @@ struct Lazy {
 
 impl Lazy {
     fn new(seed: u64) -> Lazy {
+        Lazy::packed(seed, usize::MAX)
+    }
+
+    /// As [`Lazy::new`], with a pack closed after every `per_pack` chunks
+    /// (or at 1 MiB, whichever comes first).
+    fn packed(seed: u64, per_pack: usize) -> Lazy {
         let dir = tempfile::Builder::new()
             .prefix("forkd-fs-lazy")
             .tempdir()
@@ -53,8 +59,11 @@ impl Lazy {
         let hub = FileHub::open(&dir.path().join("hub")).unwrap();
         let mut b = PackBuilder::new(1 << 20);
         let mut packs = Vec::new();
-        for c in a.snapshot_chunks(&rec).unwrap() {
+        for (i, c) in a.snapshot_chunks(&rec).unwrap().into_iter().enumerate() {
             packs.extend(b.add(&a.stored_chunk(&c).unwrap()));
+            if (i + 1) % per_pack == 0 {
+                packs.extend(std::mem::replace(&mut b, PackBuilder::new(1 << 20)).finish());
+            }
         }
         packs.extend(b.finish());
         let b_store = Store::open(&dir.path().join("b"), StoreOptions::default()).unwrap();
@@ -127,7 +136,7 @@ impl Lazy {
     fn promise_pack(&self, i: usize) -> Promised {
         let (victim, pack, _) = self.places[i].clone();
         let pack_id = pack.file_name().unwrap().to_string_lossy().into_owned();
-        let aside = self.dir.path().join("pack-aside");
+        let aside = self.dir.path().join(format!("pack-aside-{i}"));
         std::fs::rename(&pack, &aside).unwrap();
         let pending = self.dir.path().join("hub").join("pending");
         std::fs::create_dir_all(&pending).unwrap();
@@ -538,4 +547,67 @@ fn the_fill_outwaits_the_read_deadline_on_a_promised_pack() {
     assert!(buf == l.data[at..at + 65536], "wrong bytes served");
     let st = m.client().status().unwrap().lazy;
     assert!(st.failures.is_empty(), "{:?}", st.failures);
+}
+
+/// A fill read waiting on a promised pack gives its request slot up while
+/// it sleeps: the fill's other reads run, and a fault on a chunk of a
+/// pack that is up is served at once even when it waits on one of those
+/// reads. The old fill held both of its slots with reads of promised
+/// packs, and the fault waited for the push.
+#[test]
+fn a_fill_read_waiting_on_a_push_does_not_hold_up_the_others() {
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::packed(30, 8);
+    // The fill reads packs in file order: the first two are promised.
+    let mut packs: Vec<usize> = Vec::new();
+    for (i, (_, pack, _)) in l.places.iter().enumerate() {
+        if packs.last().is_none_or(|&j| l.places[j].1 != *pack) {
+            packs.push(i);
+        }
+    }
+    assert!(packs.len() > 2, "the snapshot needs three packs or more");
+    let first = l.promise_pack(packs[0]);
+    let second = l.promise_pack(packs[1]);
+    let m = l.mount(false);
+    let status = || m.client().status().unwrap().lazy;
+    assert!(
+        wait_for(Duration::from_secs(20), || status().retries >= 2),
+        "the fill never polled the promised packs: {:?}",
+        status()
+    );
+    let (victim, _, _) = l.places.last().unwrap().clone();
+    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
+    let slot = (0..man.len())
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(victim))
+        .unwrap();
+    let fault = std::thread::spawn({
+        let path = m.file(&l.rec.id, "memory.bin");
+        move || {
+            let mut buf = vec![0u8; 65536];
+            std::fs::File::open(&path)
+                .unwrap()
+                .read_exact_at(&mut buf, slot as u64 * 65536)
+                .map(|()| buf)
+        }
+    });
+    assert!(
+        wait_for(Duration::from_secs(5), || fault.is_finished()),
+        "a fault on a pack that is up waited for the promised ones"
+    );
+    assert!(first.marker.is_file() && second.marker.is_file());
+    let buf = fault.join().unwrap().expect("the fault is served");
+    let at = slot * 65536;
+    assert!(buf == l.data[at..at + 65536], "wrong bytes served");
+    first.land();
+    second.land();
+    assert!(
+        wait_for(Duration::from_secs(20), || {
+            let r = l.b().residency(&l.rec).unwrap();
+            r.local_chunks == r.chunks
+        }),
+        "the fill completes once the packs land"
+    );
+    assert!(status().failures.is_empty(), "{:?}", status().failures);
 }
