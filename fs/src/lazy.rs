@@ -10,20 +10,25 @@
 //!    GETs, each chunk verified against its id (bounded zstd decode,
 //!    blake3) before anything is answered;
 //! 2. **single flight**: a chunk being fetched has one [`Flight`]; every
-//!    other read of it waits on that flight, never fetches again;
+//!    other read of it waits on that flight, never fetches again. A
+//!    planned read ends its chunks' flights as soon as it is done, not
+//!    with the rest of its batch;
 //! 3. **bounded**: at most [`URGENT_REQUESTS`] requests of faults and
 //!    working-set prefetches are in flight, [`FILL_REQUESTS`] of the fill,
 //!    which also steps aside while urgent ones run;
 //! 4. **retries**: a request that fails for a reason that may pass (network,
 //!    5xx, timeout) is retried with backoff (100 ms doubling to 2 s) until
 //!    the deadline (`--remote-deadline-secs`, default 120 s) from its first
-//!    try; so is a pack a push has promised and not uploaded yet (asked
-//!    for, see `forkd_remote::layout`, "Pending packs", and polled every
-//!    100 ms while a fault waits on it). A fill read waiting on a promised
-//!    pack backs off, gives its request slot up while it sleeps (the
-//!    fill's other reads go on) and waits past the deadline, for as long
-//!    as the marker stays fresh, since a fault may join it late. Bytes that
-//!    fail verification or an object the hub lacks are refused at once. A
+//!    try; so is a pack a push has promised and not uploaded yet (see
+//!    `forkd_remote::layout`, "Pending packs"): a fault's read asks the
+//!    pusher for it and polls every 100 ms. A fill read polls without
+//!    asking (packs the fill asked for would go ahead of the ones faults
+//!    wait on), backs off to 500 ms, gives its request slot up while it
+//!    sleeps (the fill's other reads go on), and at the deadline gives the
+//!    pack up quietly (no failure; the fill comes back to it). Once a fault
+//!    joins a fill read, that read asks, polls every 100 ms and has a
+//!    deadline from then. Bytes that fail verification or an object the
+//!    hub lacks are refused at once. A
 //!    final failure answers that read with EIO, is
 //!    logged with the chunk, snapshot and hub, and is kept in the `status`
 //!    reply (`lazy.failures`) for poold to report;
@@ -142,8 +147,11 @@ struct Flight {
     done: Mutex<Option<Result<ChunkData, String>>>,
     cv: Condvar,
     /// A fault waits on it: a fill read polling a promised pack for it
-    /// polls at the faults' pace, not the fill's.
+    /// polls at the faults' pace, asks the pusher, and keeps a deadline.
     fault_waits: AtomicBool,
+    /// Ended *not yet* (see [`Lazy::try_read`]): a waiter fetches the
+    /// chunk itself.
+    not_yet: AtomicBool,
 }
 
 impl Flight {
@@ -152,6 +160,7 @@ impl Flight {
             done: Mutex::new(None),
             cv: Condvar::new(),
             fault_waits: AtomicBool::new(false),
+            not_yet: AtomicBool::new(false),
         })
     }
 
@@ -448,10 +457,19 @@ impl Lazy {
                 first_err = Some(e);
             }
         }
+        let mut again = Vec::new();
         for (c, f) in wait {
-            if let Err(e) = f.wait() {
-                first_err.get_or_insert((c, e));
+            match f.wait() {
+                Ok(_) => {}
+                Err(_) if f.not_yet.load(Ordering::Relaxed) => again.push(c),
+                Err(e) => {
+                    first_err.get_or_insert((c, e));
+                }
             }
+        }
+        if !again.is_empty() && first_err.is_none() {
+            // A fill read gave up on a pack still to come as this joined.
+            self.ensure_chunks(&again, urgent)?;
         }
         match first_err {
             None => Ok(()),
@@ -526,24 +544,55 @@ impl Lazy {
     }
 
     /// One planned read: waits for a request slot, fetches with retries,
-    /// verifies, keeps the chunks pending, returns their bytes.
+    /// verifies, keeps the chunks pending, then ends their flights (each
+    /// read as soon as it is done, not with the rest of its batch) and
+    /// returns their bytes.
     async fn run_read(
         &self,
         src: Arc<Source>,
         read: RangeRead,
         urgent: bool,
     ) -> Vec<(ChunkId, Result<ChunkData, String>)> {
+        let (out, not_yet) = self.try_read(&src, &read, urgent).await;
+        let mut flights = self.flights.lock().unwrap();
+        for (c, r) in &out {
+            if let Some(f) = flights.remove(c) {
+                f.not_yet.store(not_yet, Ordering::Relaxed);
+                f.finish(r.clone());
+            }
+        }
+        out
+    }
+
+    /// [`Lazy::run_read`]'s fetch. Also says whether it ended *not yet*: a
+    /// fill read that gave a promised pack up at the deadline while no
+    /// fault waited on it. That is no failure (nothing is recorded; a
+    /// fault that joins its flight in the last instant fetches the chunk
+    /// itself, and the fill comes back to it).
+    async fn try_read(
+        &self,
+        src: &Source,
+        read: &RangeRead,
+        urgent: bool,
+    ) -> (Vec<(ChunkId, Result<ChunkData, String>)>, bool) {
         let sem = if urgent { &self.urgent } else { &self.fill };
         let mut permit = Some(sem.acquire().await.expect("semaphore open"));
         let _gauge = urgent.then(|| Gauge::up(&self.urgent_now));
         let start = Instant::now();
+        // When a fault joined this fill read: its deadline runs from then.
+        let mut fault_since: Option<Instant> = None;
         let mut delay = Duration::from_millis(100);
+        let mut not_yet = false;
         let result = loop {
             if permit.is_none() {
                 permit = Some(sem.acquire().await.expect("semaphore open"));
             }
+            if !urgent && fault_since.is_none() && self.fault_waits_on(read) {
+                fault_since = Some(Instant::now());
+            }
+            let faulted = urgent || fault_since.is_some();
             self.counters.requests.fetch_add(1, Ordering::Relaxed);
-            let (why, hint, promised) = match self.get_read(&src, &read).await {
+            let (why, hint, promised) = match self.get_read(src, read, faulted).await {
                 Ok(chunks) => {
                     src.ok();
                     break Ok(chunks);
@@ -559,20 +608,17 @@ impl Lazy {
                     (why, hint.to_string(), true)
                 }
             };
-            // The fill waits on a promised pack for as long as its push
-            // keeps the marker fresh (a push that died lets it go stale,
-            // and the read is refused then): a fault may join its flight
-            // at any time, and must not inherit a deadline nearly spent.
-            let waits_on_push = promised && !urgent;
-            if start.elapsed() + delay > self.opts.deadline && !waits_on_push {
+            let from = fault_since.unwrap_or(start);
+            if from.elapsed() + delay > self.opts.deadline {
+                not_yet = promised && !faulted;
                 break Err(format!(
                     "{why} (retried for {:.0} s, the deadline; {hint})",
-                    start.elapsed().as_secs_f64(),
+                    from.elapsed().as_secs_f64(),
                 ));
             }
             self.counters.retries.fetch_add(1, Ordering::Relaxed);
             debug!(hub = %src.url, "retrying in {delay:?}: {why}");
-            if waits_on_push {
+            if promised && !urgent {
                 // The fill's other reads (which faults may wait on) run
                 // meanwhile: a pack that is up is not held up by one a
                 // push has still to send.
@@ -580,29 +626,37 @@ impl Lazy {
             }
             tokio::time::sleep(delay).await;
             // A promised pack a fault waits on is polled for every 100 ms
-            // (asked for, it comes soon); anything else backs off.
-            delay = if promised && (urgent || self.fault_waits_on(&read)) {
+            // (asked for, it comes soon); the fill's polls back off to
+            // 500 ms (a fault that joins waits out one at most); errors
+            // back off to 2 s.
+            delay = if promised && (urgent || self.fault_waits_on(read)) {
                 Duration::from_millis(100)
+            } else if promised {
+                (delay * 2).min(Duration::from_millis(500))
             } else {
                 (delay * 2).min(Duration::from_secs(2))
             };
         };
+        drop(permit);
         if urgent && result.is_ok() {
             let now = self.epoch.elapsed().as_millis().max(1);
             self.last_urgent_ms.store(now as u64, Ordering::Relaxed);
         }
-        match result {
+        let out = match result {
             Ok(chunks) => chunks,
             Err(why) => {
-                for (c, _, _) in &read.chunks {
-                    self.record_failure(c, &src.url, &why);
+                if !not_yet {
+                    for (c, _, _) in &read.chunks {
+                        self.record_failure(c, &src.url, &why);
+                    }
                 }
                 read.chunks
                     .iter()
                     .map(|(c, _, _)| (*c, Err(why.clone())))
                     .collect()
             }
-        }
+        };
+        (out, not_yet)
     }
 
     /// One attempt at a read: the bytes, then each chunk verified and kept
@@ -611,6 +665,7 @@ impl Lazy {
         &self,
         src: &Source,
         read: &RangeRead,
+        ask: bool,
     ) -> Result<Vec<(ChunkId, Result<ChunkData, String>)>, Failure> {
         let layout1 = src.layout == forkd_remote::LAYOUT_CHUNKS;
         let key = if layout1 {
@@ -625,7 +680,7 @@ impl Lazy {
         };
         let bytes = match got {
             Ok(Some(b)) => b,
-            Ok(None) => return Err(missing(src, read, &key).await),
+            Ok(None) => return Err(missing(src, read, &key, ask).await),
             Err(e) => return Err(Failure::Transient(format!("{e:#}"))),
         };
         self.counters
@@ -1425,18 +1480,21 @@ fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec
 }
 
 /// Why the object of `read` is missing: a pack a push promised (wait, and
-/// ask the pusher for it), one that arrived between the
-/// two requests (read again), or one that is not coming (refuse). Only
-/// plain object stores hold promises.
-async fn missing(src: &Source, read: &RangeRead, key: &Key) -> Failure {
+/// ask the pusher for it when `ask`: a fault waits on it), one that
+/// arrived between the two requests (read again), or one that is not
+/// coming (refuse). Only plain object stores hold promises.
+async fn missing(src: &Source, read: &RangeRead, key: &Key, ask: bool) -> Failure {
     if src.layout == forkd_remote::LAYOUT_CHUNKS || !src.hub.is_object_store() {
         return Failure::Refused(incomplete(&src.url, key));
     }
     match src.hub.pack_pending(&read.object).await {
         Ok(true) => {
-            // The fill asks too: a fault may be waiting on its flight. It
-            // asks for at most a pack or two at a time (its permits).
-            src.want(&read.object).await;
+            // Not for the fill alone: packs it asked for would go ahead of
+            // the ones faults wait on (the push sends asked-for packs in
+            // its own order), and all of a fill batch's reads poll.
+            if ask {
+                src.want(&read.object).await;
+            }
             Failure::Promised(format!(
                 "{key} is not on {} yet: a push still running promised it",
                 src.url

@@ -508,13 +508,14 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     assert!(st.lazy.sources.iter().all(|s| s.healthy), "{:?}", st.lazy);
 }
 
-/// The fill waits on a promised pack past the read deadline while the
-/// push keeps the marker fresh: a slow push is not a failure, and a fault
-/// that joins the fill's flight late is served once the pack lands. The
-/// old fill gave up at the deadline (10 s here), recorded the read's
-/// chunks as failed, and failed any fault waiting on its flight.
+/// A push slower than the read deadline is no failure: the fill polls a
+/// promised pack without asking for it (the packs faults wait on go
+/// first), gives it up quietly at the deadline and comes back to it, and
+/// a fault on it long after the deadline is asked for and served once the
+/// pack lands. The old fill recorded the read's chunks as failed at the
+/// deadline (10 s here).
 #[test]
-fn the_fill_outwaits_the_read_deadline_on_a_promised_pack() {
+fn a_slow_push_is_no_fill_failure_and_a_late_fault_is_served() {
     if no_fuse() {
         return;
     }
@@ -525,6 +526,7 @@ fn the_fill_outwaits_the_read_deadline_on_a_promised_pack() {
     let st = m.client().status().unwrap().lazy;
     assert!(st.failures.is_empty(), "{:?}", st.failures);
     assert!(st.retries > 0, "the fill polled the promised pack: {st:?}");
+    assert!(!promised.wanted.is_file(), "the fill asked on its own");
     let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
     let slot = (0..man.len())
         .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
@@ -539,9 +541,16 @@ fn the_fill_outwaits_the_read_deadline_on_a_promised_pack() {
                 .map(|()| buf)
         }
     });
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        wait_for(Duration::from_secs(20), || promised.wanted.is_file()),
+        "a fault waits, and nobody asked for the pack"
+    );
     assert!(!fault.is_finished(), "the pack is not up: the fault waits");
     promised.land();
+    assert!(
+        wait_for(Duration::from_secs(20), || fault.is_finished()),
+        "the fault was not served once the pack landed"
+    );
     let buf = fault.join().unwrap().expect("the fault is served");
     let at = slot * 65536;
     assert!(buf == l.data[at..at + 65536], "wrong bytes served");

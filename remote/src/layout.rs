@@ -30,7 +30,7 @@
 //! pack is up. So a reader that finds a pack missing looks for its marker:
 //! present and younger than [`PENDING_MAX_AGE_SECS`], the pack is on its
 //! way (wait and retry); absent or stale, the hub is incomplete (refuse).
-//! A lazy reader that waits for a pending pack also writes
+//! A lazy reader whose fault waits for a pending pack also writes
 //! `wanted/<pack id>`: the pusher looks at `wanted/` before each pack it
 //! starts and sends the wanted ones first, so a child that faults outside
 //! the working set waits for one pack, not for the push's order.
