@@ -33,7 +33,7 @@
 //!    logged with the chunk, snapshot and hub, and is kept in the `status`
 //!    reply (`lazy.failures`) for poold to report;
 //! 5. no lock is held across a network wait: the maps of flights and of
-//!    fetched chunks are locked only to look up or insert.
+//!    fetched chunks are locked only to look up, insert or remove.
 //!
 //! Fetched chunks are **pending**: verified, held in memory, served from
 //! there, until the writer thread imports them into the store (it opens the
@@ -481,8 +481,8 @@ impl Lazy {
         }
     }
 
-    /// Fetches chunks this thread leads the flights of, then finishes those
-    /// flights. Returns the first failure.
+    /// Fetches chunks this thread leads the flights of (each read ends its
+    /// own; this ends those no read answered). Returns the first failure.
     fn fetch_led(
         &self,
         lead: Vec<(ChunkId, RemoteChunk)>,
@@ -493,15 +493,20 @@ impl Lazy {
         let mut first_err = None;
         let mut flights = self.flights.lock().unwrap();
         for id in ids {
-            let r = results
-                .get(&id)
-                .cloned()
-                .unwrap_or_else(|| Err(format!("the hub's answer did not hold chunk {id}")));
-            if let Err(e) = &r {
-                first_err.get_or_insert_with(|| (id, e.clone()));
-            }
-            if let Some(f) = flights.remove(&id) {
-                f.finish(r);
+            match results.get(&id) {
+                // Its read ended its flight; a flight of it now is a new
+                // one, another's.
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    first_err.get_or_insert_with(|| (id, e.clone()));
+                }
+                None => {
+                    let e = format!("the hub's answer did not hold chunk {id}");
+                    first_err.get_or_insert_with(|| (id, e.clone()));
+                    if let Some(f) = flights.remove(&id) {
+                        f.finish(Err(e));
+                    }
+                }
             }
         }
         match first_err {
