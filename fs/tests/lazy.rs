@@ -165,6 +165,28 @@ impl Lazy {
     }
 }
 
+/// A read of `chunk`'s 64 KiB of memory.bin on a thread of its own, as a
+/// faulting guest does: its slot in the file, and the read.
+fn fault_on(
+    l: &Lazy,
+    m: &Mounted,
+    chunk: ChunkId,
+) -> (usize, std::thread::JoinHandle<std::io::Result<Vec<u8>>>) {
+    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
+    let slot = (0..man.len())
+        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(chunk))
+        .unwrap();
+    let path = m.file(&l.rec.id, "memory.bin");
+    let read = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        std::fs::File::open(&path)
+            .unwrap()
+            .read_exact_at(&mut buf, slot as u64 * 65536)
+            .map(|()| buf)
+    });
+    (slot, read)
+}
+
 /// A pack taken off the hub with a pending marker left in its place.
 struct Promised {
     /// A chunk in the pack.
@@ -529,20 +551,7 @@ fn a_slow_push_is_no_fill_failure_and_a_late_fault_is_served() {
     assert!(st.failures.is_empty(), "{:?}", st.failures);
     assert!(st.retries > 0, "the fill polled the promised pack: {st:?}");
     assert!(!promised.wanted.is_file(), "the fill asked on its own");
-    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
-    let slot = (0..man.len())
-        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
-        .unwrap();
-    let fault = std::thread::spawn({
-        let path = m.file(&l.rec.id, "memory.bin");
-        move || {
-            let mut buf = vec![0u8; 65536];
-            std::fs::File::open(&path)
-                .unwrap()
-                .read_exact_at(&mut buf, slot as u64 * 65536)
-                .map(|()| buf)
-        }
-    });
+    let (slot, fault) = fault_on(&l, &m, promised.victim);
     assert!(
         wait_for(Duration::from_secs(20), || promised.wanted.is_file()),
         "a fault waits, and nobody asked for the pack"
@@ -589,20 +598,7 @@ fn a_fill_read_waiting_on_a_push_does_not_hold_up_the_others() {
         status()
     );
     let (victim, _, _) = l.places.last().unwrap().clone();
-    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
-    let slot = (0..man.len())
-        .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(victim))
-        .unwrap();
-    let fault = std::thread::spawn({
-        let path = m.file(&l.rec.id, "memory.bin");
-        move || {
-            let mut buf = vec![0u8; 65536];
-            std::fs::File::open(&path)
-                .unwrap()
-                .read_exact_at(&mut buf, slot as u64 * 65536)
-                .map(|()| buf)
-        }
-    });
+    let (slot, fault) = fault_on(&l, &m, victim);
     assert!(
         wait_for(Duration::from_secs(5), || fault.is_finished()),
         "a fault on a pack that is up waited for the promised ones"
