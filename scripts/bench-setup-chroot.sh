@@ -3,7 +3,9 @@
 # Debian 12 root (debootstrap, minbase) on this host, with empty caches (no
 # cargo registry, no target dir, no images, no apt packages beyond the base),
 # the checkout cloned into it. Prints setup's step times, the quickstart's
-# two commands' times and the total. docs/BENCHMARKS.md records its output.
+# two commands' times and the total, and keeps cargo's per-crate report of
+# setup's build (--timings) as /var/tmp/forkd-setup-timings.html.
+# docs/BENCHMARKS.md records its output.
 #
 #   scripts/bench-setup-chroot.sh [DIR]     # DIR: where the root goes
 #                                           # (default /var/tmp/forkd-setup-bench)
@@ -77,7 +79,7 @@ case "$readme" in
   *) die "README's first command changed shape ($readme); update this script" ;;
 esac
 say "In the root: $readme"
-chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb FORKD_BUILD_TIMINGS=1 PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
   bash -c '
     set -euo pipefail
     cd /root/forkd
@@ -89,3 +91,8 @@ chroot "$root" /usr/bin/env -i HOME=/root TERM=dumb PATH=/usr/local/sbin:/usr/lo
     printf "\n==> README first command in %ss: setup %ss, snapshot create %ss, fork %ss\n" \
       $(( setup + snapshot + forks )) "$setup" "$snapshot" "$forks"
   ' _ "$readme"
+report=$(ls -t "$root"/root/forkd/target/cargo-timings/cargo-timing-*.html 2>/dev/null | head -1 || true)
+if [ -n "$report" ]; then
+  cp "$report" /var/tmp/forkd-setup-timings.html
+  note "setup's build, crate by crate: /var/tmp/forkd-setup-timings.html"
+fi

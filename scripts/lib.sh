@@ -18,7 +18,7 @@ as_root() {
   command -v sudo >/dev/null 2>&1 ||
     die "$(basename "$script") must run as root, and there is no sudo: run it from a root shell (su -)"
   local keep=("PATH=$PATH") v
-  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
+  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL FORKD_BUILD_TIMINGS CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
     [ -n "${!v:-}" ] && keep+=("$v=${!v}")
   done
   note "not root: re-running through sudo"

@@ -94,7 +94,7 @@ enable_backports() {
 install_packages() {
   say "Installing host packages"
   local base=(debootstrap e2fsprogs cpio busybox-static fuse3 pkg-config clang libclang-dev
-              build-essential file iproute2 nftables ca-certificates git
+              lld build-essential file iproute2 nftables ca-certificates git
               libseccomp-dev libcap-ng-dev)
   apt-get update -q >/dev/null || note "apt-get update reported errors; continuing"
   apt-get install -y -q --no-install-recommends "${base[@]}" >/dev/null
@@ -210,7 +210,14 @@ build_workspace() {
   # first build (RocksDB's C++ and ~400 crates) does not look hung.
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
     note "first build: ~400 crates and RocksDB, about 14 minutes on a 2-core host with Debian's Rust, 9 with rustup's; quiet until done"
-  (cd "$REPO_ROOT" && cargo build --release --quiet --workspace --bins)
+  # The four programs forkd runs (the tests find them here too); the bench
+  # tools are `cargo run`. --workspace keeps the features of every shared
+  # dependency those of the whole workspace, so the test build reuses them.
+  # FORKD_BUILD_TIMINGS=1: cargo's per-crate report, in target/cargo-timings.
+  local timings=()
+  [ "${FORKD_BUILD_TIMINGS:-0}" = 1 ] && timings=(--timings)
+  (cd "$REPO_ROOT" && cargo build --release --quiet --workspace "${timings[@]}" \
+    --bin forkd --bin poold --bin forkd-fs --bin forkd-gateway)
   wait_virtiofsd
   return_target
   [ "$install" = 1 ] || return 0
