@@ -24,7 +24,8 @@ export FORKD_HOME=${FORKD_TEST_HOME:-/var/lib/forkd-test}
 export FORKD_ACCEL=${FORKD_ACCEL:-tcg}
 started=$(date +%s)
 
-"$REPO_ROOT/scripts/setup.sh" --no-images --no-install
+# The guest binaries must link from setup's libraries (scripts/build-guest.sh).
+FORKD_GUEST_EXPECT_REUSE=1 "$REPO_ROOT/scripts/setup.sh" --no-images --no-install
 ensure_cargo
 
 # Tools only the tests need (not the user's setup): the S3-compatible server
