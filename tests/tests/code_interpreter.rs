@@ -377,6 +377,21 @@ fn a_cell_is_interrupted_when_its_client_leaves_or_its_time_ends() {
         );
         let lines = run(url, "stay").await;
         assert_eq!(main_text(&lines).as_deref(), Some("kept"));
+        // The time ends while the kernel ignores SIGINT, as ipykernel does
+        // until it takes a cell (a loaded host can be that late): the
+        // interrupt waits for the kernel to catch it instead of being lost.
+        let lines = execute(
+            url,
+            json!({"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(4)\nsignal.signal(signal.SIGINT, signal.default_int_handler)\ntime.sleep(3600)", "timeout": 1}),
+        )
+        .await;
+        assert_eq!(
+            error(&lines).unwrap()["name"],
+            "KeyboardInterrupt",
+            "{lines:?}"
+        );
+        let lines = run(url, "stay").await;
+        assert_eq!(main_text(&lines).as_deref(), Some("kept"));
         // JavaScript and bash cells stop the same way.
         let lines = execute(
             url,

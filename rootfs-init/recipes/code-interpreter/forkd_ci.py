@@ -30,9 +30,11 @@ process reading cells from a pipe. A cell runs alone in its context (a lock
 per context). When the client goes away mid-cell (E2B's SDK closes the
 connection at its timeout) or the cell's own timeout passes, the cell is
 interrupted (SIGINT, as Jupyter does), so the next cell does not wait
-behind it; a kernel that does not stop within INTERRUPT_GRACE (5 s under
-KVM, 30 s on an emulated CPU) is restarted, and the error says its state
-is lost.
+behind it. The interrupt waits until the kernel catches SIGINT (ipykernel
+ignores it until it takes a cell); a kernel that does not become able to
+take it, or then does not stop, within INTERRUPT_GRACE each (5 s under KVM,
+30 s on an emulated CPU) is restarted, and the error says its state is
+lost.
 
 Why a server of our own in Python rather than E2B's (FastAPI + a Jupyter
 server): Debian has ipykernel and jupyter_client but not E2B's stack, and
@@ -130,6 +132,58 @@ class CellStopped(Exception):
     """The client went away or the cell's time ran out."""
 
 
+class StopClock:
+    """When a cell was asked to stop and when its interrupt went out.
+
+    The interrupt may wait for the kernel to be able to take it (see
+    `ignores_sigint`); the kernel gets INTERRUPT_GRACE to become able and
+    INTERRUPT_GRACE more to stop, then it is restarted."""
+
+    def __init__(self):
+        self.asked_at = None
+        self.sent_at = None
+
+    @property
+    def sent(self):
+        return self.sent_at is not None
+
+    def asked(self):
+        if self.asked_at is None:
+            self.asked_at = time.monotonic()
+
+    def may_send(self, ready):
+        """True once, when a stop was asked and `ready()` says the
+        interrupt would not be lost."""
+        if self.asked_at is None or self.sent or not ready():
+            return False
+        self.sent_at = time.monotonic()
+        return True
+
+    def check(self):
+        """Raises CellStopped, saying which wait ran out, once one has."""
+        since = self.sent_at if self.sent else self.asked_at
+        if since is None or time.monotonic() - since <= INTERRUPT_GRACE:
+            return
+        if self.sent:
+            raise CellStopped("the cell did not stop within %ss of its interrupt" % INTERRUPT_GRACE)
+        raise CellStopped("the kernel did not become able to take an interrupt within %ss" % INTERRUPT_GRACE)
+
+
+def ignores_sigint(pid):
+    """Whether process `pid` ignores SIGINT right now. ipykernel ignores it
+    between requests and catches it only while it handles one, so an
+    interrupt sent before the kernel takes its cell (late, on a loaded
+    host) is lost and the cell then runs to its end. Unknown: False."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("SigIgn:"):
+                    return bool(int(line.split()[1], 16) >> (signal.SIGINT - 1) & 1)
+    except (OSError, ValueError, TypeError):
+        pass
+    return False
+
+
 class Cell:
     """One /execute: where its lines go and when it must stop."""
 
@@ -200,13 +254,13 @@ class PythonKernel:
     def execute(self, code, cell):
         self.drain_iopub()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
-        interrupted_at = None
+        stop = StopClock()
         while True:
-            if interrupted_at is None and cell.should_stop():
+            if cell.should_stop():
+                stop.asked()
+            if stop.may_send(lambda: not ignores_sigint(self.km.provisioner.pid)):
                 self.km.interrupt_kernel()
-                interrupted_at = time.monotonic()
-            if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
-                raise CellStopped()
+            stop.check()
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.1)
             except queue.Empty:
@@ -240,7 +294,7 @@ class PythonKernel:
         # The shell channel's reply to the cell: read so it does not pile up.
         try:
             while True:
-                self.kc.get_shell_msg(timeout=0.5 if interrupted_at is None else 0)
+                self.kc.get_shell_msg(timeout=0 if stop.sent else 0.5)
         except queue.Empty:
             pass
 
@@ -302,14 +356,14 @@ class PipeKernel:
     def events(self, cell, stoppable=True):
         """Yields fd-3 events of the current request, emitting its output;
         interrupts on a stop; returns at its `done`."""
-        interrupted_at = None
+        stop = StopClock()
         fds = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr", self.done.fileno(): None}
         while True:
-            if stoppable and interrupted_at is None and cell.should_stop():
+            if stoppable and cell.should_stop():
+                stop.asked()
+            if stop.may_send(lambda: True):
                 self.interrupt()
-                interrupted_at = time.monotonic()
-            if interrupted_at is not None and time.monotonic() - interrupted_at > INTERRUPT_GRACE:
-                raise CellStopped()
+            stop.check()
             ready, _, _ = select.select(list(fds), [], [], 0.1)
             for fd in ready:
                 data = os.read(fd, 65536)
@@ -530,13 +584,13 @@ class Context:
             self.kernel.set_env(env_vars, [])
         try:
             self.kernel.execute(code, cell)
-        except CellStopped:
-            log("context %s did not stop after an interrupt; restarting it" % self.id)
+        except CellStopped as e:
+            log("context %s: %s; restarting it" % (self.id, e))
             cell.emit(
                 {
                     "type": "error",
                     "name": "ContextRestarting",
-                    "value": "the cell did not stop within %ss of its interrupt: the context was restarted and its state is lost" % INTERRUPT_GRACE,
+                    "value": "%s: the context was restarted and its state is lost" % e,
                     "traceback": "",
                 }
             )
