@@ -258,7 +258,7 @@ class PythonKernel:
         while True:
             if cell.should_stop():
                 stop.asked()
-            if stop.may_send(lambda: not ignores_sigint(self.km.provisioner.pid)):
+            if stop.may_send(lambda: not ignores_sigint(getattr(self.km.provisioner, "pid", None))):
                 self.km.interrupt_kernel()
             stop.check()
             try:
