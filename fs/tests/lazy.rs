@@ -500,12 +500,23 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     }
     let l = Lazy::new(27);
     let promised = l.promise_pack(4);
-    let m = l.mount(true);
-    let path = m.file(&l.rec.id, "memory.bin");
     let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
     let slot = (0..man.len())
         .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
         .unwrap();
+    // A working set without that slot: the wait is counted as outside it.
+    let mut ws = forkd_layers::WorkingSet::new();
+    ws.push("memory.bin", u32::from(slot == 0));
+    Store::open(&l.dir.path().join("b"), StoreOptions::default())
+        .unwrap()
+        .set_annotation(
+            &l.rec.id,
+            forkd_layers::workingset::ANNOTATION,
+            &ws.encode(),
+        )
+        .unwrap();
+    let m = l.mount(true);
+    let path = m.file(&l.rec.id, "memory.bin");
     let (asked, promised) = (promised.wanted.clone(), std::sync::Arc::new(promised));
     let arrive = std::thread::spawn({
         let promised = promised.clone();
@@ -528,6 +539,11 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     let st = m.client().status().unwrap();
     assert!(st.lazy.failures.is_empty(), "{:?}", st.lazy.failures);
     assert!(st.lazy.sources.iter().all(|s| s.healthy), "{:?}", st.lazy);
+    assert!(
+        st.lazy.slow_reads >= 1 && st.lazy.slow_reads_outside_working_set >= 1,
+        "{:?}",
+        st.lazy
+    );
 }
 
 /// A push slower than the read deadline is no failure: the fill polls a

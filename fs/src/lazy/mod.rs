@@ -49,6 +49,7 @@
 //! (the recorder's clock and the background fill).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -73,6 +74,8 @@ pub const URGENT_REQUESTS: usize = 32;
 pub const FILL_REQUESTS: usize = 2;
 /// Largest read of a working-set prefetch, and how many are in flight.
 const PREFETCH_READ: u64 = 1 << 20;
+/// A read that waits this long for its chunks is logged.
+const SLOW_READ: Duration = Duration::from_millis(100);
 const PREFETCH_WINDOW: usize = 4;
 /// Fetched chunks held before the fill waits for the writer (faults never
 /// wait for it).
@@ -249,6 +252,13 @@ pub struct LazyStatus {
     pub recording: Vec<String>,
     /// Working sets recorded and saved by this worker.
     pub recorded: u64,
+    /// Reads of a lazy snapshot that waited at least 100 ms for a hub.
+    #[serde(default)]
+    pub slow_reads: u64,
+    /// Of those, reads of chunks outside the snapshot's recorded working
+    /// set: what a better recording would have fetched ahead.
+    #[serde(default)]
+    pub slow_reads_outside_working_set: u64,
     /// The hubs opened, and their health.
     pub sources: Vec<SourceStatus>,
     /// The last fetches that failed for good, newest last.
@@ -289,6 +299,8 @@ struct Counters {
     retries: AtomicU64,
     imported: AtomicU64,
     recorded: AtomicU64,
+    slow_reads: AtomicU64,
+    slow_outside: AtomicU64,
 }
 
 /// Everything lazy on one mount (see the module doc).
@@ -399,7 +411,41 @@ impl Lazy {
                 }
             }
         }
-        self.ensure_chunks(&ids, true)
+        let t0 = Instant::now();
+        let result = self.ensure_chunks(&ids, true);
+        if t0.elapsed() >= SLOW_READ {
+            self.note_slow_read(r, offset, len, first..=last, t0.elapsed());
+        }
+        result
+    }
+
+    /// Counts and logs a read that waited for a hub; one outside the
+    /// recorded working set is logged at info (the working set should have
+    /// fetched it ahead), the rest at debug.
+    fn note_slow_read(
+        &self,
+        r: &FileReader,
+        offset: u64,
+        len: u64,
+        slots: RangeInclusive<u64>,
+        waited: Duration,
+    ) {
+        let c = &self.counters;
+        c.slow_reads.fetch_add(1, Ordering::Relaxed);
+        let ws = self.view.working_set(r.snapshot()).ok().flatten();
+        let outside = ws.is_some_and(|ws| {
+            let f = ws.files.iter().position(|f| f == r.name());
+            !slots
+                .clone()
+                .all(|s| f.is_some_and(|f| ws.reads.contains(&(f as u16, s as u32))))
+        });
+        let ms = waited.as_millis() as u64;
+        if outside {
+            c.slow_outside.fetch_add(1, Ordering::Relaxed);
+            info!(snapshot = %r.snapshot(), file = r.name(), offset, len, ms, "a read outside the working set waited for the hub");
+        } else {
+            debug!(snapshot = %r.snapshot(), file = r.name(), offset, len, ms, "a read waited for the hub");
+        }
     }
 
     /// Fetches the chunks of `ids` that are neither indexed nor pending,
@@ -1127,6 +1173,8 @@ impl Lazy {
                 .map(|k| k.to_string())
                 .collect(),
             recorded: c.recorded.load(Ordering::Relaxed),
+            slow_reads: c.slow_reads.load(Ordering::Relaxed),
+            slow_reads_outside_working_set: c.slow_outside.load(Ordering::Relaxed),
             sources: self
                 .sources
                 .lock()

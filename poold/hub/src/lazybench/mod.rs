@@ -533,6 +533,8 @@ struct Answered {
     bytes: u64,
     /// Hub requests by then (pull + forkd-fs).
     requests: u64,
+    /// forkd-fs's reads that waited outside the working set by then.
+    waits_outside_working_set: u64,
     /// What the child answered.
     answer: String,
 }
@@ -603,6 +605,7 @@ fn pull_and_answer(
         first_answer_s,
         bytes: pull_bytes + fs.lazy.fetched_bytes,
         requests: pull_requests + fs.lazy.requests,
+        waits_outside_working_set: fs.lazy.slow_reads_outside_working_set,
         answer,
     })
 }

@@ -45,6 +45,10 @@ pub struct Node {
     pub bytes_before_answer: u64,
     /// Hub requests this node made before the answer.
     pub requests_before_answer: u64,
+    /// Reads that waited for the hub outside the recorded working set
+    /// (forkd-fs's `slow_reads_outside_working_set`) by the answer.
+    #[serde(default)]
+    pub waits_outside_working_set: u64,
     /// What its child answered.
     pub answer: String,
 }
@@ -155,11 +159,12 @@ async fn run_in(paths: &Paths, tag: &str, args: &Args, work: &Path, net: &Net) -
             let r = one_run(&forkd, paths, work, net, nodes, tag, &url, &args.eval)
                 .with_context(|| format!("run {i} to {nodes} nodes"))?;
             eprintln!(
-                "{nodes} nodes, run {i}: push {:.2} s, first node {:.2} s, all {:.2} s, {} to the nodes",
+                "{nodes} nodes, run {i}: push {:.2} s, first node {:.2} s, all {:.2} s, {} to the nodes, {} reads waited outside the working set",
                 r.push.seconds,
                 r.first_node_s,
                 r.all_nodes_s,
-                forkd_snapshot::mib(r.bytes_to_nodes)
+                forkd_snapshot::mib(r.bytes_to_nodes),
+                r.per_node.iter().map(|n| n.waits_outside_working_set).sum::<u64>()
             );
             runs.push(r);
         }
@@ -199,6 +204,7 @@ fn one_run(
                         first_answer_s: a.first_answer_s,
                         bytes_before_answer: a.bytes,
                         requests_before_answer: a.requests,
+                        waits_outside_working_set: a.waits_outside_working_set,
                         answer: a.answer,
                     })
                 })
@@ -329,6 +335,7 @@ mod tests {
                 first_answer_s: a,
                 bytes_before_answer: 10,
                 requests_before_answer: 1,
+                waits_outside_working_set: 0,
                 answer: "[0.0]".into(),
             })
             .collect();
