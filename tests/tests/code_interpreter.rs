@@ -377,9 +377,22 @@ fn a_cell_is_interrupted_when_its_client_leaves_or_its_time_ends() {
         );
         let lines = run(url, "stay").await;
         assert_eq!(main_text(&lines).as_deref(), Some("kept"));
-        // The time ends while the kernel ignores SIGINT, as ipykernel does
-        // until it takes a cell (a loaded host can be that late): the
-        // interrupt waits for the kernel to catch it instead of being lost.
+        // The time ends before the kernel has taken the cell (ipykernel
+        // ignores SIGINT between requests; a loaded host can be that late):
+        // the interrupt waits for the cell instead of being dropped.
+        let lines = execute(
+            url,
+            json!({"code": "import time; time.sleep(3600)", "timeout": 0.001}),
+        )
+        .await;
+        assert_eq!(
+            error(&lines).unwrap()["name"],
+            "KeyboardInterrupt",
+            "{lines:?}"
+        );
+        // The cell ignores SIGINT when its time ends (as os.system does
+        // while its command runs): the interrupt goes again once it can
+        // be caught.
         let lines = execute(
             url,
             json!({"code": "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(4)\nsignal.signal(signal.SIGINT, signal.default_int_handler)\ntime.sleep(3600)", "timeout": 1}),
@@ -392,6 +405,16 @@ fn a_cell_is_interrupted_when_its_client_leaves_or_its_time_ends() {
         );
         let lines = run(url, "stay").await;
         assert_eq!(main_text(&lines).as_deref(), Some("kept"));
+        for bad in [json!("soon"), json!(-1), json!(0), json!(true)] {
+            let r = client()
+                .post(format!("http://{url}/execute"))
+                .json(&json!({"code": "1", "timeout": bad}))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(r.status(), 400, "timeout {bad}");
+            assert!(r.text().await.unwrap().contains("timeout must be"));
+        }
         // JavaScript and bash cells stop the same way.
         let lines = execute(
             url,

@@ -30,11 +30,11 @@ process reading cells from a pipe. A cell runs alone in its context (a lock
 per context). When the client goes away mid-cell (E2B's SDK closes the
 connection at its timeout) or the cell's own timeout passes, the cell is
 interrupted (SIGINT, as Jupyter does), so the next cell does not wait
-behind it. The interrupt waits until the kernel catches SIGINT (ipykernel
-ignores it until it takes a cell); a kernel that does not become able to
-take it, or then does not stop, within INTERRUPT_GRACE each (5 s under KVM,
-30 s on an emulated CPU) is restarted, and the error says its state is
-lost.
+behind it. The interrupt waits until the kernel has taken the cell
+(ipykernel ignores SIGINT between requests), and goes again if the cell
+ignored it (StopClock); a kernel that does not take the cell, or then does
+not stop, within INTERRUPT_GRACE each (5 s under KVM, 30 s on an emulated
+CPU) is restarted, and the error says its state is lost.
 
 Why a server of our own in Python rather than E2B's (FastAPI + a Jupyter
 server): Debian has ipykernel and jupyter_client but not E2B's stack, and
@@ -64,8 +64,8 @@ LANGUAGES = ("python", "javascript", "bash")
 
 
 def interrupt_grace():
-    """Seconds a kernel gets to stop after its interrupt before it is
-    restarted. An emulated CPU (QEMU's TCG, no kvm-clock) runs guest code
+    """Seconds a kernel gets to take a cell asked to stop, and again to stop
+    after its interrupt, before it is restarted. An emulated CPU (QEMU's TCG, no kvm-clock) runs guest code
     tens of times slower, and IPython formatting a KeyboardInterrupt under
     load can take longer than 5 s there: a restart would lose state for a
     cell that did stop. kvm-clock is x86's: elsewhere, 5 s."""
@@ -133,47 +133,60 @@ class CellStopped(Exception):
 
 
 class StopClock:
-    """When a cell was asked to stop and when its interrupt went out.
+    """A cell's stop: when it was asked for, and the interrupts sent.
 
-    The interrupt may wait for the kernel to be able to take it (see
-    `ignores_sigint`); the kernel gets INTERRUPT_GRACE to become able and
-    INTERRUPT_GRACE more to stop, then it is restarted."""
+    The first interrupt waits until the kernel has taken the cell (`taken`:
+    ipykernel ignores SIGINT between requests, so one sent earlier would be
+    dropped). One the kernel ignored when it went out (the cell ignored
+    SIGINT, as os.system does while its command runs; the command, in the
+    kernel's process group, gets it) goes out again once the kernel catches
+    SIGINT. The kernel gets INTERRUPT_GRACE to take the cell and
+    INTERRUPT_GRACE from the first interrupt to stop; then it is restarted."""
 
-    def __init__(self):
+    def __init__(self, interrupt, ignoring):
+        self.interrupt = interrupt
+        self.ignoring = ignoring
         self.asked_at = None
         self.sent_at = None
+        self.dropped = False
 
     @property
     def sent(self):
         return self.sent_at is not None
 
-    def asked(self):
-        if self.asked_at is None:
+    def tick(self, stop_asked, taken):
+        """Notes a stop request; sends what is due."""
+        if stop_asked and self.asked_at is None:
             self.asked_at = time.monotonic()
+        if self.asked_at is None or not taken:
+            return
+        if not self.sent:
+            self.sent_at = time.monotonic()
+            self.send()
+        elif self.dropped and not self.ignoring():
+            self.send()
 
-    def may_send(self, ready):
-        """True once, when a stop was asked and `ready()` says the
-        interrupt would not be lost."""
-        if self.asked_at is None or self.sent or not ready():
-            return False
-        self.sent_at = time.monotonic()
-        return True
+    def send(self):
+        # Ignored before and after the signal: it was dropped (a signal
+        # sent while ignored is discarded). Ignored only before: it may
+        # have been caught, and a second one could hit the traceback of the
+        # first, so it counts as delivered.
+        before = self.ignoring()
+        self.interrupt()
+        self.dropped = before and self.ignoring()
 
     def check(self):
         """Raises CellStopped, saying which wait ran out, once one has."""
-        since = self.sent_at if self.sent else self.asked_at
-        if since is None or time.monotonic() - since <= INTERRUPT_GRACE:
-            return
-        if self.sent:
+        now = time.monotonic()
+        if self.sent and now - self.sent_at > INTERRUPT_GRACE:
             raise CellStopped("the cell did not stop within %ss of its interrupt" % INTERRUPT_GRACE)
-        raise CellStopped("the kernel did not become able to take an interrupt within %ss" % INTERRUPT_GRACE)
+        if not self.sent and self.asked_at is not None and now - self.asked_at > INTERRUPT_GRACE:
+            raise CellStopped("the kernel did not take the cell within %ss of its stop" % INTERRUPT_GRACE)
 
 
 def ignores_sigint(pid):
-    """Whether process `pid` ignores SIGINT right now. ipykernel ignores it
-    between requests and catches it only while it handles one, so an
-    interrupt sent before the kernel takes its cell (late, on a loaded
-    host) is lost and the cell then runs to its end. Unknown: False."""
+    """Whether process `pid` ignores SIGINT right now (its SigIgn mask).
+    Unknown: False."""
     try:
         with open("/proc/%d/status" % pid) as f:
             for line in f:
@@ -254,12 +267,12 @@ class PythonKernel:
     def execute(self, code, cell):
         self.drain_iopub()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
-        stop = StopClock()
+        stop = StopClock(self.km.interrupt_kernel, lambda: ignores_sigint(getattr(self.km.provisioner, "pid", None)))
+        # ipykernel publishes the cell's execute_input once its handler,
+        # which catches SIGINT, is in place.
+        taken = False
         while True:
-            if cell.should_stop():
-                stop.asked()
-            if stop.may_send(lambda: not ignores_sigint(getattr(self.km.provisioner, "pid", None))):
-                self.km.interrupt_kernel()
+            stop.tick(cell.should_stop(), taken)
             stop.check()
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.1)
@@ -275,6 +288,7 @@ class PythonKernel:
             if kind == "stream":
                 cell.emit({"type": content["name"], "text": content["text"], "timestamp": stamp})
             elif kind == "execute_input":
+                taken = True
                 cell.emit({"type": "number_of_executions", "execution_count": content["execution_count"]})
             elif kind == "execute_result":
                 cell.emit(result_line(content["data"], True))
@@ -356,13 +370,10 @@ class PipeKernel:
     def events(self, cell, stoppable=True):
         """Yields fd-3 events of the current request, emitting its output;
         interrupts on a stop; returns at its `done`."""
-        stop = StopClock()
+        stop = StopClock(self.interrupt, lambda: False)
         fds = {self.proc.stdout.fileno(): "stdout", self.proc.stderr.fileno(): "stderr", self.done.fileno(): None}
         while True:
-            if stoppable and cell.should_stop():
-                stop.asked()
-            if stop.may_send(lambda: True):
-                self.interrupt()
+            stop.tick(stoppable and cell.should_stop(), True)
             stop.check()
             ready, _, _ = select.select(list(fds), [], [], 0.1)
             for fd in ready:
@@ -775,6 +786,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if body.get("context_id") and body.get("language"):
             return self.text(400, "Only one of context_id or language can be provided")
         timeout = body.get("timeout")
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf")
+        ):
+            return self.text(400, "timeout must be a positive number of seconds, not %r" % (timeout,))
         try:
             if body.get("context_id"):
                 with SERVER.lock:
