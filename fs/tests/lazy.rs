@@ -504,9 +504,11 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     let slot = (0..man.len())
         .find(|&i| man.entry(i) == forkd_layers::ChunkRef::Chunk(promised.victim))
         .unwrap();
-    // A working set without that slot: the wait is counted as outside it.
+    // A working set without that chunk (over a file the snapshot does not
+    // have, so its prefetch fetches nothing and cannot ask for the pack in
+    // the read's place): the wait is counted as outside it.
     let mut ws = forkd_layers::WorkingSet::new();
-    ws.push("memory.bin", u32::from(slot == 0));
+    ws.push("elsewhere.bin", 0);
     Store::open(&l.dir.path().join("b"), StoreOptions::default())
         .unwrap()
         .set_annotation(

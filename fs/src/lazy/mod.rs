@@ -49,7 +49,6 @@
 //! (the recorder's clock and the background fill).
 
 use std::collections::{HashMap, HashSet, VecDeque};
-use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -324,6 +323,8 @@ pub struct Lazy {
     prefetches: Mutex<HashMap<SnapshotId, Arc<Flight>>>,
     recordings: Mutex<HashMap<SnapshotId, Recording>>,
     recorded: Mutex<HashSet<SnapshotId>>,
+    /// Working sets' chunks, for telling slow reads outside them.
+    ws_chunks: Mutex<HashMap<SnapshotId, Arc<HashSet<ChunkId>>>>,
     failures: Mutex<VecDeque<FetchFailure>>,
     counters: Counters,
     /// When the fill first saw each lazy snapshot.
@@ -369,6 +370,7 @@ impl Lazy {
             prefetches: Mutex::new(HashMap::new()),
             recordings: Mutex::new(HashMap::new()),
             recorded: Mutex::new(HashSet::new()),
+            ws_chunks: Mutex::new(HashMap::new()),
             failures: Mutex::new(VecDeque::new()),
             counters: Counters::default(),
             fill_seen: Mutex::new(HashMap::new()),
@@ -412,33 +414,30 @@ impl Lazy {
             }
         }
         let t0 = Instant::now();
-        let result = self.ensure_chunks(&ids, true);
-        if t0.elapsed() >= SLOW_READ {
-            self.note_slow_read(r, offset, len, first..=last, t0.elapsed());
+        let waited_for = self.ensure_chunks(&ids, true)?;
+        if !waited_for.is_empty() && t0.elapsed() >= SLOW_READ {
+            self.note_slow_read(r, offset, len, &waited_for, t0.elapsed());
         }
-        result
+        Ok(())
     }
 
-    /// Counts and logs a read that waited for a hub; one outside the
-    /// recorded working set is logged at info (the working set should have
-    /// fetched it ahead), the rest at debug.
+    /// Counts and logs a read that waited for `chunks` from a hub; one
+    /// that waited for chunks outside the recorded working set is logged at
+    /// info (the working set should have fetched them ahead), the rest at
+    /// debug.
     fn note_slow_read(
         &self,
         r: &FileReader,
         offset: u64,
         len: u64,
-        slots: RangeInclusive<u64>,
+        chunks: &[ChunkId],
         waited: Duration,
     ) {
         let c = &self.counters;
         c.slow_reads.fetch_add(1, Ordering::Relaxed);
-        let ws = self.view.working_set(r.snapshot()).ok().flatten();
-        let outside = ws.is_some_and(|ws| {
-            let f = ws.files.iter().position(|f| f == r.name());
-            !slots
-                .clone()
-                .all(|s| f.is_some_and(|f| ws.reads.contains(&(f as u16, s as u32))))
-        });
+        let outside = self
+            .working_set_chunks(r.snapshot())
+            .is_some_and(|ws| chunks.iter().any(|c| !ws.contains(c)));
         let ms = waited.as_millis() as u64;
         if outside {
             c.slow_outside.fetch_add(1, Ordering::Relaxed);
@@ -448,9 +447,24 @@ impl Lazy {
         }
     }
 
+    /// The chunks of `snap`'s recorded working set, decoded once per
+    /// worker (a saved working set does not change); None without one.
+    fn working_set_chunks(&self, snap: &SnapshotId) -> Option<Arc<HashSet<ChunkId>>> {
+        if let Some(s) = self.ws_chunks.lock().unwrap().get(snap) {
+            return Some(s.clone());
+        }
+        let rec = self.view.snapshot(snap).ok()??;
+        let ws = self.view.working_set(snap).ok()??;
+        let set: Arc<HashSet<ChunkId>> =
+            Arc::new(ws.chunks(&self.view, &rec).ok()?.into_iter().collect());
+        self.ws_chunks.lock().unwrap().insert(*snap, set.clone());
+        Some(set)
+    }
+
     /// Fetches the chunks of `ids` that are neither indexed nor pending,
-    /// joining flights already under way; returns once all are here.
-    fn ensure_chunks(&self, ids: &[ChunkId], urgent: bool) -> forkd_layers::Result<()> {
+    /// joining flights already under way; returns once all are here, with
+    /// those it fetched or waited for.
+    fn ensure_chunks(&self, ids: &[ChunkId], urgent: bool) -> forkd_layers::Result<Vec<ChunkId>> {
         let have = self.view.has_chunks(ids)?;
         let absent: Vec<ChunkId> = {
             let pending = self.pending.lock().unwrap();
@@ -461,7 +475,7 @@ impl Lazy {
                 .collect()
         };
         if absent.is_empty() {
-            return Ok(());
+            return Ok(absent);
         }
         let locs = self.view.remote_chunks(&absent)?;
         let mut lead: Vec<(ChunkId, RemoteChunk)> = Vec::new();
@@ -524,7 +538,7 @@ impl Lazy {
             self.ensure_chunks(&again, urgent)?;
         }
         match first_err {
-            None => Ok(()),
+            None => Ok(absent),
             Some((id, reason)) => Err(StoreError::RemoteFetch {
                 id,
                 source_url: self.url_of(&id),
