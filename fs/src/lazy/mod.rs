@@ -475,7 +475,7 @@ impl Lazy {
                 .collect()
         };
         if absent.is_empty() {
-            return Ok(absent);
+            return Ok(Vec::new());
         }
         let locs = self.view.remote_chunks(&absent)?;
         let mut lead: Vec<(ChunkId, RemoteChunk)> = Vec::new();
@@ -517,6 +517,11 @@ impl Lazy {
                 }
             }
         }
+        let fetched: Vec<ChunkId> = lead
+            .iter()
+            .map(|(c, _)| *c)
+            .chain(wait.iter().map(|(c, _)| *c))
+            .collect();
         let mut first_err = None;
         if !lead.is_empty() {
             if let Err(e) = self.fetch_led(lead, urgent) {
@@ -538,7 +543,7 @@ impl Lazy {
             self.ensure_chunks(&again, urgent)?;
         }
         match first_err {
-            None => Ok(absent),
+            None => Ok(fetched),
             Some((id, reason)) => Err(StoreError::RemoteFetch {
                 id,
                 source_url: self.url_of(&id),

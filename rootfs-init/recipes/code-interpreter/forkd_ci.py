@@ -154,8 +154,9 @@ class StopClock:
     def sent(self):
         return self.sent_at is not None
 
-    def tick(self, stop_asked, taken):
-        """Notes a stop request; sends what is due."""
+    def tick(self, stop_asked, taken, errored=False):
+        """Notes a stop request; sends what is due. `errored`: the cell
+        reported an error since (the interrupt was taken after all)."""
         if stop_asked and self.asked_at is None:
             self.asked_at = time.monotonic()
         if self.asked_at is None or not taken:
@@ -163,17 +164,16 @@ class StopClock:
         if not self.sent:
             self.sent_at = time.monotonic()
             self.send()
-        elif self.dropped and not self.ignoring():
+        elif self.dropped and not errored and not self.ignoring():
             self.send()
 
     def send(self):
-        # Ignored before and after the signal: it was dropped (a signal
-        # sent while ignored is discarded). Ignored only before: it may
-        # have been caught, and a second one could hit the traceback of the
-        # first, so it counts as delivered.
-        before = self.ignoring()
+        # A signal sent while ignored is discarded. Whether the kernel
+        # ignored it is read just before the kill: read after, it would
+        # miss os.system, which puts the handler back as soon as the
+        # interrupt ends its command.
+        self.dropped = self.ignoring()
         self.interrupt()
-        self.dropped = before and self.ignoring()
 
     def check(self):
         """Raises CellStopped, saying which wait ran out, once one has."""
@@ -270,9 +270,9 @@ class PythonKernel:
         stop = StopClock(self.km.interrupt_kernel, lambda: ignores_sigint(getattr(self.km.provisioner, "pid", None)))
         # ipykernel publishes the cell's execute_input once its handler,
         # which catches SIGINT, is in place.
-        taken = False
+        taken = errored = False
         while True:
-            stop.tick(cell.should_stop(), taken)
+            stop.tick(cell.should_stop(), taken, errored)
             stop.check()
             try:
                 msg = self.kc.get_iopub_msg(timeout=0.1)
@@ -295,6 +295,7 @@ class PythonKernel:
             elif kind == "display_data":
                 cell.emit(result_line(content["data"], False))
             elif kind == "error":
+                errored = True
                 cell.emit(
                     {
                         "type": "error",
@@ -786,10 +787,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if body.get("context_id") and body.get("language"):
             return self.text(400, "Only one of context_id or language can be provided")
         timeout = body.get("timeout")
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < float("inf")
-        ):
-            return self.text(400, "timeout must be a positive number of seconds, not %r" % (timeout,))
+        if timeout is not None:
+            try:
+                ok = not isinstance(timeout, bool) and 0 < float(timeout) < float("inf")
+            except (TypeError, ValueError, OverflowError):
+                ok = False
+            if not ok or isinstance(timeout, str):
+                return self.text(400, "timeout must be a positive number of seconds, not %.40r" % (timeout,))
         try:
             if body.get("context_id"):
                 with SERVER.lock:
