@@ -90,16 +90,8 @@ impl Lazy {
                 .unwrap()
                 .entry(snap)
                 .or_insert_with(Instant::now);
-            if seen_at.elapsed() < FILL_GRACE && !order.is_empty() {
-                let have = self.view.has_chunks(&order)?;
-                let pending = self.pending.lock().unwrap();
-                let ws_local = order
-                    .iter()
-                    .zip(have)
-                    .all(|(c, h)| h || pending.contains_key(c));
-                if !ws_local {
-                    continue;
-                }
+            if seen_at.elapsed() < FILL_GRACE && !order.is_empty() && !self.all_here(&order)? {
+                continue;
             }
             let mut seen: HashSet<ChunkId> = order.iter().copied().collect();
             for c in self.view.snapshot_chunks(&rec)? {

@@ -552,6 +552,17 @@ impl Lazy {
         }
     }
 
+    /// Whether every chunk of `ids` is in the store or fetched and
+    /// pending import.
+    pub(super) fn all_here(&self, ids: &[ChunkId]) -> forkd_layers::Result<bool> {
+        let have = self.view.has_chunks(ids)?;
+        let pending = self.pending.lock().unwrap();
+        Ok(ids
+            .iter()
+            .zip(have)
+            .all(|(c, h)| h || pending.contains_key(c)))
+    }
+
     /// Fetches chunks this thread leads the flights of (each read ends its
     /// own; this ends those no read answered). Returns the first failure.
     fn fetch_led(
@@ -1026,22 +1037,8 @@ impl Lazy {
                 .map(|b| b.iter().map(|(c, _)| *c).collect())
                 .collect()
         } else {
-            let wanted: Vec<(ChunkId, Location)> = remote
-                .iter()
-                .map(|(c, l)| {
-                    (
-                        *c,
-                        Location {
-                            pack: l.object,
-                            pack_len: 0,
-                            offset: l.offset,
-                            len: l.len,
-                            raw_len: l.raw_len,
-                            index: ObjectId::default(),
-                        },
-                    )
-                })
-                .collect();
+            let wanted: Vec<(ChunkId, Location)> =
+                remote.iter().map(|(c, l)| (*c, pack_location(l))).collect();
             let coalesce = Coalesce {
                 max_read: PREFETCH_READ,
                 ..Coalesce::LAZY
@@ -1151,13 +1148,7 @@ impl Lazy {
         let (n, local) = match self.view.working_set(&snap)? {
             Some(ws) => {
                 let c = ws.chunks(&self.view, &rec)?;
-                let have = self.view.has_chunks(&c)?;
-                let pending = self.pending.lock().unwrap();
-                let local = c
-                    .iter()
-                    .zip(have)
-                    .all(|(id, h)| h || pending.contains_key(id));
-                (c.len() as u64, local)
+                (c.len() as u64, self.all_here(&c)?)
             }
             None => (0, false),
         };
@@ -1221,6 +1212,18 @@ fn reverify(v: VerifiedChunk) -> Result<(VerifiedChunk, Vec<u8>), (ChunkId, Stri
     v.into_inner().verify_decoded().map_err(|why| (id, why))
 }
 
+/// Where a located chunk sits in its pack, as the read planner takes it.
+fn pack_location(l: &RemoteChunk) -> Location {
+    Location {
+        pack: l.object,
+        pack_len: 0,
+        offset: l.offset,
+        len: l.len,
+        raw_len: l.raw_len,
+        index: ObjectId::default(),
+    }
+}
+
 /// The reads for `list` on `src`: coalesced ranges of packs (layout 2), or
 /// one whole object per chunk (layout 1).
 fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec<RangeRead> {
@@ -1236,22 +1239,8 @@ fn reads_for(src: &Source, list: &[(ChunkId, RemoteChunk)], urgent: bool) -> Vec
             })
             .collect();
     }
-    let wanted: Vec<(ChunkId, Location)> = list
-        .iter()
-        .map(|(c, l)| {
-            (
-                *c,
-                Location {
-                    pack: l.object,
-                    pack_len: 0,
-                    offset: l.offset,
-                    len: l.len,
-                    raw_len: l.raw_len,
-                    index: ObjectId::default(),
-                },
-            )
-        })
-        .collect();
+    let wanted: Vec<(ChunkId, Location)> =
+        list.iter().map(|(c, l)| (*c, pack_location(l))).collect();
     let c = if urgent {
         Coalesce::LAZY
     } else {
