@@ -18,7 +18,7 @@ as_root() {
   command -v sudo >/dev/null 2>&1 ||
     die "$(basename "$script") must run as root, and there is no sudo: run it from a root shell (su -)"
   local keep=("PATH=$PATH") v
-  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL FORKD_BUILD_TIMINGS CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
+  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL FORKD_BUILD_TIMINGS FORKD_RUST CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
     [ -n "${!v:-}" ] && keep+=("$v=${!v}")
   done
   note "not root: re-running through sudo"
@@ -116,14 +116,79 @@ distro_rust_packages() {
   return 0
 }
 
+# rustup's Rust for a host with none: the toolchain CI builds with, the
+# profile setup and the tests need (rustc, cargo, rust-std; rustfmt and
+# clippy for scripts/test.sh). It compiles forkd in ~0.6x the CPU of
+# Debian 12's rustc-web (PGO-built; docs/BENCHMARKS.md, "Setup on a fresh
+# host"), which stays the fallback.
+FORKD_RUST_TOOLCHAIN=1.95.0
+# rustup itself comes from PyPI's `rustup` wheel (the rustup binary,
+# packaged by the maintainer of maturin), pinned by version and hash, so pip
+# fetches it through this host's own index settings and nothing here names
+# a download host. rustup then reads RUSTUP_DIST_SERVER like any rustup.
+RUSTUP_WHEEL="rustup==1.29.0.1"
+RUSTUP_WHEEL_HASHES=(
+  sha256:47c6d01a6b54b87308fe29ae91633757fb1c5862374e6dd8978955b411bff7e4 # x86_64
+  sha256:771b3a48cc598dfa559c243c5be4358c79c785401b62d6508e23456969fb7a8c # aarch64
+)
+
+# install_rustup: installs FORKD_RUST_TOOLCHAIN with rustup into root's
+# ~/.cargo and ~/.rustup (where find_cargo looks). Fails, after saying why,
+# when pip, PyPI or rustup's download server cannot be reached.
+install_rustup() {
+  local tmp home rc=0
+  home=$(user_home root)
+  [ -n "$home" ] || { note "root has no home directory for rustup"; return 1; }
+  if ! python3 -m pip --version >/dev/null 2>&1; then
+    apt-get install -y -q --no-install-recommends python3-pip >/dev/null ||
+      { note "could not install python3-pip to fetch rustup"; return 1; }
+  fi
+  tmp=$(mktemp -d /tmp/forkd-rustup.XXXXXX)
+  printf '%s' "$RUSTUP_WHEEL" >"$tmp/requirements.txt"
+  printf ' --hash=%s' "${RUSTUP_WHEEL_HASHES[@]}" >>"$tmp/requirements.txt"
+  echo >>"$tmp/requirements.txt"
+  if ! python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes \
+         -r "$tmp/requirements.txt" -d "$tmp/wheel" >"$tmp/log" 2>&1; then
+    note "pip could not fetch $RUSTUP_WHEEL: $(grep . "$tmp/log" | tail -n 1)"
+    rc=1
+  elif ! python3 -m zipfile -e "$tmp"/wheel/rustup-*.whl "$tmp/x" ||
+       ! install -m 755 "$tmp"/x/rustup-*.data/scripts/rustup "$tmp/rustup-init"; then
+    note "the $RUSTUP_WHEEL wheel holds no rustup binary"
+    rc=1
+  # Named rustup-init, the binary installs itself, the proxies and the
+  # toolchain, as rustup's own installer does.
+  elif ! CARGO_HOME="$home/.cargo" RUSTUP_HOME="$home/.rustup" "$tmp/rustup-init" -y -q \
+         --no-modify-path --profile minimal --component rustfmt,clippy \
+         --default-toolchain "$FORKD_RUST_TOOLCHAIN" >"$tmp/log" 2>&1; then
+    note "rustup could not install Rust $FORKD_RUST_TOOLCHAIN: $(grep . "$tmp/log" | tail -n 1)"
+    rc=1
+  fi
+  rm -rf "$tmp"
+  return "$rc"
+}
+
 # ensure_cargo [--install]: puts a cargo with Rust >= FORKD_MIN_RUST first in
 # PATH (see find_cargo), or dies saying what to do. With --install, a host
-# with none gets the distribution's packages (distro_rust_packages).
+# with none gets rustup's Rust (install_rustup), else the distribution's
+# packages (distro_rust_packages); FORKD_RUST=distro skips rustup.
 ensure_cargo() {
   local pkgs old
   if ! find_cargo; then
     old=$RUST_TOO_OLD
     [ "${1:-}" = --install ] || die "no Rust >= $FORKD_MIN_RUST found${old:+ (${old#* } in ${old%% *} is too old)}: run scripts/setup.sh, or install Rust with rustup (https://rustup.rs)"
+    case "${FORKD_RUST:-rustup}" in
+      rustup|distro) ;;
+      *) die "FORKD_RUST is '$FORKD_RUST': set it to rustup (the default) or distro (the distribution's packages only)" ;;
+    esac
+    if [ "${FORKD_RUST:-rustup}" = rustup ]; then
+      note "no Rust >= $FORKD_MIN_RUST${old:+ (found ${old#* } in ${old%% *})}: installing rustup's Rust $FORKD_RUST_TOOLCHAIN"
+      if install_rustup && find_cargo; then
+        export PATH="$CARGO_DIR:$PATH"
+        note "Rust $(rust_version "$CARGO_DIR") ($CARGO_DIR/cargo, rustup)"
+        return 0
+      fi
+      note "rustup's Rust is not available here: falling back to the distribution's"
+    fi
     pkgs=$(distro_rust_packages)
     [ -n "$pkgs" ] || die "no Rust >= $FORKD_MIN_RUST found${old:+ (${old#* } in ${old%% *} is too old: rustup update)}, and apt offers none: install Rust with rustup (https://rustup.rs), then re-run"
     note "no Rust >= $FORKD_MIN_RUST${old:+ (found ${old#* } in ${old%% *})}: installing $pkgs from apt"

@@ -11,8 +11,10 @@
 #      >= 10 (from bookworm-backports on Debian 12, derived from your
 #      existing apt sources; installed in the background during step 3);
 #      Rust >= 1.88: cargo on PATH, in root's or the sudo-invoking
-#      user's ~/.cargo/bin (rustup), else the distribution's packages
-#      (rustc-web/cargo-web on Debian 12); virtiofsd for volumes (Debian's
+#      user's ~/.cargo/bin (rustup), else rustup's Rust installed for root
+#      (rustup from PyPI's pinned `rustup` wheel), else the distribution's
+#      packages (rustc-web/cargo-web on Debian 12; FORKD_RUST=distro
+#      chooses them over rustup's); virtiofsd for volumes (Debian's
 #      package on Debian 13+, else built with cargo install, pinned)
 #   2. the pinned guest kernel (scripts/fetch-kernel.sh)
 #   3. the workspace, release build; forkd, poold, forkd-fs installed to /usr/local/bin
@@ -209,7 +211,7 @@ build_workspace() {
   # cargo --quiet prints nothing until it is done; say what to expect so a
   # first build (RocksDB's C++ and ~400 crates) does not look hung.
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
-    note "first build: ~400 crates and RocksDB, about 16 minutes on a 2-core host with Debian's Rust, 10 with rustup's; quiet until done"
+    note "first build: ~400 crates and RocksDB, about 10 minutes on a 2-core host with rustup's Rust, 16 with Debian's; quiet until done"
   # The four programs forkd runs (the tests find them here too); the bench
   # tools are `cargo run`. --workspace keeps the features of every shared
   # dependency those of the whole workspace, so the test build reuses them.
