@@ -211,7 +211,7 @@ build_workspace() {
   # cargo --quiet prints nothing until it is done; say what to expect so a
   # first build (RocksDB's C++ and ~400 crates) does not look hung.
   [ -d "${CARGO_TARGET_DIR:-$REPO_ROOT/target}/release/deps" ] ||
-    note "first build: ~400 crates and RocksDB, about 10 minutes on a 2-core host with rustup's Rust, 16 with Debian's; quiet until done"
+    note "first build: ~400 crates and RocksDB, about 11 minutes on a 2-core host with rustup's Rust, 16 with Debian's; quiet until done"
   # The four programs forkd runs (the tests find them here too); the bench
   # tools are `cargo run`. --workspace keeps the features of every shared
   # dependency those of the whole workspace, so the test build reuses them.
