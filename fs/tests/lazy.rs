@@ -548,6 +548,78 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     );
 }
 
+/// A slow read is outside the working set only by the chunks it waited
+/// for: one that waits for a working-set chunk and also covers a chunk
+/// already fetched, which the working set lacks, is slow but not outside.
+/// (A check by the read's slots would count it.)
+#[test]
+fn a_slow_read_is_outside_the_working_set_only_by_what_it_waited_for() {
+    use std::os::unix::fs::OpenOptionsExt;
+    if no_fuse() {
+        return;
+    }
+    let l = Lazy::packed(31, 8);
+    let man = l.b().manifest(&l.rec.files["memory.bin"].manifest).unwrap();
+    let pack_of = |c: ChunkId| l.places.iter().position(|p| p.0 == c);
+    let chunk_at = |s: usize| match man.entry(s) {
+        forkd_layers::ChunkRef::Chunk(c) => pack_of(c).map(|i| (c, i)),
+        _ => None,
+    };
+    // Two neighbouring slots whose chunks lie in different packs.
+    let (slot, victim) = (1..man.len())
+        .find_map(|s| match (chunk_at(s - 1), chunk_at(s)) {
+            (Some((_, a)), Some((_, b))) if l.places[a].1 != l.places[b].1 => Some((s, b)),
+            _ => None,
+        })
+        .expect("two neighbouring slots in different packs");
+    let promised = l.promise_pack(victim);
+    let mut ws = forkd_layers::WorkingSet::new();
+    ws.push("memory.bin", slot as u32);
+    Store::open(&l.dir.path().join("b"), StoreOptions::default())
+        .unwrap()
+        .set_annotation(
+            &l.rec.id,
+            forkd_layers::workingset::ANNOTATION,
+            &ws.encode(),
+        )
+        .unwrap();
+    let m = l.mount(true);
+    // O_DIRECT: reads reach forkd-fs as made, none from the page cache.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECT)
+        .open(m.file(&l.rec.id, "memory.bin"))
+        .unwrap();
+    let mut one = AlignedBuf::new(65536);
+    f.read_exact_at(one.as_mut(), (slot as u64 - 1) * 65536)
+        .expect("the neighbour's pack is up");
+    let before = m.client().status().unwrap().lazy;
+    let promised = std::sync::Arc::new(promised);
+    let arrive = std::thread::spawn({
+        let promised = promised.clone();
+        move || {
+            std::thread::sleep(Duration::from_millis(800));
+            promised.land();
+        }
+    });
+    // The last page of the neighbour and the first of the victim: one
+    // read (forkd-fs takes reads of up to 64 KiB behind its holder).
+    let at = slot * 65536 - 4096;
+    let t = std::time::Instant::now();
+    let mut two = AlignedBuf::new(8192);
+    f.read_exact_at(two.as_mut(), at as u64)
+        .expect("a promised pack is waited for");
+    assert!(t.elapsed() >= Duration::from_millis(800));
+    arrive.join().unwrap();
+    assert!(two.as_mut() == &l.data[at..at + 8192], "wrong bytes served");
+    let st = m.client().status().unwrap().lazy;
+    assert!(st.slow_reads > before.slow_reads, "{st:?}");
+    assert_eq!(
+        st.slow_reads_outside_working_set, before.slow_reads_outside_working_set,
+        "a read that waited only for a working-set chunk counted as outside: {st:?}"
+    );
+}
+
 /// A push slower than the read deadline is no failure: the fill polls a
 /// promised pack without asking for it (the packs faults wait on go
 /// first), gives it up quietly at the deadline and comes back to it, and
