@@ -18,7 +18,11 @@ as_root() {
   command -v sudo >/dev/null 2>&1 ||
     die "$(basename "$script") must run as root, and there is no sudo: run it from a root shell (su -)"
   local keep=("PATH=$PATH") v
-  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL FORKD_BUILD_TIMINGS FORKD_RUST CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME; do
+  # The proxy and index settings too: setup fetches crates, rustup and its
+  # toolchain, and guest packages with them.
+  for v in FORKD_HOME FORKD_TEST_HOME FORKD_ACCEL FORKD_BUILD_TIMINGS FORKD_RUST CARGO_TARGET_DIR CARGO_HOME RUSTUP_HOME \
+           RUSTUP_DIST_SERVER RUSTUP_UPDATE_ROOT PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_CERT \
+           http_proxy https_proxy no_proxy HTTP_PROXY HTTPS_PROXY NO_PROXY; do
     [ -n "${!v:-}" ] && keep+=("$v=${!v}")
   done
   note "not root: re-running through sudo"
@@ -52,11 +56,12 @@ version_ge() {
 }
 
 # cargo_candidates: directories that may hold cargo, best first: $PATH,
-# root's ~/.cargo/bin, then the invoking user's (sudo drops ~/.cargo/bin
+# $CARGO_HOME/bin, root's ~/.cargo/bin, then the invoking user's (sudo drops ~/.cargo/bin
 # from PATH, and rustup installs per user).
 cargo_candidates() {
   local p h
   p=$(command -v cargo 2>/dev/null) && dirname "$p"
+  [ -n "${CARGO_HOME:-}" ] && echo "$CARGO_HOME/bin"
   h=$(user_home root) && [ -n "$h" ] && echo "$h/.cargo/bin"
   if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
     h=$(user_home "$SUDO_USER") && [ -n "$h" ] && echo "$h/.cargo/bin"
@@ -118,50 +123,68 @@ distro_rust_packages() {
 
 # rustup's Rust for a host with none: the toolchain CI builds with, the
 # profile setup and the tests need (rustc, cargo, rust-std; rustfmt and
-# clippy for scripts/test.sh). It compiles forkd in ~0.6x the CPU of
-# Debian 12's rustc-web (PGO-built; docs/BENCHMARKS.md, "Setup on a fresh
-# host"), which stays the fallback.
+# clippy for scripts/test.sh). rustup's compiler is PGO-built: it builds
+# forkd in ~0.67x the time of Debian 12's rustc-web (docs/BENCHMARKS.md,
+# "rustup's Rust on a host without Rust"), which stays the fallback.
 FORKD_RUST_TOOLCHAIN=1.95.0
 # rustup itself comes from PyPI's `rustup` wheel (the rustup binary,
 # packaged by the maintainer of maturin), pinned by version and hash, so pip
-# fetches it through this host's own index settings and nothing here names
-# a download host. rustup then reads RUSTUP_DIST_SERVER like any rustup.
+# fetches it through this host's own index and proxy settings and nothing
+# here names a download host. rustup then reads RUSTUP_DIST_SERVER and the
+# proxy variables like any rustup (as_root keeps them through sudo).
 RUSTUP_WHEEL="rustup==1.29.0.1"
 RUSTUP_WHEEL_HASHES=(
   sha256:47c6d01a6b54b87308fe29ae91633757fb1c5862374e6dd8978955b411bff7e4 # x86_64
   sha256:771b3a48cc598dfa559c243c5be4358c79c785401b62d6508e23456969fb7a8c # aarch64
 )
 
-# install_rustup: installs FORKD_RUST_TOOLCHAIN with rustup into root's
-# ~/.cargo and ~/.rustup (where find_cargo looks). Fails, after saying why,
-# when pip, PyPI or rustup's download server cannot be reached.
+# first_problem LOG: the first warning or error line of LOG (pip says why
+# a download failed in its retry warnings, not its last line), else its last.
+first_problem() {
+  grep -m 1 -E 'WARNING|ERROR|error' "$1" 2>/dev/null || grep . "$1" 2>/dev/null | tail -n 1
+}
+
+# install_rustup: installs FORKD_RUST_TOOLCHAIN with rustup into CARGO_HOME
+# and RUSTUP_HOME (root's ~/.cargo and ~/.rustup when unset: where
+# find_cargo looks), as that toolchain's default. Fails, after saying why,
+# when pip, the package index or rustup's download server cannot be
+# reached; it never waits long on a dead network (pip: one retry of 20 s;
+# rustup: one retry, 60 s per download, 15 minutes at most).
 install_rustup() {
   local tmp home rc=0
   home=$(user_home root)
-  [ -n "$home" ] || { note "root has no home directory for rustup"; return 1; }
+  local cargo_home=${CARGO_HOME:-${home:+$home/.cargo}} rustup_home=${RUSTUP_HOME:-${home:+$home/.rustup}}
+  [ -n "$cargo_home" ] && [ -n "$rustup_home" ] || { note "root has no home directory for rustup (set CARGO_HOME and RUSTUP_HOME)"; return 1; }
   if ! python3 -m pip --version >/dev/null 2>&1; then
     apt-get install -y -q --no-install-recommends python3-pip >/dev/null ||
       { note "could not install python3-pip to fetch rustup"; return 1; }
   fi
-  tmp=$(mktemp -d /tmp/forkd-rustup.XXXXXX)
-  printf '%s' "$RUSTUP_WHEEL" >"$tmp/requirements.txt"
-  printf ' --hash=%s' "${RUSTUP_WHEEL_HASHES[@]}" >>"$tmp/requirements.txt"
-  echo >>"$tmp/requirements.txt"
+  tmp=$(mktemp -d /tmp/forkd-rustup.XXXXXX) || { note "could not make a temporary directory for rustup"; return 1; }
+  {
+    printf '%s' "$RUSTUP_WHEEL"
+    printf ' --hash=%s' "${RUSTUP_WHEEL_HASHES[@]}"
+    echo
+  } >"$tmp/requirements.txt"
+  note "fetching $RUSTUP_WHEEL through pip"
   if ! python3 -m pip download -q --no-deps --only-binary=:all: --require-hashes \
-         -r "$tmp/requirements.txt" -d "$tmp/wheel" >"$tmp/log" 2>&1; then
-    note "pip could not fetch $RUSTUP_WHEEL: $(grep . "$tmp/log" | tail -n 1)"
+         --timeout 20 --retries 1 -r "$tmp/requirements.txt" -d "$tmp/wheel" >"$tmp/log" 2>&1; then
+    note "pip could not fetch $RUSTUP_WHEEL: $(first_problem "$tmp/log")"
     rc=1
-  elif ! python3 -m zipfile -e "$tmp"/wheel/rustup-*.whl "$tmp/x" ||
-       ! install -m 755 "$tmp"/x/rustup-*.data/scripts/rustup "$tmp/rustup-init"; then
-    note "the $RUSTUP_WHEEL wheel holds no rustup binary"
+  elif ! python3 -m zipfile -e "$tmp"/wheel/rustup-*.whl "$tmp/x" >"$tmp/log" 2>&1 ||
+       ! install -m 755 "$tmp"/x/rustup-*.data/scripts/rustup "$tmp/rustup-init" >>"$tmp/log" 2>&1; then
+    note "no rustup binary in the $RUSTUP_WHEEL wheel: $(first_problem "$tmp/log")"
     rc=1
-  # Named rustup-init, the binary installs itself, the proxies and the
-  # toolchain, as rustup's own installer does.
-  elif ! CARGO_HOME="$home/.cargo" RUSTUP_HOME="$home/.rustup" "$tmp/rustup-init" -y -q \
-         --no-modify-path --profile minimal --component rustfmt,clippy \
-         --default-toolchain "$FORKD_RUST_TOOLCHAIN" >"$tmp/log" 2>&1; then
-    note "rustup could not install Rust $FORKD_RUST_TOOLCHAIN: $(grep . "$tmp/log" | tail -n 1)"
-    rc=1
+  else
+    note "installing Rust $FORKD_RUST_TOOLCHAIN with rustup into $cargo_home (its default toolchain)"
+    # Named rustup-init, the binary installs itself, the proxies and the
+    # toolchain, as rustup's own installer does.
+    if ! CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home" \
+         RUSTUP_MAX_RETRIES=${RUSTUP_MAX_RETRIES:-1} RUSTUP_DOWNLOAD_TIMEOUT=${RUSTUP_DOWNLOAD_TIMEOUT:-60} \
+         timeout 900 "$tmp/rustup-init" -y -q --no-modify-path --profile minimal \
+         --component rustfmt,clippy --default-toolchain "$FORKD_RUST_TOOLCHAIN" >"$tmp/log" 2>&1; then
+      note "rustup could not install Rust $FORKD_RUST_TOOLCHAIN: $(first_problem "$tmp/log")"
+      rc=1
+    fi
   fi
   rm -rf "$tmp"
   return "$rc"
@@ -187,7 +210,7 @@ ensure_cargo() {
         note "Rust $(rust_version "$CARGO_DIR") ($CARGO_DIR/cargo, rustup)"
         return 0
       fi
-      note "rustup's Rust is not available here: falling back to the distribution's"
+      note "rustup's Rust could not be installed (above): falling back to the distribution's, which builds forkd ~1.5x slower. For rustup's later: fix the package index or proxy, remove the distribution's rustc and cargo, and re-run"
     fi
     pkgs=$(distro_rust_packages)
     [ -n "$pkgs" ] || die "no Rust >= $FORKD_MIN_RUST found${old:+ (${old#* } in ${old%% *} is too old: rustup update)}, and apt offers none: install Rust with rustup (https://rustup.rs), then re-run"

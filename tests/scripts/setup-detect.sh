@@ -19,7 +19,7 @@ contains() { case "$2" in *"$3"*) ok "$1" ;; *) bad "$1: [$2] lacks [$3]" ;; esa
 # A PATH with the plain tools lib.sh uses, and nothing else; fakes go in
 # $T/fake, which comes first (never written through a symlink in $T/bin).
 mkdir -p "$T/bin" "$T/fake"
-for t in sort head awk cut dirname basename sed grep cat env mkdir chmod chown stat id; do
+for t in sort head tail awk cut dirname basename sed grep cat env mkdir chmod chown stat id mktemp rm install timeout cp; do
   ln -s "$(command -v "$t")" "$T/bin/$t"
 done
 BASEPATH="$T/fake:$T/bin"
@@ -98,16 +98,75 @@ chmod +x "$T/usr/bin/cargo" "$T/usr/bin/rustc"
 A
 chmod +x "$T/fake/apt-cache" "$T/fake/apt-get"
 out=$(FAKE_WEB=1.96.0+dfsg1-1~deb12u2 BASEPATH="$BASEPATH:$T/usr/bin" scenario 5 \
-  'FAKE_WEB='"1.96.0+dfsg1-1~deb12u2"' export FAKE_WEB; ensure_cargo --install >/dev/null; echo "$CARGO_DIR"' 2>&1)
+  'FORKD_RUST=distro FAKE_WEB='"1.96.0+dfsg1-1~deb12u2"' export FAKE_WEB; ensure_cargo --install >/dev/null; echo "$CARGO_DIR"' 2>&1)
 check "no Rust: distribution's packages installed and used" "$out" "$T/usr/bin"
 contains "apt-get asked for rustc-web and cargo-web" "$(cat "$T/apt-get.log" 2>/dev/null)" "rustc-web cargo-web"
 rm -rf "$T/usr" "$T/apt-get.log"
-out=$(BASEPATH="$BASEPATH:$T/usr/bin" scenario 5b 'ensure_cargo --install' 2>&1); rc=$?
+out=$(BASEPATH="$BASEPATH:$T/usr/bin" scenario 5b 'FORKD_RUST=distro; ensure_cargo --install' 2>&1); rc=$?
 check "apt has only Rust 1.63: exit status" "$rc" 1
 contains "apt has only Rust 1.63: points at rustup" "$out" "install Rust with rustup"
 check "apt has only Rust 1.63: nothing installed" "$(cat "$T/apt-get.log" 2>/dev/null)" ""
 out=$(scenario 5c 'ensure_cargo' 2>&1); rc=$?
 check "without --install nothing is installed" "$rc:$(cat "$T/apt-get.log" 2>/dev/null)" "1:"
+
+# 5d. no Rust, the default: rustup's, its binary from the pinned wheel pip
+# fetched (python3 faked: pip download, zipfile, and a rustup-init that
+# records how it was run and leaves a cargo and rustc).
+cat > "$T/fake/python3" <<'P'
+#!/bin/sh
+echo "$*" >> "$T/python3.log"
+case "$1 $2" in
+  "-m pip")
+    [ "$3" = --version ] && { echo "pip 23.0.1"; exit 0; }
+    if [ -n "${FAKE_PIP_FAIL:-}" ]; then
+      echo "WARNING: Retrying (Retry(total=0)) after connection broken by 'NewConnectionError(Connection refused)'"
+      echo "ERROR: No matching distribution found for rustup==1.29.0.1"
+      exit 1
+    fi
+    while [ $# -gt 0 ]; do
+      [ "$1" = -d ] && d=$2
+      [ "$1" = -r ] && cp "$2" "$T/requirements.seen"
+      shift
+    done
+    mkdir -p "$d" && : > "$d/rustup-1.29.0.1-py3-none-manylinux_2_17_x86_64.whl" ;;
+  "-m zipfile")
+    mkdir -p "$5/rustup-1.29.0.1.data/scripts"
+    cat > "$5/rustup-1.29.0.1.data/scripts/rustup" <<'R'
+#!/bin/sh
+echo "$(basename "$0") $* CARGO_HOME=$CARGO_HOME RUSTUP_HOME=$RUSTUP_HOME" > "$T/rustup-init.args"
+mkdir -p "$CARGO_HOME/bin"
+printf '#!/bin/sh\necho "cargo 1.95.0"\n' > "$CARGO_HOME/bin/cargo"
+printf '#!/bin/sh\necho "rustc 1.95.0 (rustup)"\n' > "$CARGO_HOME/bin/rustc"
+chmod +x "$CARGO_HOME/bin/cargo" "$CARGO_HOME/bin/rustc"
+R
+    ;;
+esac
+P
+chmod +x "$T/fake/python3"
+rm -f "$T/apt-get.log"
+out=$(scenario 5d 'ensure_cargo --install >/dev/null; echo "$CARGO_DIR|$(rustc --version)"' 2>&1)
+check "no Rust: rustup's installed for root and used" "$out" "$T/root/.cargo/bin|rustc 1.95.0 (rustup)"
+check "rustup-init ran with the pinned toolchain and the tests' components" "$(cat "$T/rustup-init.args" 2>/dev/null)" \
+  "rustup-init -y -q --no-modify-path --profile minimal --component rustfmt,clippy --default-toolchain 1.95.0 CARGO_HOME=$T/root/.cargo RUSTUP_HOME=$T/root/.rustup"
+contains "pip was held to the pinned hashes" "$(cat "$T/python3.log" "$T/requirements.seen" 2>/dev/null)" "--require-hashes"
+contains "the requirement names the pinned wheel and its hashes" "$(cat "$T/requirements.seen" 2>/dev/null)" "rustup==1.29.0.1 --hash=sha256:47c6d01a"
+check "rustup's path installs no apt package" "$(cat "$T/apt-get.log" 2>/dev/null)" ""
+rm -rf "$T/root/.cargo" "$T/rustup-init.args" "$T/requirements.seen" "$T/python3.log"
+
+# 5e. pip cannot reach its index: the reason is said, and Debian's Rust is
+# the fallback.
+out=$(BASEPATH="$BASEPATH:$T/usr/bin" scenario 5e \
+  'FAKE_PIP_FAIL=1 FAKE_WEB='"1.96.0+dfsg1-1~deb12u2"'; export FAKE_PIP_FAIL FAKE_WEB; ensure_cargo --install; echo "CARGO_DIR=$CARGO_DIR"' 2>&1)
+contains "pip failing: its reason is said" "$out" "Connection refused"
+contains "pip failing: says it falls back" "$out" "falling back to the distribution's"
+contains "pip failing: the distribution's Rust is used" "$out" "CARGO_DIR=$T/usr/bin"
+contains "pip failing: apt-get asked for rustc-web and cargo-web" "$(cat "$T/apt-get.log" 2>/dev/null)" "rustc-web cargo-web"
+rm -rf "$T/usr" "$T/apt-get.log" "$T/python3.log" "$T/fake/python3" "$T/root/.cargo"
+
+# 5f. a FORKD_RUST that is neither choice is refused.
+out=$(scenario 5f 'FORKD_RUST=nightly; ensure_cargo --install' 2>&1); rc=$?
+check "FORKD_RUST=nightly: exit status" "$rc" 1
+contains "FORKD_RUST=nightly: names the choices" "$out" "set it to rustup (the default) or distro"
 rm -f "$T/fake/apt-get" "$T/fake/apt-cache"
 
 # 6. as_root: root runs on; a user without sudo gets told what to do; a
