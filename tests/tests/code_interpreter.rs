@@ -364,45 +364,27 @@ fn a_cell_is_interrupted_when_its_client_leaves_or_its_time_ends() {
             t.elapsed().as_secs_f64()
         );
 
-        // forkd's `timeout` (seconds): the cell is interrupted then.
-        let lines = execute(
-            url,
-            json!({"code": "import time; time.sleep(3600)", "timeout": 2}),
-        )
-        .await;
-        assert_eq!(
-            error(&lines).unwrap()["name"],
-            "KeyboardInterrupt",
-            "{lines:?}"
-        );
-        let lines = run(url, "stay").await;
-        assert_eq!(main_text(&lines).as_deref(), Some("kept"));
-        // The time ends before the kernel has taken the cell (ipykernel
-        // ignores SIGINT between requests; a loaded host can be that late):
-        // the interrupt waits for the cell instead of being dropped.
-        let lines = execute(
-            url,
-            json!({"code": "import time; time.sleep(3600)", "timeout": 0.001}),
-        )
-        .await;
-        assert_eq!(
-            error(&lines).unwrap()["name"],
-            "KeyboardInterrupt",
-            "{lines:?}"
-        );
-        // The cell ignores SIGINT when its time ends: the interrupt goes
-        // again once it can be caught. os.system ignores it while its
-        // command runs; the command, in the kernel's process group, gets
-        // the first and ends, and the cell is interrupted after it.
-        for code in [
-            "import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(3)\nsignal.signal(signal.SIGINT, signal.default_int_handler)\ntime.sleep(3600)",
-            "import os, time\nos.system('sleep 3600')\ntime.sleep(3600)",
+        // forkd's `timeout` (seconds): the cell is interrupted then, and
+        // the kernel keeps its state. In order: a plain cell; a time that
+        // ends before the kernel has taken the cell (ipykernel ignores
+        // SIGINT between requests; a loaded host can be that late), so the
+        // interrupt waits for the cell instead of being dropped; a cell
+        // that ignores SIGINT when its time ends, so the interrupt goes
+        // again once it can be caught; os.system, which ignores it while
+        // its command runs (the command, in the kernel's process group,
+        // gets the first and ends, and the cell is interrupted after it).
+        let sleep = "import time; time.sleep(3600)";
+        for (code, timeout) in [
+            (sleep, json!(2)),
+            (sleep, json!(0.001)),
+            ("import signal, time\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\ntime.sleep(3)\nsignal.signal(signal.SIGINT, signal.default_int_handler)\ntime.sleep(3600)", json!(1)),
+            ("import os, time\nos.system('sleep 3600')\ntime.sleep(3600)", json!(1)),
         ] {
-            let lines = execute(url, json!({"code": code, "timeout": 1})).await;
+            let lines = execute(url, json!({"code": code, "timeout": timeout})).await;
             assert_eq!(
                 error(&lines).unwrap()["name"],
                 "KeyboardInterrupt",
-                "{lines:?}"
+                "{code} (timeout {timeout}): {lines:?}"
             );
         }
         let lines = run(url, "stay").await;
