@@ -145,15 +145,21 @@ first_problem() {
 }
 
 # install_rustup: installs FORKD_RUST_TOOLCHAIN with rustup into CARGO_HOME
-# and RUSTUP_HOME (root's ~/.cargo and ~/.rustup when unset: where
-# find_cargo looks), as that toolchain's default. Fails, after saying why,
+# and RUSTUP_HOME (root's ~/.cargo and ~/.rustup when unset or when run
+# through sudo), as that toolchain's default, and exports the two. Fails, after saying why,
 # when pip, the package index or rustup's download server cannot be
 # reached; it never waits long on a dead network (pip: one retry of 20 s;
 # rustup: one retry, 60 s per download, 15 minutes at most).
 install_rustup() {
-  local tmp home rc=0
+  local tmp home cargo_home rustup_home rc=0
   home=$(user_home root)
-  local cargo_home=${CARGO_HOME:-${home:+$home/.cargo}} rustup_home=${RUSTUP_HOME:-${home:+$home/.rustup}}
+  if [ -n "${SUDO_USER:-}" ] && [ "$SUDO_USER" != root ]; then
+    # Through sudo: root's own, never the invoking user's homes (as_root
+    # keeps their CARGO_HOME/RUSTUP_HOME; root must not write there).
+    cargo_home=${home:+$home/.cargo} rustup_home=${home:+$home/.rustup}
+  else
+    cargo_home=${CARGO_HOME:-${home:+$home/.cargo}} rustup_home=${RUSTUP_HOME:-${home:+$home/.rustup}}
+  fi
   [ -n "$cargo_home" ] && [ -n "$rustup_home" ] || { note "root has no home directory for rustup (set CARGO_HOME and RUSTUP_HOME)"; return 1; }
   if ! python3 -m pip --version >/dev/null 2>&1; then
     apt-get install -y -q --no-install-recommends python3-pip >/dev/null ||
@@ -187,6 +193,8 @@ install_rustup() {
     fi
   fi
   rm -rf "$tmp"
+  # The rest of setup (find_cargo, the build) uses what was installed.
+  [ "$rc" = 0 ] && export CARGO_HOME="$cargo_home" RUSTUP_HOME="$rustup_home"
   return "$rc"
 }
 

@@ -153,6 +153,14 @@ contains "the requirement names the pinned wheel and its hashes" "$(cat "$T/requ
 check "rustup's path installs no apt package" "$(cat "$T/apt-get.log" 2>/dev/null)" ""
 rm -rf "$T/root/.cargo" "$T/rustup-init.args" "$T/requirements.seen" "$T/python3.log"
 
+# 5g. through sudo from alice, whose CARGO_HOME/RUSTUP_HOME as_root kept:
+# rustup goes into root's homes, never hers, and is what setup then uses.
+out=$(SUDO_USER_FAKE=alice scenario 5g \
+  'CARGO_HOME=$T/home/alice/.cargo-none RUSTUP_HOME=$T/home/alice/.rustup-none; export CARGO_HOME RUSTUP_HOME; ensure_cargo --install >/dev/null; echo "$CARGO_DIR|$RUSTUP_HOME"' 2>&1)
+check "through sudo: rustup's installed into root's homes and used" "$out" "$T/root/.cargo/bin|$T/root/.rustup"
+check "through sudo: nothing written into the user's CARGO_HOME" "$(ls -d "$T/home/alice/.cargo-none" 2>/dev/null)" ""
+rm -rf "$T/root/.cargo" "$T/rustup-init.args" "$T/requirements.seen" "$T/python3.log"
+
 # 5e. pip cannot reach its index: the reason is said, and Debian's Rust is
 # the fallback.
 out=$(BASEPATH="$BASEPATH:$T/usr/bin" scenario 5e \
