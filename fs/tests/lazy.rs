@@ -155,6 +155,19 @@ impl Lazy {
         }
     }
 
+    /// Records `ws` as the snapshot's working set in host B's store, as a
+    /// recording (or a pull of one) leaves it.
+    fn set_working_set(&self, ws: &forkd_layers::WorkingSet) {
+        Store::open(&self.dir.path().join("b"), StoreOptions::default())
+            .unwrap()
+            .set_annotation(
+                &self.rec.id,
+                forkd_layers::workingset::ANNOTATION,
+                &ws.encode(),
+            )
+            .unwrap();
+    }
+
     /// A read-only view of host B's store.
     fn b(&self) -> StoreReader {
         let sec = self
@@ -509,14 +522,7 @@ fn a_read_waits_for_a_pack_a_push_promised_and_asks_for_it() {
     // the read's place): the wait is counted as outside it.
     let mut ws = forkd_layers::WorkingSet::new();
     ws.push("elsewhere.bin", 0);
-    Store::open(&l.dir.path().join("b"), StoreOptions::default())
-        .unwrap()
-        .set_annotation(
-            &l.rec.id,
-            forkd_layers::workingset::ANNOTATION,
-            &ws.encode(),
-        )
-        .unwrap();
+    l.set_working_set(&ws);
     let m = l.mount(true);
     let path = m.file(&l.rec.id, "memory.bin");
     let (asked, promised) = (promised.wanted.clone(), std::sync::Arc::new(promised));
@@ -575,14 +581,7 @@ fn a_slow_read_is_outside_the_working_set_only_by_what_it_waited_for() {
     let promised = l.promise_pack(victim);
     let mut ws = forkd_layers::WorkingSet::new();
     ws.push("memory.bin", slot as u32);
-    Store::open(&l.dir.path().join("b"), StoreOptions::default())
-        .unwrap()
-        .set_annotation(
-            &l.rec.id,
-            forkd_layers::workingset::ANNOTATION,
-            &ws.encode(),
-        )
-        .unwrap();
+    l.set_working_set(&ws);
     let m = l.mount(true);
     // O_DIRECT: reads reach forkd-fs as made, none from the page cache.
     let f = std::fs::OpenOptions::new()
