@@ -65,8 +65,8 @@ LANGUAGES = ("python", "javascript", "bash")
 
 def interrupt_grace():
     """Seconds a kernel gets to take a cell asked to stop, and again to stop
-    after its interrupt, before it is restarted. An emulated CPU (QEMU's TCG, no kvm-clock) runs guest code
-    tens of times slower, and IPython formatting a KeyboardInterrupt under
+    after its interrupt, before it is restarted. An emulated CPU (QEMU's
+    TCG, no kvm-clock) runs guest code tens of times slower, and IPython formatting a KeyboardInterrupt under
     load can take longer than 5 s there: a restart would lose state for a
     cell that did stop. kvm-clock is x86's: elsewhere, 5 s."""
     if os.uname().machine != "x86_64":
@@ -788,11 +788,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self.text(400, "Only one of context_id or language can be provided")
         timeout = body.get("timeout")
         if timeout is not None:
+            # A JSON number only (bool is an int subclass); float() of an
+            # integer beyond a double raises OverflowError.
             try:
-                ok = not isinstance(timeout, bool) and 0 < float(timeout) < float("inf")
-            except (TypeError, ValueError, OverflowError):
+                ok = isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < float(timeout) < float("inf")
+            except OverflowError:
                 ok = False
-            if not ok or isinstance(timeout, str):
+            if not ok:
                 return self.text(400, "timeout must be a positive number of seconds, not %.40r" % (timeout,))
         try:
             if body.get("context_id"):
