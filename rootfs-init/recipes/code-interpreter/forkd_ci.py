@@ -140,15 +140,19 @@ class StopClock:
     dropped). One the kernel ignored when it went out (the cell ignored
     SIGINT, as os.system does while its command runs; the command, in the
     kernel's process group, gets it) goes out again once the kernel catches
-    SIGINT. The kernel gets INTERRUPT_GRACE to take the cell and
-    INTERRUPT_GRACE from the first interrupt to stop; then it is restarted."""
+    SIGINT; with `repeat`, any goes again every INTERRUPT_GRACE/5 until the
+    cell reports an error (one can land where ipykernel swallows it). The
+    kernel gets INTERRUPT_GRACE to take the cell and INTERRUPT_GRACE from
+    the first interrupt to stop; then it is restarted."""
 
-    def __init__(self, interrupt, ignoring):
+    def __init__(self, interrupt, ignoring, repeat=False):
         self.interrupt = interrupt
         self.ignoring = ignoring
+        self.repeat = repeat
         self.asked_at = None
         self.sent_at = None
         self.dropped = False
+        self.last_at = None
 
     @property
     def sent(self):
@@ -164,7 +168,12 @@ class StopClock:
         if not self.sent:
             self.sent_at = time.monotonic()
             self.send()
-        elif self.dropped and not errored and not self.ignoring():
+        elif errored or self.ignoring():
+            return
+        elif self.dropped or (self.repeat and time.monotonic() - self.last_at >= INTERRUPT_GRACE / 5):
+            # Again: ipykernel also swallows a SIGINT that lands in its own
+            # code after execute_input and before the cell's code runs
+            # ("KeyboardInterrupt caught in kernel"); the cell then runs on.
             self.send()
 
     def send(self):
@@ -173,6 +182,7 @@ class StopClock:
         # miss os.system, which puts the handler back as soon as the
         # interrupt ends its command.
         self.dropped = self.ignoring()
+        self.last_at = time.monotonic()
         self.interrupt()
 
     def check(self):
@@ -267,7 +277,9 @@ class PythonKernel:
     def execute(self, code, cell):
         self.drain_iopub()
         msg_id = self.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=True)
-        stop = StopClock(self.km.interrupt_kernel, lambda: ignores_sigint(getattr(self.km.provisioner, "pid", None)))
+        stop = StopClock(
+            self.km.interrupt_kernel, lambda: ignores_sigint(getattr(self.km.provisioner, "pid", None)), repeat=True
+        )
         # ipykernel publishes the cell's execute_input once its handler,
         # which catches SIGINT, is in place.
         taken = errored = False
